@@ -1,0 +1,52 @@
+"""Helpers shared by the Python benchmarks.
+
+Every benchmark measures this project and the reference wheel (``ai-dynamo-runtime``) side
+by side in one run. The reference lives in its own virtual environment (``REF_PYTHON``,
+default ``.bench-ref-venv/bin/python``, created by ``benches/setup_reference.sh``); the
+benchmark re-runs its own measuring function under that interpreter in a subprocess and
+reads back JSON, so this project never imports the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REF_PYTHON = ROOT / ".bench-ref-venv" / "bin" / "python"
+
+
+def reference_python() -> Path | None:
+    """The reference venv's interpreter, or None when it is not installed."""
+    path = Path(os.environ.get("REF_PYTHON", DEFAULT_REF_PYTHON))
+    return path if path.exists() else None
+
+
+def run_under_reference(script: str, *args: str) -> dict:
+    """Run ``script --measure-only args`` with the reference interpreter; return its JSON."""
+    py = reference_python()
+    if py is None:
+        raise SystemExit(
+            "reference venv not found: run `bash benches/setup_reference.sh` "
+            "or set REF_PYTHON to a python with ai-dynamo-runtime==1.6.1"
+        )
+    env = dict(os.environ)
+    # Make sure the reference interpreter cannot pick up this project's package.
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run(
+        [str(py), script, "--measure-only", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"

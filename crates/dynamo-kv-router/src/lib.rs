@@ -1,0 +1,23 @@
+//! KV-cache-aware routing core.
+//!
+//! This crate is the pure, synchronous heart of the KV router: it has no async runtime and
+//! no I/O, so every piece can be unit- and property-tested in isolation and called from any
+//! thread (including the Python binding layer with the GIL released).
+//!
+//! * [`hashing`]: bit-exact block hashing (local and chained sequence hashes) shared by the
+//!   router, the indexer, the mocker engine and the block manager.
+//!
+//! ```
+//! use dynamo_kv_router::hashing::{compute_block_hash_for_seq, BlockHashOptions};
+//!
+//! let prompt: Vec<u32> = (0..40).collect();
+//! // 40 tokens in blocks of 16: two complete blocks, the 8-token tail is not hashed.
+//! let hashes = compute_block_hash_for_seq(&prompt, 16, &BlockHashOptions::default())?;
+//! assert_eq!(hashes.len(), 2);
+//! # Ok::<(), dynamo_kv_router::Error>(())
+//! ```
+
+pub mod error;
+pub mod hashing;
+
+pub use error::{Error, Result};

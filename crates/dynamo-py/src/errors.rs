@@ -1,0 +1,108 @@
+//! The Python exception hierarchy of `dynamo._core` and the mapping of core errors to it.
+//!
+//! ```text
+//! Exception
+//! └── DynamoException
+//!     ├── Unknown, InvalidArgument, CannotConnect, Disconnected, ConnectionTimeout,
+//!     ├── Cancelled, EngineShutdown, StreamIncomplete
+//!     ├── RouterQueueLimitExceeded   (attributes set by the runtime when raised)
+//!     └── SelectionServiceError      (attributes set by the runtime when raised)
+//! ```
+
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+
+pyo3::create_exception!(
+    dynamo._core,
+    DynamoException,
+    PyException,
+    "Base class of every error category raised by the Dynamo runtime."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    Unknown,
+    DynamoException,
+    "An error that fits no other category."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    InvalidArgument,
+    DynamoException,
+    "The request or an argument was invalid (for example a prompt longer than the context)."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    CannotConnect,
+    DynamoException,
+    "A connection could not be established."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    Disconnected,
+    DynamoException,
+    "An established connection was lost."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    ConnectionTimeout,
+    DynamoException,
+    "A connection or request timed out."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    Cancelled,
+    DynamoException,
+    "The request was cancelled."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    EngineShutdown,
+    DynamoException,
+    "The engine shut down or crashed; the request may be migrated to another worker."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    StreamIncomplete,
+    DynamoException,
+    "The response stream ended before completion; the request may be migrated."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    RouterQueueLimitExceeded,
+    DynamoException,
+    "A router queue rejected the request. Attributes: policy_class, limit_kind, current, limit."
+);
+pyo3::create_exception!(
+    dynamo._core,
+    SelectionServiceError,
+    DynamoException,
+    "A selection-service call failed. Attributes: kind, status_code."
+);
+
+/// Add every exception class to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("DynamoException", py.get_type::<DynamoException>())?;
+    m.add("Unknown", py.get_type::<Unknown>())?;
+    m.add("InvalidArgument", py.get_type::<InvalidArgument>())?;
+    m.add("CannotConnect", py.get_type::<CannotConnect>())?;
+    m.add("Disconnected", py.get_type::<Disconnected>())?;
+    m.add("ConnectionTimeout", py.get_type::<ConnectionTimeout>())?;
+    m.add("Cancelled", py.get_type::<Cancelled>())?;
+    m.add("EngineShutdown", py.get_type::<EngineShutdown>())?;
+    m.add("StreamIncomplete", py.get_type::<StreamIncomplete>())?;
+    m.add(
+        "RouterQueueLimitExceeded",
+        py.get_type::<RouterQueueLimitExceeded>(),
+    )?;
+    m.add(
+        "SelectionServiceError",
+        py.get_type::<SelectionServiceError>(),
+    )?;
+    Ok(())
+}
+
+/// Map a KV-router core error to Python. Every variant today is bad input.
+pub(crate) fn kv_router_error(err: dynamo_kv_router::Error) -> PyErr {
+    PyValueError::new_err(err.to_string())
+}

@@ -1,0 +1,24 @@
+//! The `dynamo._core` Python extension module.
+//!
+//! This crate is the PyO3 layer only: each function converts its arguments, calls one
+//! function of a core crate and maps the result or error. Business logic lives in the core
+//! crates, where `cargo test` covers it. One file per Python-visible area:
+//!
+//! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
+//! * [`convert`]: fast, validated conversions of Python arguments.
+//! * [`kv`]: block hashing (and, later, the KV indexer classes).
+
+use pyo3::prelude::*;
+
+mod convert;
+mod errors;
+mod kv;
+
+/// The extension module. Each area registers its own classes and functions.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    errors::register(m)?;
+    kv::register(m)?;
+    Ok(())
+}

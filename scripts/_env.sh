@@ -1,0 +1,23 @@
+# Shared set-up for scripts/*.sh: virtual environment, cargo target dir, extension build.
+# Sourced, not executed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+# Keep cargo's output outside the clone so CI reruns on the same machine are incremental;
+# a cold run still works.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/dynamo-rs-target}
+VENV=${VENV:-$ROOT/.venv}
+PY="$VENV/bin/python"
+
+ensure_venv() {
+  if [ ! -x "$PY" ]; then
+    python3 -m venv "$VENV"
+  fi
+  # Quiet, idempotent: pip skips what is already installed.
+  "$PY" -m pip install -q --disable-pip-version-check "maturin>=1.8,<2" "$@"
+}
+
+build_extension() {
+  # Release build of dynamo._core installed (editable) into the venv.
+  VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop --release -q "$@"
+}

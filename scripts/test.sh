@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: venv, release build of the extension,
+# Rust tests, Python tests, stub check, formatting and lint. Exits non-zero on any failure.
+source "$(dirname "$0")/_env.sh"
+
+echo "==> python environment"
+ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" "ruff>=0.6" \
+  "numpy>=1.26" "pydantic>=2"
+
+echo "==> build dynamo._core (release)"
+build_extension
+
+echo "==> formatting and lint"
+cargo fmt --all --check
+"$VENV/bin/ruff" check python tests examples benches
+"$VENV/bin/ruff" format --check python tests examples benches
+
+echo "==> cargo test (release profile, shares dependency builds with the extension)"
+cargo test --workspace --release
+
+echo "==> stub check (mypy.stubtest)"
+"$PY" -m mypy.stubtest dynamo._core --allowlist tests/stubtest_allowlist.txt
+
+echo "==> pytest"
+# Exit code 5 ("no tests collected") must fail the run like any other failure.
+"$PY" -m pytest "$@"
