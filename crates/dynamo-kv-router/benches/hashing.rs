@@ -26,6 +26,22 @@ fn bench_local_hashes(c: &mut Criterion) {
     }
     group.finish();
 
+    // Baseline for the ratio: plain xxh3 over each block's bytes, no API around it.
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    let mut group = c.benchmark_group("raw_xxh3_baseline");
+    for bs in [16usize, 32, 64] {
+        group.throughput(Throughput::Elements((PROMPT_TOKENS / bs) as u64));
+        group.bench_with_input(BenchmarkId::from_parameter(bs), &bs, |b, &bs| {
+            b.iter(|| {
+                black_box(&bytes)
+                    .chunks_exact(bs * 4)
+                    .map(|c| xxhash_rust::xxh3::xxh3_64_with_seed(c, 1337))
+                    .collect::<Vec<u64>>()
+            })
+        });
+    }
+    group.finish();
+
     let local = compute_block_hash_for_seq(&tokens, 16, &BlockHashOptions::default())
         .expect("block size is non-zero");
     let mut group = c.benchmark_group("sequence_hash");

@@ -27,14 +27,18 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             "tokens must be a sequence of ints, not str",
         ));
     }
-    let seq = obj.cast::<PySequence>().map_err(|_| {
+    // Other sized iterables of ints: `bytes`, `array.array`, NumPy arrays (not registered
+    // as `Sequence`). Unsized iterators are rejected: consuming a generator here would lose
+    // the caller's data on error.
+    let not_a_sequence = || {
         PyTypeError::new_err(format!(
             "tokens must be a sequence of ints, not {}",
             type_name(obj)
         ))
-    })?;
-    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
-    for item in seq.try_iter()? {
+    };
+    let len = obj.len().map_err(|_| not_a_sequence())?;
+    let mut out = Vec::with_capacity(len);
+    for item in obj.try_iter().map_err(|_| not_a_sequence())? {
         out.push(item?.extract::<u32>()?);
     }
     Ok(out)
@@ -163,17 +167,26 @@ fn mm_object(obj: &Bound<'_, PyAny>, path: &str) -> PyResult<BlockMmObjectInfo> 
             sequence_items(&o, &opath)?
                 .iter()
                 .enumerate()
-                .map(|(k, pair)| {
-                    pair.extract::<(usize, usize)>().map_err(|e| {
-                        PyValueError::new_err(format!(
-                            "{opath}[{k}]: expected a [start, end] pair of non-negative ints ({e})"
-                        ))
-                    })
-                })
+                .map(|(k, pair)| offset_pair(pair, &format!("{opath}[{k}]")))
                 .collect::<PyResult<_>>()?
         }
     };
     Ok(BlockMmObjectInfo { mm_hash, offsets })
+}
+
+/// One `[start, end]` pair of non-negative ints (a list or a tuple).
+fn offset_pair(obj: &Bound<'_, PyAny>, path: &str) -> PyResult<(usize, usize)> {
+    let bad = |detail: String| {
+        PyValueError::new_err(format!(
+            "{path}: expected a [start, end] pair of non-negative ints ({detail})"
+        ))
+    };
+    let items = sequence_items(obj, path).map_err(|e| bad(e.to_string()))?;
+    let [start, end] = items.as_slice() else {
+        return Err(bad(format!("got {} items", items.len())));
+    };
+    let int = |o: &Bound<'_, PyAny>| o.extract::<usize>().map_err(|e| bad(e.to_string()));
+    Ok((int(start)?, int(end)?))
 }
 
 fn sequence_items<'py>(obj: &Bound<'py, PyAny>, path: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
