@@ -6,6 +6,8 @@
 //!
 //! * [`hashing`]: bit-exact block hashing (local and chained sequence hashes) shared by the
 //!   router, the indexer, the mocker engine and the block manager.
+//! * [`scheduling`]: worker selection: configuration, cost function, sampling, active-load
+//!   tracking and the router queue.
 //!
 //! ```
 //! use dynamo_kv_router::hashing::{compute_block_hash_for_seq, BlockHashOptions};
@@ -19,5 +21,6 @@
 
 pub mod error;
 pub mod hashing;
+pub mod scheduling;
 
 pub use error::{Error, Result};

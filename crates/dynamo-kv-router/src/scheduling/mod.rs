@@ -1,0 +1,460 @@
+//! Worker selection for KV-aware routing.
+//!
+//! The [`Scheduler`] keeps, per worker rank, the load of the requests it routed
+//! ([`sequences::ActiveSequences`]), the worker's taints and reported capacity. For each
+//! request it filters the eligible workers (required taints, busy thresholds), computes a
+//! cost per worker ([`selector::worker_cost`]) from the cache overlap the indexer found and
+//! the tracked load, samples one ([`selector::sample_index`]) and, when the request has an
+//! id, books its load on the chosen worker.
+//!
+//! **Selection and booking are atomic**: both happen under one lock, so concurrent requests
+//! always see each other's load (two simultaneous identical requests do not both pick the
+//! same idle worker because neither saw the other).
+//!
+//! Configuration lives in [`config`]; the waiting queue used when every worker is saturated
+//! in [`queue`].
+
+pub mod config;
+pub mod queue;
+pub mod selector;
+pub mod sequences;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Mutex, MutexGuard};
+
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hashing::SequenceHash;
+use config::{KvRouterConfig, RouterConfigOverride};
+use selector::{CandidateLoad, LoadThresholds, RoutingConstraints, TierOverlap, WorkerCapacity};
+use sequences::ActiveSequences;
+
+/// A worker process and one of its data-parallel ranks: the unit the router selects.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub struct WorkerWithDpRank {
+    /// Instance id of the worker.
+    pub worker_id: u64,
+    /// Data-parallel rank inside the worker.
+    pub dp_rank: u32,
+}
+
+impl WorkerWithDpRank {
+    /// Worker `worker_id`, rank `dp_rank`.
+    pub fn new(worker_id: u64, dp_rank: u32) -> Self {
+        Self { worker_id, dp_rank }
+    }
+}
+
+/// One routing question.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SchedulingRequest<'a> {
+    /// Book the request's load under this id (query only when `None`).
+    pub request_id: Option<&'a str>,
+    /// Prompt length in tokens.
+    pub isl_tokens: usize,
+    /// Sequence hashes of the prompt's complete blocks (for load tracking).
+    pub seq_hashes: &'a [SequenceHash],
+    /// Cache overlap per worker rank, as found by the indexer; absent means none.
+    pub overlaps: Option<&'a FxHashMap<WorkerWithDpRank, TierOverlap>>,
+    /// Per-request configuration overrides.
+    pub overrides: Option<&'a RouterConfigOverride>,
+    /// Placement constraints.
+    pub constraints: Option<&'a RoutingConstraints>,
+    /// Route to exactly this worker rank (it must be registered); it still gets a cost.
+    pub pinned: Option<WorkerWithDpRank>,
+}
+
+/// The outcome of a selection.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Selection {
+    /// The chosen worker rank.
+    pub worker: WorkerWithDpRank,
+    /// Leading prompt blocks cached on its device.
+    pub overlap_blocks: u32,
+    /// Its cost.
+    pub cost: f64,
+}
+
+/// Load a worker rank would have if it received a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PotentialLoad {
+    /// The worker rank.
+    pub worker: WorkerWithDpRank,
+    /// Prompt tokens waiting for prefill, including this request's uncached ones.
+    pub potential_prefill_tokens: u64,
+    /// KV blocks in use, including this request's new ones.
+    pub potential_decode_blocks: u64,
+    /// In-flight requests (not counting this one).
+    pub active_requests: u64,
+}
+
+#[derive(Debug, Default)]
+struct WorkerState {
+    seqs: ActiveSequences,
+    taints: BTreeSet<String>,
+    capacity: WorkerCapacity,
+}
+
+/// An eligible worker rank with its cache overlap and cost for one request.
+type Candidate = (WorkerWithDpRank, TierOverlap, f64);
+
+struct State {
+    workers: BTreeMap<WorkerWithDpRank, WorkerState>,
+    owners: FxHashMap<String, WorkerWithDpRank>,
+    rng: fastrand::Rng,
+}
+
+/// Selects workers and tracks the load of the requests it routed. Thread-safe.
+pub struct Scheduler {
+    block_size: u32,
+    config: KvRouterConfig,
+    thresholds: LoadThresholds,
+    state: Mutex<State>,
+}
+
+impl Scheduler {
+    /// A scheduler for blocks of `block_size` tokens.
+    ///
+    /// # Errors
+    /// [`Error::ZeroBlockSize`], or [`Error::InvalidConfig`] from validation.
+    pub fn new(
+        block_size: u32,
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+    ) -> Result<Self> {
+        Self::with_rng(block_size, config, thresholds, fastrand::Rng::new())
+    }
+
+    /// Like [`Scheduler::new`] with a seeded random source (deterministic tests).
+    ///
+    /// # Errors
+    /// As [`Scheduler::new`].
+    pub fn with_rng(
+        block_size: u32,
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+        rng: fastrand::Rng,
+    ) -> Result<Self> {
+        if block_size == 0 {
+            return Err(Error::ZeroBlockSize);
+        }
+        config.validate()?;
+        Ok(Self {
+            block_size,
+            config,
+            thresholds,
+            state: Mutex::new(State {
+                workers: BTreeMap::new(),
+                owners: FxHashMap::default(),
+                rng,
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &KvRouterConfig {
+        &self.config
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the bookkeeping half-updated in a way
+        // that matters more than refusing all further routing, so keep serving.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Register a worker rank, or update its taints and capacity.
+    pub fn upsert_worker(
+        &self,
+        worker: WorkerWithDpRank,
+        taints: BTreeSet<String>,
+        capacity: WorkerCapacity,
+    ) {
+        let mut st = self.lock();
+        let w = st.workers.entry(worker).or_default();
+        w.taints = taints;
+        w.capacity = capacity;
+    }
+
+    /// Record the KV blocks a worker rank reports in use.
+    pub fn set_kv_used_blocks(&self, worker: WorkerWithDpRank, used: Option<u64>) {
+        if let Some(w) = self.lock().workers.get_mut(&worker) {
+            w.capacity.kv_used_blocks = used;
+        }
+    }
+
+    /// Forget every rank of `worker_id` and the requests booked on them.
+    pub fn remove_worker(&self, worker_id: u64) {
+        let mut st = self.lock();
+        st.workers.retain(|w, _| w.worker_id != worker_id);
+        st.owners.retain(|_, w| w.worker_id != worker_id);
+    }
+
+    /// Registered worker ranks, in order.
+    pub fn workers(&self) -> Vec<WorkerWithDpRank> {
+        self.lock().workers.keys().copied().collect()
+    }
+
+    /// Blocks this request would hold for load tracking.
+    fn tracked_blocks(
+        params: &config::EffectiveParams,
+        seq_hashes: &[SequenceHash],
+        rng: &mut fastrand::Rng,
+    ) -> Vec<SequenceHash> {
+        if !params.track_active_blocks {
+            Vec::new()
+        } else if params.assume_kv_reuse {
+            seq_hashes.to_vec()
+        } else {
+            // Without reuse every block is private to its request (disaggregated decode).
+            seq_hashes
+                .iter()
+                .map(|_| SequenceHash(rng.u64(..)))
+                .collect()
+        }
+    }
+
+    fn prefill_tokens(&self, params: &config::EffectiveParams, isl: usize, overlap: u32) -> u64 {
+        if params.track_prefill_tokens {
+            (isl as u64).saturating_sub(u64::from(overlap) * u64::from(self.block_size))
+        } else {
+            0
+        }
+    }
+
+    /// Costs of every eligible worker rank for `req` (after constraints and busy filters).
+    ///
+    /// # Errors
+    /// As [`Scheduler::select`], except that nothing is booked.
+    pub fn costs(&self, req: &SchedulingRequest<'_>) -> Result<Vec<(WorkerWithDpRank, f64)>> {
+        let mut st = self.lock();
+        self.evaluate(&mut st, req)
+            .map(|(cands, _)| cands.into_iter().map(|c| (c.0, c.2)).collect())
+    }
+
+    /// Eligible candidates and the tracked blocks of `req`.
+    fn evaluate(
+        &self,
+        st: &mut State,
+        req: &SchedulingRequest<'_>,
+    ) -> Result<(Vec<Candidate>, Vec<SequenceHash>)> {
+        if let Some(o) = req.overrides {
+            o.validate()?;
+        }
+        let params = self.config.effective(req.overrides);
+        if st.workers.is_empty() {
+            return Err(Error::NoWorkers);
+        }
+        let default_constraints = RoutingConstraints::default();
+        let constraints = req.constraints.unwrap_or(&default_constraints);
+        let eligible: Vec<(&WorkerWithDpRank, &WorkerState)> = match req.pinned {
+            Some(pin) => {
+                let w = st.workers.get_key_value(&pin).ok_or(Error::UnknownWorker {
+                    worker_id: pin.worker_id,
+                    dp_rank: pin.dp_rank,
+                })?;
+                vec![w]
+            }
+            None => {
+                let allowed: Vec<_> = st
+                    .workers
+                    .iter()
+                    .filter(|(_, w)| constraints.allows(&w.taints))
+                    .collect();
+                if allowed.is_empty() {
+                    return Err(Error::NoEligibleWorkers);
+                }
+                let idle: Vec<_> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|(_, w)| {
+                        !self
+                            .thresholds
+                            .is_busy(&w.capacity, w.seqs.active_prefill_tokens())
+                    })
+                    .collect();
+                if idle.is_empty() {
+                    return Err(Error::AllWorkersBusy {
+                        workers: allowed.len(),
+                    });
+                }
+                idle
+            }
+        };
+        let blocks = {
+            let rng = &mut st.rng;
+            Self::tracked_blocks(&params, req.seq_hashes, rng)
+        };
+        let min_prefill = eligible
+            .iter()
+            .map(|(_, w)| w.seqs.active_prefill_tokens())
+            .min()
+            .unwrap_or(0);
+        let candidates = eligible
+            .iter()
+            .map(|(id, w)| {
+                let overlap = req
+                    .overlaps
+                    .and_then(|m| m.get(id))
+                    .copied()
+                    .unwrap_or_default();
+                let load = CandidateLoad {
+                    overlap,
+                    active_prefill_tokens: w.seqs.active_prefill_tokens(),
+                    active_blocks: w.seqs.active_blocks() as u64,
+                    new_blocks: w.seqs.new_blocks(&blocks) as u64,
+                    active_requests: w.seqs.active_requests() as u64,
+                };
+                let cost = selector::worker_cost(
+                    &params,
+                    self.block_size,
+                    req.isl_tokens,
+                    &load,
+                    min_prefill,
+                    constraints.cost_multiplier(&w.taints),
+                );
+                (**id, overlap, cost)
+            })
+            .collect();
+        Ok((candidates, blocks))
+    }
+
+    /// Choose a worker rank for `req` and, if it has an id, book its load there.
+    ///
+    /// # Errors
+    /// [`Error::NoWorkers`], [`Error::NoEligibleWorkers`] (required taints),
+    /// [`Error::AllWorkersBusy`] (thresholds), [`Error::UnknownWorker`] (pin),
+    /// [`Error::DuplicateRequest`], [`Error::InvalidConfig`] (overrides).
+    pub fn select(&self, req: &SchedulingRequest<'_>) -> Result<Selection> {
+        let mut st = self.lock();
+        if let Some(id) = req.request_id
+            && st.owners.contains_key(id)
+        {
+            return Err(Error::DuplicateRequest(id.to_owned()));
+        }
+        let (candidates, blocks) = self.evaluate(&mut st, req)?;
+        let params = self.config.effective(req.overrides);
+        let costs: Vec<f64> = candidates.iter().map(|c| c.2).collect();
+        let index = selector::sample_index(&costs, params.temperature, &mut st.rng)
+            .ok_or(Error::NoEligibleWorkers)?;
+        let (worker, overlap, cost) = candidates[index];
+        if let Some(id) = req.request_id {
+            let prefill = self.prefill_tokens(&params, req.isl_tokens, overlap.device);
+            let w = st.workers.get_mut(&worker).ok_or(Error::UnknownWorker {
+                worker_id: worker.worker_id,
+                dp_rank: worker.dp_rank,
+            })?;
+            w.seqs.add_request(id, blocks, prefill)?;
+            st.owners.insert(id.to_owned(), worker);
+        }
+        Ok(Selection {
+            worker,
+            overlap_blocks: overlap.device,
+            cost,
+        })
+    }
+
+    /// Potential load of every registered worker rank if it received `req`.
+    pub fn potential_loads(&self, req: &SchedulingRequest<'_>) -> Vec<PotentialLoad> {
+        let mut st = self.lock();
+        let params = self.config.effective(req.overrides);
+        let blocks = Self::tracked_blocks(&params, req.seq_hashes, &mut st.rng);
+        st.workers
+            .iter()
+            .map(|(id, w)| {
+                let overlap = req.overlaps.and_then(|m| m.get(id)).map_or(0, |o| o.device);
+                PotentialLoad {
+                    worker: *id,
+                    potential_prefill_tokens: w.seqs.active_prefill_tokens()
+                        + self.prefill_tokens(&params, req.isl_tokens, overlap),
+                    potential_decode_blocks: (w.seqs.active_blocks() + w.seqs.new_blocks(&blocks))
+                        as u64,
+                    active_requests: w.seqs.active_requests() as u64,
+                }
+            })
+            .collect()
+    }
+
+    fn with_request<T>(
+        &self,
+        request_id: &str,
+        f: impl FnOnce(&mut ActiveSequences, &mut fastrand::Rng) -> Result<T>,
+    ) -> Result<T> {
+        let mut st = self.lock();
+        let st = &mut *st;
+        let worker = *st
+            .owners
+            .get(request_id)
+            .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
+        let w = st
+            .workers
+            .get_mut(&worker)
+            .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
+        f(&mut w.seqs, &mut st.rng)
+    }
+
+    /// The request produced its first token (its prompt stops counting as prefill load).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`].
+    pub fn mark_prefill_completed(&self, request_id: &str) -> Result<()> {
+        self.with_request(request_id, |s, _| s.mark_prefill_completed(request_id))
+    }
+
+    /// The request generated another full block (only tracked with
+    /// `router_track_output_blocks`).
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`].
+    pub fn add_output_block(&self, request_id: &str) -> Result<()> {
+        if !self.config.router_track_output_blocks {
+            return self.with_request(request_id, |_, _| Ok(()));
+        }
+        self.with_request(request_id, |s, rng| {
+            s.add_output_block(request_id, SequenceHash(rng.u64(..)))
+        })
+    }
+
+    /// The request finished: release its load.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`].
+    pub fn free(&self, request_id: &str) -> Result<()> {
+        self.with_request(request_id, |s, _| s.free(request_id))?;
+        self.lock().owners.remove(request_id);
+        Ok(())
+    }
+
+    /// Whether a request with these constraints must wait in the router queue: every
+    /// eligible worker's prefill load is above `router_queue_threshold` of its batch size.
+    pub fn must_queue(&self, constraints: Option<&RoutingConstraints>) -> bool {
+        let st = self.lock();
+        let default_constraints = RoutingConstraints::default();
+        let c = constraints.unwrap_or(&default_constraints);
+        queue::should_queue(
+            self.config.router_queue_threshold,
+            st.workers
+                .values()
+                .filter(|w| c.allows(&w.taints))
+                .map(|w| {
+                    (
+                        w.seqs.active_prefill_tokens(),
+                        w.capacity.max_num_batched_tokens,
+                    )
+                }),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,228 @@
+//! Active-load tracking for one worker (data-parallel rank): which KV blocks its in-flight
+//! requests hold and how many prompt tokens still wait for prefill.
+//!
+//! Invariants (checked by the tests against a naive model):
+//! * `active_blocks()` is the number of distinct block hashes held by in-flight requests: a
+//!   prefix shared by several requests counts once.
+//! * `active_prefill_tokens()` is the sum of the prefill tokens of requests whose prefill has
+//!   not completed.
+//! * Freeing every request returns the tracker to empty (no leaked hashes).
+
+use rustc_hash::FxHashMap;
+
+use crate::error::{Error, Result};
+use crate::hashing::SequenceHash;
+
+#[derive(Debug, Clone)]
+struct ActiveRequest {
+    blocks: Vec<SequenceHash>,
+    prefill_tokens: u64,
+}
+
+/// In-flight requests of one worker rank.
+#[derive(Debug, Clone, Default)]
+pub struct ActiveSequences {
+    block_refs: FxHashMap<SequenceHash, u32>,
+    requests: FxHashMap<String, ActiveRequest>,
+    active_prefill_tokens: u64,
+}
+
+impl ActiveSequences {
+    /// Book a request holding `blocks` with `prefill_tokens` still to prefill.
+    ///
+    /// # Errors
+    /// [`Error::DuplicateRequest`] if `request_id` is already active here.
+    pub fn add_request(
+        &mut self,
+        request_id: &str,
+        blocks: Vec<SequenceHash>,
+        prefill_tokens: u64,
+    ) -> Result<()> {
+        if self.requests.contains_key(request_id) {
+            return Err(Error::DuplicateRequest(request_id.to_owned()));
+        }
+        for &b in &blocks {
+            *self.block_refs.entry(b).or_insert(0) += 1;
+        }
+        self.active_prefill_tokens += prefill_tokens;
+        self.requests.insert(
+            request_id.to_owned(),
+            ActiveRequest {
+                blocks,
+                prefill_tokens,
+            },
+        );
+        Ok(())
+    }
+
+    /// The request produced its first token: its prompt no longer counts as prefill load.
+    /// Idempotent.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`] if the request is not active here.
+    pub fn mark_prefill_completed(&mut self, request_id: &str) -> Result<()> {
+        let req = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
+        self.active_prefill_tokens -= req.prefill_tokens;
+        req.prefill_tokens = 0;
+        Ok(())
+    }
+
+    /// The request generated another full block.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`] if the request is not active here.
+    pub fn add_output_block(&mut self, request_id: &str, block: SequenceHash) -> Result<()> {
+        let req = self
+            .requests
+            .get_mut(request_id)
+            .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
+        req.blocks.push(block);
+        *self.block_refs.entry(block).or_insert(0) += 1;
+        Ok(())
+    }
+
+    /// The request finished: release its blocks and any remaining prefill tokens.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`] if the request is not active here.
+    pub fn free(&mut self, request_id: &str) -> Result<()> {
+        let req = self
+            .requests
+            .remove(request_id)
+            .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
+        self.active_prefill_tokens -= req.prefill_tokens;
+        for b in req.blocks {
+            if let Some(count) = self.block_refs.get_mut(&b) {
+                *count -= 1;
+                if *count == 0 {
+                    self.block_refs.remove(&b);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `request_id` is active here.
+    pub fn contains(&self, request_id: &str) -> bool {
+        self.requests.contains_key(request_id)
+    }
+
+    /// Distinct blocks held by in-flight requests.
+    pub fn active_blocks(&self) -> usize {
+        self.block_refs.len()
+    }
+
+    /// Prompt tokens of in-flight requests still waiting for prefill.
+    pub fn active_prefill_tokens(&self) -> u64 {
+        self.active_prefill_tokens
+    }
+
+    /// Number of in-flight requests.
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// How many of `blocks` are not yet held by an in-flight request.
+    pub fn new_blocks(&self, blocks: &[SequenceHash]) -> usize {
+        blocks
+            .iter()
+            .filter(|b| !self.block_refs.contains_key(b))
+            .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn h(v: u64) -> SequenceHash {
+        SequenceHash(v)
+    }
+
+    #[test]
+    fn shared_prefix_counts_once() {
+        let mut s = ActiveSequences::default();
+        s.add_request("a", vec![h(1), h(2), h(3)], 48).expect("new");
+        s.add_request("b", vec![h(1), h(2), h(4)], 16).expect("new");
+        assert_eq!(s.active_blocks(), 4);
+        assert_eq!(s.active_prefill_tokens(), 64);
+        assert_eq!(s.new_blocks(&[h(1), h(5), h(6)]), 2);
+        s.mark_prefill_completed("a").expect("active");
+        s.mark_prefill_completed("a").expect("idempotent");
+        assert_eq!(s.active_prefill_tokens(), 16);
+        s.free("a").expect("active");
+        assert_eq!(s.active_blocks(), 3);
+        s.free("b").expect("active");
+        assert_eq!((s.active_blocks(), s.active_prefill_tokens()), (0, 0));
+        assert_eq!(s.free("b"), Err(Error::UnknownRequest("b".into())));
+    }
+
+    #[test]
+    fn duplicate_request_is_rejected_without_change() {
+        let mut s = ActiveSequences::default();
+        s.add_request("a", vec![h(1)], 5).expect("new");
+        assert!(s.add_request("a", vec![h(2)], 7).is_err());
+        assert_eq!((s.active_blocks(), s.active_prefill_tokens()), (1, 5));
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Add(u8, Vec<u8>, u16),
+        Prefill(u8),
+        Output(u8, u8),
+        Free(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..6, proptest::collection::vec(0u8..12, 0..6), 0u16..100)
+                .prop_map(|(r, b, p)| Op::Add(r, b, p)),
+            (0u8..6).prop_map(Op::Prefill),
+            (0u8..6, 0u8..12).prop_map(|(r, b)| Op::Output(r, b)),
+            (0u8..6).prop_map(Op::Free),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn matches_naive_model(ops in proptest::collection::vec(op(), 0..60)) {
+            let mut s = ActiveSequences::default();
+            // Model: request -> (blocks, prefill tokens).
+            let mut model: BTreeMap<String, (Vec<u64>, u64)> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Add(r, blocks, p) => {
+                        let id = r.to_string();
+                        let res = s.add_request(
+                            &id, blocks.iter().map(|&b| h(b.into())).collect(), p.into());
+                        prop_assert_eq!(res.is_ok(), !model.contains_key(&id));
+                        model.entry(id).or_insert((blocks.iter().map(|&b| b.into()).collect(), p.into()));
+                    }
+                    Op::Prefill(r) => {
+                        let id = r.to_string();
+                        prop_assert_eq!(s.mark_prefill_completed(&id).is_ok(), model.contains_key(&id));
+                        if let Some(e) = model.get_mut(&id) { e.1 = 0; }
+                    }
+                    Op::Output(r, b) => {
+                        let id = r.to_string();
+                        prop_assert_eq!(s.add_output_block(&id, h(b.into())).is_ok(), model.contains_key(&id));
+                        if let Some(e) = model.get_mut(&id) { e.0.push(b.into()); }
+                    }
+                    Op::Free(r) => {
+                        let id = r.to_string();
+                        prop_assert_eq!(s.free(&id).is_ok(), model.remove(&id).is_some());
+                    }
+                }
+                let distinct: BTreeSet<u64> = model.values().flat_map(|e| e.0.iter().copied()).collect();
+                prop_assert_eq!(s.active_blocks(), distinct.len());
+                prop_assert_eq!(s.active_prefill_tokens(), model.values().map(|e| e.1).sum::<u64>());
+                prop_assert_eq!(s.active_requests(), model.len());
+            }
+        }
+    }
+}
