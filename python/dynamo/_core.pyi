@@ -5,7 +5,7 @@
 # tests/stubtest_allowlist.txt) and by tests/test_stub.py, which compares public names both
 # ways.
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set, final
 
 __version__: str
 
@@ -87,3 +87,159 @@ def compute_block_hash_for_seq(
         OverflowError: a token id or ``kv_block_size`` is negative or too large.
         TypeError: a token is not an int.
     """
+
+@final
+class RouterMode:
+    """How a client picks a worker instance (an int-backed enum)."""
+
+    RoundRobin: RouterMode
+    Random: RouterMode
+    PowerOfTwoChoices: RouterMode
+    KV: RouterMode
+    Direct: RouterMode
+    """The worker id comes from each request's routing hints."""
+    LeastLoaded: RouterMode
+    DeviceAwareWeighted: RouterMode
+    def __int__(self) -> int: ...
+
+@final
+class KvRouterConfig:
+    """Configuration of the KV-aware router.
+
+    Worker cost (lower is better):
+    ``prefill_load_scale * max(0, prefill_blocks - credit) + decode_blocks
+    + decode_active_request_weight * active_requests``, where ``credit`` is
+    ``overlap_score_credit`` per device-cached block (decayed by
+    ``overlap_score_credit_decay`` on workers with excess prefill load) plus the host, disk
+    and shared-cache credits. Invalid values raise ``ValueError`` naming the field.
+    """
+
+    def __new__(
+        cls,
+        overlap_score_weight: Optional[float] = None,
+        host_cache_hit_weight: float = 0.75,
+        disk_cache_hit_weight: float = 0.25,
+        router_temperature: float = 0.0,
+        use_kv_events: bool = True,
+        *,
+        router_replica_sync: bool = False,
+        router_track_active_blocks: bool = True,
+        router_track_output_blocks: bool = False,
+        router_assume_kv_reuse: bool = True,
+        router_track_prefill_tokens: bool = True,
+        router_tracking_hash: str = "public-xxh3-v1",
+        router_tracking_key_file: Optional[str] = None,
+        router_tracking_key_id: Optional[str] = None,
+        router_prefill_load_model: str = "none",
+        router_ttl_secs: float = 120.0,
+        router_queue_threshold: Optional[float] = None,
+        router_event_threads: int = 4,
+        router_queue_policy: str = "fcfs",
+        use_remote_indexer: bool = False,
+        serve_indexer: bool = False,
+        shared_cache_multiplier: float = 0.0,
+        shared_cache_type: str = "none",
+        router_predicted_ttl_secs: Optional[float] = None,
+        overlap_score_credit: float = 1.0,
+        overlap_score_credit_decay: float = 0.0,
+        prefill_load_scale: float = 1.0,
+        decode_active_request_weight: float = 0.0,
+        router_policy_config: Optional[str] = None,
+    ) -> KvRouterConfig: ...
+    @staticmethod
+    def from_json(config_json: str) -> KvRouterConfig:
+        """Parse a JSON object (missing fields take their defaults); ``ValueError`` on
+        malformed JSON, unknown fields or invalid values."""
+    def copy(self) -> KvRouterConfig: ...
+    def with_overrides(
+        self,
+        overlap_score_weight: Optional[float] = None,
+        *,
+        overlap_score_credit: Optional[float] = None,
+        overlap_score_credit_decay: Optional[float] = None,
+        prefill_load_scale: Optional[float] = None,
+        decode_active_request_weight: Optional[float] = None,
+    ) -> KvRouterConfig:
+        """A validated copy with the given cost parameters replaced."""
+    @property
+    def overlap_score_credit(self) -> float: ...
+    @overlap_score_credit.setter
+    def overlap_score_credit(self, value: float) -> None: ...
+    @property
+    def overlap_score_credit_decay(self) -> float: ...
+    @overlap_score_credit_decay.setter
+    def overlap_score_credit_decay(self, value: float) -> None: ...
+    @property
+    def overlap_score_weight(self) -> float:
+        """Deprecated alias of ``prefill_load_scale``; setting 0 also zeroes the credit."""
+    @overlap_score_weight.setter
+    def overlap_score_weight(self, value: float) -> None: ...
+    @property
+    def prefill_load_scale(self) -> float: ...
+    @prefill_load_scale.setter
+    def prefill_load_scale(self, value: float) -> None: ...
+    @property
+    def decode_active_request_weight(self) -> float: ...
+
+@final
+class RouterConfig:
+    """Routing mode, KV router configuration and busy thresholds of a client.
+
+    ``active_decode_blocks_threshold`` is a fraction in [0, 1] of the worker's KV blocks,
+    ``active_prefill_tokens_threshold`` a token count, ``..._frac`` a fraction of
+    ``max_num_batched_tokens``; a worker above any of them is busy. ``enforce_disagg`` is
+    accepted and ignored (deprecated).
+    """
+
+    router_mode: RouterMode
+    kv_router_config: KvRouterConfig
+    def __new__(
+        cls,
+        mode: RouterMode,
+        config: Optional[KvRouterConfig] = None,
+        active_decode_blocks_threshold: Optional[float] = None,
+        active_prefill_tokens_threshold: Optional[int] = None,
+        active_prefill_tokens_threshold_frac: Optional[float] = None,
+        enforce_disagg: bool = False,
+        session_affinity_ttl_secs: Optional[int] = None,
+    ) -> RouterConfig: ...
+
+@final
+class RoutingConstraints:
+    """Placement constraints of a request.
+
+    A worker is eligible only if it carries every ``required_taints`` entry. The weights of
+    the worker's matching ``preferred_taints`` are summed and turn into the cost multiplier
+    ``exp(-tanh(sum))`` (in [1/e, e]): positive weights favour a worker, negative avoid it.
+    """
+
+    required_taints: Set[str]
+    preferred_taints: Dict[str, float]
+    def __new__(
+        cls,
+        required_taints: Optional[Set[str]] = None,
+        preferred_taints: Optional[Dict[str, float]] = None,
+    ) -> RoutingConstraints: ...
+
+@final
+class AicPerfConfig:
+    """AIConfigurator performance-model specification (``ValueError`` on invalid values)."""
+
+    def __new__(
+        cls,
+        aic_backend: str,
+        aic_system: str,
+        aic_model_path: str,
+        aic_tp_size: int = 1,
+        aic_backend_version: Optional[str] = None,
+        aic_moe_tp_size: Optional[int] = None,
+        aic_moe_ep_size: Optional[int] = None,
+        aic_attention_dp_size: Optional[int] = None,
+        aic_nextn: Optional[int] = None,
+        aic_nextn_accept_rates: Optional[str] = None,
+        aic_gemm_dtype: Optional[str] = None,
+        aic_moe_dtype: Optional[str] = None,
+        aic_fmha_dtype: Optional[str] = None,
+        aic_kv_cache_dtype: Optional[str] = None,
+        aic_comm_dtype: Optional[str] = None,
+    ) -> AicPerfConfig: ...

@@ -7,12 +7,14 @@
 //! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`kv`]: block hashing (and, later, the KV indexer classes).
+//! * [`router`]: router configuration classes.
 
 use pyo3::prelude::*;
 
 mod convert;
 mod errors;
 mod kv;
+mod router;
 
 /// The extension module. Each area registers its own classes and functions.
 #[pymodule]
@@ -20,5 +22,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     kv::register(m)?;
+    router::register(m)?;
     Ok(())
 }

@@ -3,12 +3,22 @@
 Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
+from dynamo._core import AicPerfConfig as AicPerfConfig
+from dynamo._core import KvRouterConfig as KvRouterConfig
+from dynamo._core import RouterConfig as RouterConfig
+from dynamo._core import RouterMode as RouterMode
+from dynamo._core import RoutingConstraints as RoutingConstraints
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
 
 __all__ = [
+    "AicPerfConfig",
     "HttpError",
+    "KvRouterConfig",
+    "RouterConfig",
+    "RouterMode",
     "RouterQueueLimitExceeded",
+    "RoutingConstraints",
     "compute_block_hash_for_seq",
 ]

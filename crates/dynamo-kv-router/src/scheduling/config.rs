@@ -472,3 +472,75 @@ pub struct EffectiveParams {
     /// In-flight blocks count as decode load.
     pub track_active_blocks: bool,
 }
+
+/// An AIConfigurator performance-model specification (used by the `aic` prefill load
+/// model). Only validated and carried; the model itself is not part of this project.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AicPerfConfig {
+    /// Inference backend name (e.g. `vllm`).
+    pub aic_backend: String,
+    /// Hardware system name (e.g. `h200_sxm`).
+    pub aic_system: String,
+    /// Model path or id.
+    pub aic_model_path: String,
+    /// Tensor-parallel size (>= 1).
+    pub aic_tp_size: u32,
+    /// Backend version.
+    pub aic_backend_version: Option<String>,
+    /// MoE tensor-parallel size (>= 1 when set).
+    pub aic_moe_tp_size: Option<u32>,
+    /// MoE expert-parallel size (>= 1 when set).
+    pub aic_moe_ep_size: Option<u32>,
+    /// Attention data-parallel size (>= 1 when set).
+    pub aic_attention_dp_size: Option<u32>,
+    /// Speculative next-n tokens (1..=5 when set).
+    pub aic_nextn: Option<u32>,
+    /// Acceptance rates of the speculative tokens.
+    pub aic_nextn_accept_rates: Option<String>,
+    /// GEMM data type.
+    pub aic_gemm_dtype: Option<String>,
+    /// MoE data type.
+    pub aic_moe_dtype: Option<String>,
+    /// Attention data type.
+    pub aic_fmha_dtype: Option<String>,
+    /// KV-cache data type.
+    pub aic_kv_cache_dtype: Option<String>,
+    /// Communication data type.
+    pub aic_comm_dtype: Option<String>,
+}
+
+impl AicPerfConfig {
+    /// Check the required strings and the parallelism sizes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the offending field.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value) in [
+            ("aic_backend", &self.aic_backend),
+            ("aic_system", &self.aic_system),
+            ("aic_model_path", &self.aic_model_path),
+        ] {
+            if value.trim().is_empty() {
+                return Err(invalid(field, "must be a non-empty string"));
+            }
+        }
+        if self.aic_tp_size == 0 {
+            return Err(invalid("aic_tp_size", "must be >= 1, got 0"));
+        }
+        for (field, value) in [
+            ("aic_moe_tp_size", self.aic_moe_tp_size),
+            ("aic_moe_ep_size", self.aic_moe_ep_size),
+            ("aic_attention_dp_size", self.aic_attention_dp_size),
+        ] {
+            if value == Some(0) {
+                return Err(invalid(field, "must be >= 1 when set, got 0"));
+            }
+        }
+        if let Some(n) = self.aic_nextn
+            && !(1..=5).contains(&n)
+        {
+            return Err(invalid("aic_nextn", format!("must be in 1..=5, got {n}")));
+        }
+        Ok(())
+    }
+}

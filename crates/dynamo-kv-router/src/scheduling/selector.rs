@@ -227,6 +227,30 @@ pub struct WorkerCapacity {
 pub const UNKNOWN_MAX_BATCHED_TOKENS: u64 = 10_000_000;
 
 impl LoadThresholds {
+    /// Check the thresholds' ranges.
+    ///
+    /// # Errors
+    /// [`crate::Error::InvalidConfig`] naming the offending threshold.
+    pub fn validate(&self) -> crate::Result<()> {
+        if let Some(t) = self.active_decode_blocks_threshold
+            && !(0.0..=1.0).contains(&t)
+        {
+            return Err(crate::Error::InvalidConfig {
+                field: "active_decode_blocks_threshold",
+                reason: format!("must be in [0, 1], got {t}"),
+            });
+        }
+        if let Some(t) = self.active_prefill_tokens_threshold_frac
+            && !(t.is_finite() && t >= 0.0)
+        {
+            return Err(crate::Error::InvalidConfig {
+                field: "active_prefill_tokens_threshold_frac",
+                reason: format!("must be finite and >= 0, got {t}"),
+            });
+        }
+        Ok(())
+    }
+
     /// Whether a worker with this capacity and router-side prefill load is busy.
     pub fn is_busy(&self, capacity: &WorkerCapacity, active_prefill_tokens: u64) -> bool {
         if let (Some(t), Some(total), Some(used)) = (
