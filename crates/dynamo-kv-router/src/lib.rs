@@ -6,6 +6,12 @@
 //!
 //! * [`hashing`]: bit-exact block hashing (local and chained sequence hashes) shared by the
 //!   router, the indexer, the mocker engine and the block manager.
+//! * [`protocols`]: KV-cache events (`stored` / `removed` / `cleared`) and their JSON and
+//!   msgpack codecs.
+//! * [`indexer`]: the radix-tree index of which worker rank holds which cached prefix, with
+//!   exact memory reclamation and lock-light concurrent queries.
+//! * [`approx`]: the approximate indexer that predicts cache contents from routing
+//!   decisions (no events), with TTL expiry and size pruning.
 //!
 //! ```
 //! use dynamo_kv_router::hashing::{compute_block_hash_for_seq, BlockHashOptions};
@@ -17,7 +23,10 @@
 //! # Ok::<(), dynamo_kv_router::Error>(())
 //! ```
 
+pub mod approx;
 pub mod error;
 pub mod hashing;
+pub mod indexer;
+pub mod protocols;
 
 pub use error::{Error, Result};
