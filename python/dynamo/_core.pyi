@@ -5,7 +5,7 @@
 # tests/stubtest_allowlist.txt) and by tests/test_stub.py, which compares public names both
 # ways.
 
-from typing import Any, Dict, List, Optional, Set, final
+from typing import Any, Dict, List, Optional, Set, Tuple, final
 
 __version__: str
 
@@ -87,6 +87,98 @@ def compute_block_hash_for_seq(
         OverflowError: a token id or ``kv_block_size`` is negative or too large.
         TypeError: a token is not an int.
     """
+
+@final
+class OverlapScores:
+    """Result of a prefix match (:meth:`RadixTree.find_matches`)."""
+
+    @property
+    def scores(self) -> Dict[Tuple[int, int], int]:
+        """Matched prefix length in blocks, keyed by ``(worker_id, dp_rank)``.
+
+        Ranks that match no block are absent. A new dict is built on every access.
+        """
+
+    @property
+    def frequencies(self) -> List[int]:
+        """For each matched depth, how many lookups touched that block within the tree's
+        ``expiration_duration_secs`` window (zeros omitted). Empty when the tree was built
+        without a window."""
+
+@final
+class RadixTree:
+    """In-process prefix index of which ``(worker_id, dp_rank)`` holds which cached blocks.
+
+    Fed with KV events (:meth:`apply_event`), queried with local block hashes
+    (:meth:`find_matches`). Thread-safe: any number of threads may query and apply events
+    concurrently; queries run in parallel, each event is applied atomically, and every call
+    releases the GIL while it works. Removing blocks frees their memory exactly.
+    """
+
+    def __new__(cls, expiration_duration_secs: Optional[float] = None) -> RadixTree:
+        """Create an empty tree.
+
+        Args:
+            expiration_duration_secs: when given, :attr:`OverlapScores.frequencies` reports
+                how often each matched block was looked up within this many seconds.
+
+        Raises:
+            ValueError: ``expiration_duration_secs`` is negative or not finite.
+        """
+
+    def find_matches(self, sequence: List[int], early_exit: bool = False) -> OverlapScores:
+        """Score every worker rank by how many leading blocks of ``sequence`` it holds.
+
+        ``sequence`` is a list of local block hashes (``tokens_hash`` values, e.g. from
+        :func:`compute_block_hash_for_seq`). With ``early_exit=True`` the walk stops at the
+        first depth where a single rank is still matching; that rank's score is then the
+        depth reached, not its full match length.
+
+        Raises:
+            OverflowError: a hash is negative or does not fit in 64 bits.
+            TypeError: ``sequence`` is not a sequence of ints.
+        """
+
+    def apply_event(self, worker_id: int, kv_cache_event_bytes: bytes) -> None:
+        """Apply one JSON-encoded ``KvCacheEvent`` of ``worker_id``.
+
+        Format: ``{"event_id": int, "data": {"stored": {"parent_hash": int | None,
+        "blocks": [{"block_hash": int, "tokens_hash": int}, ...]}} | {"removed":
+        {"block_hashes": [int, ...]}} | "cleared", "dp_rank": int (optional, default 0)}``.
+        Hashes are unsigned 64-bit integers.
+
+        Raises:
+            ValueError: the bytes are not a valid event (malformed JSON, unknown variant,
+                missing field, negative or too large integer); message
+                ``"Failed to deserialize KvCacheEvent: ..."``. Nothing was applied.
+            RuntimeError: ``"Failed to apply event: Failed to find parent block"`` (the
+                store's ``parent_hash`` is not a block this rank holds) or ``"Failed to
+                apply event: Invalid block sequence"`` (the blocks contain their own
+                parent): the event was rejected and the tree is unchanged.
+                ``"Failed to apply event: Failed to find block"``: a removed event named
+                hashes this rank does not hold; those were skipped, the others removed.
+        """
+
+    def remove_worker(self, worker_id: int) -> None:
+        """Forget every block of every dp rank of ``worker_id``."""
+
+    def clear_all_blocks(self, worker_id: int) -> None:
+        """Drop every block of every dp rank of ``worker_id`` (same effect on scores as
+        :meth:`remove_worker`)."""
+
+    def dump_tree_as_events(self) -> List[str]:
+        """The tree as JSON ``RouterEvent`` strings, one single-block ``stored`` event per
+        ``(worker, dp_rank, block)``, parents first:
+        ``{"worker_id": int, "storage_tier": "device", "event": {"event_id": int,
+        "data": {"stored": {"parent_hash": int | None, "blocks": [...]}}, "dp_rank": int}}``.
+        Applying each ``event`` with its ``worker_id`` to an empty tree reproduces every
+        score. Empty when no worker holds a block."""
+
+    def node_count(self) -> int:
+        """Number of distinct cached blocks (tree nodes). 0 once every block is removed."""
+
+    def __len__(self) -> int:
+        """Number of stored ``(worker, dp_rank, block)`` entries."""
 
 @final
 class RouterMode:

@@ -8,6 +8,12 @@
 //!   router, the indexer, the mocker engine and the block manager.
 //! * [`scheduling`]: worker selection: configuration, cost function, sampling, active-load
 //!   tracking and the router queue.
+//! * [`protocols`]: KV-cache events (`stored` / `removed` / `cleared`) and their JSON and
+//!   msgpack codecs.
+//! * [`indexer`]: the radix-tree index of which worker rank holds which cached prefix, with
+//!   exact memory reclamation and lock-light concurrent queries.
+//! * [`approx`]: the approximate indexer that predicts cache contents from routing
+//!   decisions (no events), with TTL expiry and size pruning.
 //!
 //! ```
 //! use dynamo_kv_router::hashing::{compute_block_hash_for_seq, BlockHashOptions};
@@ -19,8 +25,11 @@
 //! # Ok::<(), dynamo_kv_router::Error>(())
 //! ```
 
+pub mod approx;
 pub mod error;
 pub mod hashing;
+pub mod indexer;
+pub mod protocols;
 pub mod scheduling;
 
 pub use error::{Error, Result};

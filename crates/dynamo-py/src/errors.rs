@@ -9,7 +9,7 @@
 //!     └── SelectionServiceError      (attributes set by the runtime when raised)
 //! ```
 
-use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -102,7 +102,13 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
-/// Map a KV-router core error to Python. Every variant today is bad input.
+/// Map a KV-router core error to Python: an event the index cannot apply becomes
+/// `RuntimeError("Failed to apply event: ...")` (as in the reference); bad input (bytes that
+/// do not decode, a zero block size, ...) becomes `ValueError`.
 pub(crate) fn kv_router_error(err: dynamo_kv_router::Error) -> PyErr {
-    PyValueError::new_err(err.to_string())
+    if err.is_apply_error() {
+        PyRuntimeError::new_err(format!("Failed to apply event: {err}"))
+    } else {
+        PyValueError::new_err(err.to_string())
+    }
 }

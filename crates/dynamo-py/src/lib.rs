@@ -6,8 +6,8 @@
 //!
 //! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
 //! * [`convert`]: fast, validated conversions of Python arguments.
-//! * [`kv`]: block hashing (and, later, the KV indexer classes).
 //! * [`router`]: router configuration classes.
+//! * [`kv`]: block hashing, the `RadixTree` indexer and `OverlapScores`.
 
 use pyo3::prelude::*;
 

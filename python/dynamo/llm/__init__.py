@@ -8,6 +8,8 @@ from dynamo._core import KvRouterConfig as KvRouterConfig
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
 from dynamo._core import RoutingConstraints as RoutingConstraints
+from dynamo._core import OverlapScores as OverlapScores
+from dynamo._core import RadixTree as RadixTree
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
@@ -16,6 +18,8 @@ __all__ = [
     "AicPerfConfig",
     "HttpError",
     "KvRouterConfig",
+    "OverlapScores",
+    "RadixTree",
     "RouterConfig",
     "RouterMode",
     "RouterQueueLimitExceeded",

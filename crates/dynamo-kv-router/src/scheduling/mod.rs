@@ -27,27 +27,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::hashing::SequenceHash;
+pub use crate::protocols::WorkerWithDpRank;
 use config::{KvRouterConfig, RouterConfigOverride};
 use selector::{CandidateLoad, LoadThresholds, RoutingConstraints, TierOverlap, WorkerCapacity};
 use sequences::ActiveSequences;
-
-/// A worker process and one of its data-parallel ranks: the unit the router selects.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
-)]
-pub struct WorkerWithDpRank {
-    /// Instance id of the worker.
-    pub worker_id: u64,
-    /// Data-parallel rank inside the worker.
-    pub dp_rank: u32,
-}
-
-impl WorkerWithDpRank {
-    /// Worker `worker_id`, rank `dp_rank`.
-    pub fn new(worker_id: u64, dp_rank: u32) -> Self {
-        Self { worker_id, dp_rank }
-    }
-}
 
 /// One routing question.
 #[derive(Debug, Clone, Copy, Default)]

@@ -1,0 +1,207 @@
+//! The KV indexer: which worker rank already holds how many leading blocks of a prompt.
+//!
+//! Engines report `stored` / `removed` / `cleared` events ([`crate::protocols`]); the
+//! indexer keeps a radix tree of block *contents* (`tokens_hash`, the router's local hash)
+//! and, for every `(worker_id, dp_rank)`, which tree nodes it holds under which *external*
+//! hash (`block_hash`, the engine's opaque key). [`RadixTree::find_matches`] walks a query
+//! of local hashes from the root and reports, per rank, the length of the prefix it holds.
+//!
+//! # Semantics (shared with the reference)
+//!
+//! * A `stored` event appends its blocks under the node of `parent_hash`, looked up in the
+//!   emitting rank's own blocks (`None` = the root). An unknown parent rejects the whole
+//!   event ([`crate::Error::ParentBlockNotFound`]) and leaves the tree unchanged; so does a
+//!   chain that contains its own parent ([`crate::Error::InvalidBlockSequence`]).
+//! * The same content under the same prefix is **one node**, whichever ranks store it and
+//!   whatever external hashes they use.
+//! * A `removed` hash the rank does not hold is a counted no-op
+//!   ([`crate::Error::BlockNotFound`] reports them after the known hashes were removed).
+//! * `cleared` drops the emitting rank's blocks; [`RadixTree::remove_worker`] drops every
+//!   rank of a worker.
+//! * A rank scores `k` for a query when it holds the query's blocks at depths `1..=k`.
+//!   Holding a deeper block without its parent does not count.
+//! * Events are idempotent: applying a `stored` event twice changes nothing.
+//!
+//! Deliberate differences: storing an external hash the rank already holds at another node
+//! moves it there (the newest store wins; the reference keeps both, one of them
+//! unremovable). Removing a rank's inner block keeps its deeper blocks (they stop scoring
+//! until the block is stored again), as in the reference's uncompressed tree; the
+//! reference's compressed tree sometimes drops them too.
+//!
+//! # Layout and memory
+//!
+//! * `nodes`: an arena of 32-byte nodes (`tokens_hash`, parent id, child count, and the
+//!   first holding rank with its external hash inline, since most blocks have one holder).
+//!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
+//!   node.
+//! * `children`: one hash table of bare `u32` node ids hashed by `(parent id,
+//!   tokens_hash)`, read through the arena (5 bytes per bucket instead of a map per node).
+//! * per rank, `lookup`: a hash table of `u32` residency handles hashed by external hash.
+//!
+//! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
+//! a node is freed the moment it has no residency and no children (its ancestors are
+//! checked in turn). Removing a block therefore frees its lookup entry, its residency and
+//! every node that only existed for it; a rank with no blocks left is forgotten; once the
+//! last node is gone every arena and table returns to its initial (empty) size. Memory is
+//! bounded by the peak number of live `(rank, block)` pairs, not by history.
+//!
+//! Invariants (checked by [`RadixTree::check_invariants`] in the tests):
+//! 1. every live node except the root is in `children` under `(parent, tokens_hash)` and
+//!    its parent's child count includes it;
+//! 2. a live node has a residency or a child; a node with extras has a primary residency;
+//! 3. each residency has exactly one lookup entry, in its own rank's table;
+//! 4. `len()` equals the number of residencies and of lookup entries.
+//!
+//! # Concurrency
+//!
+//! [`SharedRadixTree`] wraps the tree in a `parking_lot::RwLock`. Queries take the read
+//! lock and run on the caller's thread, so any number of them proceed in parallel; each
+//! event takes the write lock for the time it takes to apply that one event (a few
+//! microseconds for a 64-block store), and decoding happens before the lock is taken.
+//! There is no queue of pending writes in front of the tree (unlike the reference's actor
+//! thread), so a query waits at most for the events already holding or waiting for the
+//! lock, never for a backlog. Per-rank ordering is the order in which callers apply events;
+//! a caller that needs a rank's events in order applies them from one thread (or in
+//! event-id order), as the transport does.
+//!
+//! ```
+//! use dynamo_kv_router::hashing::LocalBlockHash;
+//! use dynamo_kv_router::indexer::SharedRadixTree;
+//! use dynamo_kv_router::protocols::WorkerWithDpRank;
+//!
+//! let tree = SharedRadixTree::new(None);
+//! tree.apply_json(7, br#"{"event_id":1,"data":{"stored":{"parent_hash":null,
+//!     "blocks":[{"block_hash":10,"tokens_hash":100},{"block_hash":11,"tokens_hash":101}]}}}"#)?;
+//! let scores = tree.find_matches(&[LocalBlockHash(100), LocalBlockHash(101), LocalBlockHash(5)], false);
+//! assert_eq!(scores.get(WorkerWithDpRank::new(7, 0)), Some(2));
+//! tree.remove_worker(7);
+//! assert_eq!(tree.node_count(), 0);
+//! # Ok::<(), dynamo_kv_router::Error>(())
+//! ```
+
+#[cfg(test)]
+mod tests;
+mod tree;
+
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
+pub use tree::{EventCounters, RadixTree};
+
+use crate::error::Result;
+use crate::hashing::LocalBlockHash;
+use crate::protocols::{KvCacheEvent, RouterEvent, WorkerWithDpRank, decode_json_event};
+
+/// Result of a prefix match.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OverlapScores {
+    /// Matched prefix length (in blocks) per worker rank; ranks that match nothing are
+    /// absent.
+    pub scores: Vec<(WorkerWithDpRank, u32)>,
+    /// For each matched depth, how many lookups touched that block within the expiration
+    /// window (zeros omitted). Empty unless the tree tracks frequencies.
+    pub frequencies: Vec<usize>,
+}
+
+impl OverlapScores {
+    /// The score of one worker rank, if it matched at least one block.
+    pub fn get(&self, worker: WorkerWithDpRank) -> Option<u32> {
+        self.scores
+            .iter()
+            .find(|(w, _)| *w == worker)
+            .map(|&(_, s)| s)
+    }
+}
+
+/// A [`RadixTree`] shared between threads: parallel queries, one event at a time.
+#[derive(Debug, Default)]
+pub struct SharedRadixTree {
+    inner: RwLock<RadixTree>,
+}
+
+impl SharedRadixTree {
+    /// An empty shared tree; see [`RadixTree::new`] for `expiration`.
+    pub fn new(expiration: Option<Duration>) -> Self {
+        Self {
+            inner: RwLock::new(RadixTree::new(expiration)),
+        }
+    }
+
+    /// Decode a JSON `KvCacheEvent` (without holding the lock) and apply it.
+    ///
+    /// # Errors
+    /// [`crate::Error::Decode`] for bad bytes; the apply errors of
+    /// [`RadixTree::apply_event`].
+    pub fn apply_json(&self, worker_id: u64, bytes: &[u8]) -> Result<()> {
+        let event = decode_json_event(bytes)?;
+        self.apply_event(worker_id, &event)
+    }
+
+    /// Apply one event of `worker_id`.
+    ///
+    /// # Errors
+    /// See [`RadixTree::apply_event`].
+    pub fn apply_event(&self, worker_id: u64, event: &KvCacheEvent) -> Result<()> {
+        self.inner.write().apply_event(worker_id, event)
+    }
+
+    /// Apply a `RouterEvent` (worker id inside).
+    ///
+    /// # Errors
+    /// See [`RadixTree::apply_event`].
+    pub fn apply_router_event(&self, event: &RouterEvent) -> Result<()> {
+        self.apply_event(event.worker_id, &event.event)
+    }
+
+    /// See [`RadixTree::find_matches`].
+    pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
+        self.inner.read().find_matches(query, early_exit)
+    }
+
+    /// See [`RadixTree::remove_worker`].
+    pub fn remove_worker(&self, worker_id: u64) {
+        self.inner.write().remove_worker(worker_id);
+    }
+
+    /// Drop every block of every rank of `worker_id` (same effect on scores as
+    /// [`Self::remove_worker`]).
+    pub fn clear_all_blocks(&self, worker_id: u64) {
+        self.inner.write().remove_worker(worker_id);
+    }
+
+    /// See [`RadixTree::dump_events`].
+    pub fn dump_events(&self) -> Vec<RouterEvent> {
+        self.inner.read().dump_events()
+    }
+
+    /// See [`RadixTree::node_count`].
+    pub fn node_count(&self) -> usize {
+        self.inner.read().node_count()
+    }
+
+    /// See [`RadixTree::len`].
+    pub fn len(&self) -> usize {
+        self.inner.read().len()
+    }
+
+    /// See [`RadixTree::is_empty`].
+    pub fn is_empty(&self) -> bool {
+        self.inner.read().is_empty()
+    }
+
+    /// See [`RadixTree::heap_bytes`].
+    pub fn heap_bytes(&self) -> usize {
+        self.inner.read().heap_bytes()
+    }
+
+    /// See [`RadixTree::counters`].
+    pub fn counters(&self) -> EventCounters {
+        self.inner.read().counters()
+    }
+
+    /// Run `f` with exclusive access to the tree (several changes under one lock).
+    pub fn with_write<R>(&self, f: impl FnOnce(&mut RadixTree) -> R) -> R {
+        f(&mut self.inner.write())
+    }
+}

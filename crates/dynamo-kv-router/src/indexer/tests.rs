@@ -1,0 +1,433 @@
+//! Unit and model-based tests of the radix tree.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::Error;
+use crate::protocols::{
+    ExternalSequenceBlockHash, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData,
+};
+
+fn w(id: u64) -> WorkerWithDpRank {
+    WorkerWithDpRank::new(id, 0)
+}
+
+fn q(locals: &[u64]) -> Vec<LocalBlockHash> {
+    locals.iter().map(|&l| LocalBlockHash(l)).collect()
+}
+
+fn stored(parent: Option<u64>, blocks: &[(u64, u64)]) -> KvCacheStoreData {
+    KvCacheStoreData {
+        parent_hash: parent.map(ExternalSequenceBlockHash),
+        start_position: None,
+        blocks: blocks
+            .iter()
+            .map(|&(b, t)| KvCacheStoredBlockData::new(b, t))
+            .collect(),
+    }
+}
+
+fn sorted(s: &OverlapScores) -> BTreeMap<WorkerWithDpRank, u32> {
+    s.scores.iter().copied().collect()
+}
+
+#[test]
+fn shared_prefix_is_one_node_and_scores_are_prefix_depths() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
+        .expect("store");
+    t.store(w(1), &stored(None, &[(20, 100), (21, 101)]))
+        .expect("store");
+    t.check_invariants();
+    assert_eq!(t.node_count(), 3);
+    assert_eq!(t.len(), 5);
+    let s = t.find_matches(&q(&[100, 101, 102, 103]), false);
+    assert_eq!(sorted(&s), BTreeMap::from([(w(0), 3), (w(1), 2)]));
+    assert!(t.find_matches(&q(&[101]), false).scores.is_empty());
+}
+
+#[test]
+fn unknown_parent_rejects_without_change() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100)])).expect("store");
+    let err = t
+        .store(w(0), &stored(Some(99), &[(11, 101)]))
+        .expect_err("unknown parent");
+    assert_eq!(err, Error::ParentBlockNotFound { parent_hash: 99 });
+    // Another worker's hash is not a valid parent either.
+    let err = t.store(w(1), &stored(Some(10), &[(11, 101)]));
+    assert!(matches!(err, Err(Error::ParentBlockNotFound { .. })));
+    let err = t.store(w(0), &stored(Some(10), &[(10, 101)]));
+    assert_eq!(err, Err(Error::InvalidBlockSequence));
+    t.check_invariants();
+    assert_eq!((t.node_count(), t.len(), t.worker_count()), (1, 1, 1));
+    // Through `apply_event` the rejection is counted.
+    let ev = KvCacheEvent {
+        event_id: 1,
+        dp_rank: 0,
+        data: KvCacheEventData::Stored(stored(Some(99), &[(11, 101)])),
+    };
+    assert!(t.apply_event(0, &ev).is_err());
+    assert_eq!(t.counters().parent_not_found, 1);
+    assert_eq!(t.counters().applied, 0);
+}
+
+#[test]
+fn removing_unknown_hash_is_a_reported_no_op() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
+        .expect("store");
+    let err = t.remove(w(0), &[11, 99]).expect_err("99 unknown");
+    assert_eq!(err, Error::BlockNotFound { missing: vec![99] });
+    assert_eq!(t.len(), 1);
+    assert_eq!(t.node_count(), 1);
+    assert_eq!(t.remove(w(5), &[]), Ok(()));
+    t.check_invariants();
+}
+
+#[test]
+fn removing_everything_frees_every_node_and_returns_memory() {
+    let empty = RadixTree::default().heap_bytes();
+    let mut t = RadixTree::default();
+    for wk in 0..4 {
+        for s in 0..50u64 {
+            let blocks: Vec<(u64, u64)> = (0..20)
+                .map(|i| {
+                    (
+                        wk * 1_000_000 + s * 100 + i,
+                        if i < 10 { i } else { s * 100 + i },
+                    )
+                })
+                .collect();
+            t.store(w(wk), &stored(None, &blocks)).expect("store");
+        }
+    }
+    t.check_invariants();
+    assert!(t.heap_bytes() > empty);
+    for wk in 0..4 {
+        for s in 0..50u64 {
+            let hashes: Vec<u64> = (0..20)
+                .rev()
+                .map(|i| wk * 1_000_000 + s * 100 + i)
+                .collect();
+            let _ = t.remove(w(wk), &hashes);
+        }
+        t.check_invariants();
+    }
+    assert_eq!((t.node_count(), t.len(), t.worker_count()), (0, 0, 0));
+    assert_eq!(t.heap_bytes(), empty);
+}
+
+#[test]
+fn inner_removal_keeps_deeper_blocks_until_parent_returns() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
+        .expect("store");
+    t.remove(w(0), &[10]).expect("remove");
+    assert!(t.find_matches(&q(&[100, 101]), false).scores.is_empty());
+    assert_eq!(t.node_count(), 3, "structural node kept for the children");
+    // The deeper block is still a valid parent.
+    t.store(w(0), &stored(Some(12), &[(13, 103)]))
+        .expect("store");
+    t.store(w(0), &stored(None, &[(10, 100)])).expect("store");
+    let s = t.find_matches(&q(&[100, 101, 102, 103]), false);
+    assert_eq!(s.get(w(0)), Some(4));
+    t.check_invariants();
+}
+
+#[test]
+fn dp_ranks_are_separate_and_cleared_drops_one_rank() {
+    let mut t = RadixTree::default();
+    let a = WorkerWithDpRank::new(0, 0);
+    let b = WorkerWithDpRank::new(0, 1);
+    t.store(a, &stored(None, &[(10, 100)])).expect("store");
+    t.store(b, &stored(None, &[(10, 100)])).expect("store");
+    t.store(w(1), &stored(None, &[(10, 100)])).expect("store");
+    assert_eq!(t.find_matches(&q(&[100]), false).scores.len(), 3);
+    t.clear_rank(b);
+    assert_eq!(
+        sorted(&t.find_matches(&q(&[100]), false)),
+        BTreeMap::from([(a, 1), (w(1), 1)])
+    );
+    t.store(b, &stored(None, &[(10, 100)])).expect("store");
+    t.remove_worker(0);
+    assert_eq!(
+        sorted(&t.find_matches(&q(&[100]), false)),
+        BTreeMap::from([(w(1), 1)])
+    );
+    t.check_invariants();
+}
+
+#[test]
+fn early_exit_stops_when_one_worker_remains() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
+        .expect("store");
+    t.store(w(1), &stored(None, &[(20, 100)])).expect("store");
+    let s = t.find_matches(&q(&[100, 101, 102]), true);
+    assert_eq!(sorted(&s), BTreeMap::from([(w(0), 2), (w(1), 1)]));
+    let s = t.find_matches(&q(&[100, 101, 102]), false);
+    assert_eq!(s.get(w(0)), Some(3));
+}
+
+#[test]
+fn frequencies_count_recent_lookups_within_the_window() {
+    let t = RadixTree::new(Some(Duration::from_secs(10)));
+    let mut t = t;
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
+        .expect("store");
+    let t0 = Instant::now();
+    let s = t.find_matches_at(&q(&[100, 101]), false, t0);
+    assert!(s.frequencies.is_empty());
+    let s = t.find_matches_at(&q(&[100, 101]), false, t0 + Duration::from_secs(1));
+    assert_eq!(s.frequencies, vec![1, 1]);
+    let s = t.find_matches_at(&q(&[100]), false, t0 + Duration::from_secs(2));
+    assert_eq!(s.frequencies, vec![2]);
+    let s = t.find_matches_at(&q(&[100, 101]), false, t0 + Duration::from_secs(30));
+    assert!(s.frequencies.is_empty(), "all older than the window");
+    assert!(
+        RadixTree::default()
+            .find_matches(&q(&[1]), false)
+            .frequencies
+            .is_empty()
+    );
+}
+
+#[test]
+fn moving_an_external_hash_releases_the_old_position() {
+    let mut t = RadixTree::default();
+    t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
+        .expect("store");
+    t.store(w(0), &stored(None, &[(11, 105)])).expect("store");
+    t.check_invariants();
+    assert_eq!(t.len(), 2);
+    assert_eq!(t.find_matches(&q(&[100, 101]), false).get(w(0)), Some(1));
+    assert_eq!(t.find_matches(&q(&[105]), false).get(w(0)), Some(1));
+    t.remove(w(0), &[11, 10]).expect("remove");
+    assert_eq!(t.node_count(), 0);
+}
+
+#[test]
+fn many_workers_share_nodes_and_promotion_keeps_lookups_valid() {
+    let mut t = RadixTree::default();
+    for wk in 0..20 {
+        t.store(w(wk), &stored(None, &[(wk, 1), (100 + wk, 2)]))
+            .expect("store");
+    }
+    assert_eq!(t.node_count(), 2);
+    // Remove in an order that repeatedly removes the primary residency.
+    for wk in 0..20 {
+        t.remove(w(wk), &[wk]).expect("remove");
+        t.check_invariants();
+        let s = t.find_matches(&q(&[1, 2]), false);
+        assert_eq!(s.scores.len(), (19 - wk) as usize);
+    }
+    for wk in (0..20).rev() {
+        t.remove(w(wk), &[100 + wk]).expect("remove");
+        t.check_invariants();
+    }
+    assert_eq!((t.node_count(), t.len()), (0, 0));
+}
+
+// ----- model-based property test -------------------------------------------------------
+
+/// The naive model: per worker rank, external hash -> path of local hashes from the root.
+#[derive(Default, Clone, Debug)]
+struct Model {
+    ranks: HashMap<WorkerWithDpRank, HashMap<u64, Vec<u64>>>,
+}
+
+impl Model {
+    fn apply(&mut self, worker_id: u64, ev: &KvCacheEvent) -> std::result::Result<(), ()> {
+        let wr = WorkerWithDpRank::new(worker_id, ev.dp_rank);
+        match &ev.data {
+            KvCacheEventData::Stored(s) => {
+                let map = self.ranks.entry(wr).or_default();
+                let mut path = match s.parent_hash {
+                    None => Vec::new(),
+                    Some(p) => {
+                        if s.blocks.iter().any(|b| b.block_hash == p) {
+                            return Err(());
+                        }
+                        match map.get(&p.0) {
+                            Some(path) => path.clone(),
+                            None => return Err(()),
+                        }
+                    }
+                };
+                for b in &s.blocks {
+                    path.push(b.tokens_hash.0);
+                    map.insert(b.block_hash.0, path.clone());
+                }
+                Ok(())
+            }
+            KvCacheEventData::Removed(r) => {
+                let map = self.ranks.entry(wr).or_default();
+                let mut ok = true;
+                for h in &r.block_hashes {
+                    ok &= map.remove(&h.0).is_some();
+                }
+                if ok { Ok(()) } else { Err(()) }
+            }
+            KvCacheEventData::Cleared => {
+                self.ranks.remove(&wr);
+                Ok(())
+            }
+        }
+    }
+
+    fn remove_worker(&mut self, worker_id: u64) {
+        self.ranks.retain(|w, _| w.worker_id != worker_id);
+    }
+
+    fn full_scores(&self, query: &[u64]) -> BTreeMap<WorkerWithDpRank, u32> {
+        let mut out = BTreeMap::new();
+        for (wr, map) in &self.ranks {
+            let paths: HashSet<&[u64]> = map.values().map(Vec::as_slice).collect();
+            let mut k = 0;
+            while k < query.len() && paths.contains(&query[..=k]) {
+                k += 1;
+            }
+            if k > 0 {
+                out.insert(*wr, k as u32);
+            }
+        }
+        out
+    }
+
+    fn scores(&self, query: &[u64], early_exit: bool) -> BTreeMap<WorkerWithDpRank, u32> {
+        let full = self.full_scores(query);
+        if !early_exit {
+            return full;
+        }
+        let max = full.values().copied().max().unwrap_or(0);
+        let stop = (1..=max).find(|&d| full.values().filter(|&&s| s >= d).count() == 1);
+        match stop {
+            None => full,
+            Some(d) => full.into_iter().map(|(w, s)| (w, s.min(d))).collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Event(u64, KvCacheEvent),
+    RemoveWorker(u64),
+    Query(Vec<u64>, bool),
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    // Small alphabets so that hashes, parents and prefixes collide often.
+    let worker = 0u64..4;
+    let dp = prop_oneof![4 => Just(0u32), 1 => Just(1u32)];
+    let hash = 0u64..24;
+    let local = 0u64..4;
+    let stored = (
+        proptest::option::weighted(0.6, hash.clone()),
+        proptest::collection::vec((hash.clone(), local.clone()), 0..5),
+    )
+        .prop_map(|(p, blocks)| {
+            KvCacheEventData::Stored(KvCacheStoreData {
+                parent_hash: p.map(ExternalSequenceBlockHash),
+                start_position: None,
+                blocks: blocks
+                    .into_iter()
+                    .map(|(b, t)| KvCacheStoredBlockData::new(b, t))
+                    .collect(),
+            })
+        });
+    let removed = proptest::collection::vec(hash, 0..4).prop_map(|hs| {
+        KvCacheEventData::Removed(KvCacheRemoveData {
+            block_hashes: hs.into_iter().map(ExternalSequenceBlockHash).collect(),
+        })
+    });
+    let data = prop_oneof![6 => stored, 3 => removed, 1 => Just(KvCacheEventData::Cleared)];
+    prop_oneof![
+        10 => (worker.clone(), dp, data).prop_map(|(w, dp_rank, data)| Op::Event(
+            w,
+            KvCacheEvent { event_id: 0, data, dp_rank }
+        )),
+        1 => worker.prop_map(Op::RemoveWorker),
+        4 => (proptest::collection::vec(local, 0..6), any::<bool>()).prop_map(|(q, e)| Op::Query(q, e)),
+    ]
+}
+
+fn all_queries() -> Vec<Vec<u64>> {
+    // Every path of length <= 4 over the 4-letter local alphabet.
+    let mut out = vec![vec![]];
+    let mut frontier = vec![vec![]];
+    for _ in 0..4 {
+        let mut next = Vec::new();
+        for p in &frontier {
+            for l in 0..4 {
+                let mut p2: Vec<u64> = p.clone();
+                p2.push(l);
+                next.push(p2);
+            }
+        }
+        out.extend(next.iter().cloned());
+        frontier = next;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn tree_matches_naive_model(ops in proptest::collection::vec(op_strategy(), 1..80)) {
+        let mut tree = RadixTree::default();
+        let mut model = Model::default();
+        for op in &ops {
+            match op {
+                Op::Event(wk, ev) => {
+                    let before = (tree.node_count(), tree.len());
+                    let got = tree.apply_event(*wk, ev);
+                    let want = model.apply(*wk, ev);
+                    prop_assert_eq!(got.is_ok(), want.is_ok(), "{:?} -> {:?}", ev, got);
+                    if matches!(got, Err(Error::ParentBlockNotFound { .. } | Error::InvalidBlockSequence)) {
+                        prop_assert_eq!(before, (tree.node_count(), tree.len()));
+                    }
+                    // Idempotence: a successful store applied again changes nothing.
+                    if got.is_ok() && matches!(ev.data, KvCacheEventData::Stored(_)) {
+                        let snapshot = tree.dump_events();
+                        prop_assert!(tree.apply_event(*wk, ev).is_ok());
+                        prop_assert_eq!(snapshot, tree.dump_events());
+                    }
+                }
+                Op::RemoveWorker(wk) => {
+                    tree.remove_worker(*wk);
+                    model.remove_worker(*wk);
+                }
+                Op::Query(qs, early) => {
+                    let got = sorted(&tree.find_matches(&q(qs), *early));
+                    prop_assert_eq!(got, model.scores(qs, *early), "query {:?}", qs);
+                }
+            }
+            tree.check_invariants();
+        }
+        // Every query agrees with the model, and a dump replayed on an empty tree
+        // reproduces every score.
+        let mut replay = RadixTree::default();
+        for ev in tree.dump_events() {
+            replay.apply_event(ev.worker_id, &ev.event).expect("dump replays cleanly");
+        }
+        replay.check_invariants();
+        for query in all_queries() {
+            let want = model.scores(&query, false);
+            prop_assert_eq!(sorted(&tree.find_matches(&q(&query), false)), want.clone());
+            prop_assert_eq!(sorted(&replay.find_matches(&q(&query), false)), want);
+        }
+        // Removing everything returns to the empty tree.
+        for wk in 0..4 {
+            tree.remove_worker(wk);
+        }
+        tree.check_invariants();
+        prop_assert_eq!((tree.node_count(), tree.len(), tree.worker_count()), (0, 0, 0));
+        prop_assert_eq!(tree.heap_bytes(), RadixTree::default().heap_bytes());
+    }
+}

@@ -1,0 +1,900 @@
+//! The single-threaded arena radix tree. See the module docs of [`crate::indexer`] for the
+//! layout and the invariants; this file implements them.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use super::OverlapScores;
+use crate::error::{Error, Result};
+use crate::hashing::LocalBlockHash;
+use crate::protocols::{
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
+    KvCacheStoredBlockData, RouterEvent, StorageTier, WorkerWithDpRank,
+};
+
+/// "No node / no slot / no entry".
+const NIL: u32 = u32::MAX;
+/// The root node: never freed, never in the child table, holds no residency.
+const ROOT: u32 = 0;
+/// Marks a residency handle that points into `extras` rather than at a node's primary slot.
+const EXTRA_BIT: u32 = 1 << 31;
+
+/// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
+///
+/// 32 bytes. The first worker rank that holds the block (its *primary residency*) is stored
+/// inline because most blocks are held by one rank; further ranks go to `extras`.
+#[derive(Clone, Copy, Debug)]
+struct Node {
+    /// `tokens_hash` of the block.
+    local: u64,
+    /// External hash of the primary residency (meaningless when `slot == NIL`).
+    ext: u64,
+    /// Parent node (`NIL` only for the root).
+    parent: u32,
+    /// Worker slot of the primary residency, or `NIL` when no rank holds the block.
+    slot: u32,
+    /// Number of child nodes (a node is freed when it has no residency and no children).
+    n_children: u32,
+    /// Head of the doubly linked list of further residencies in `extras`, or `NIL`.
+    extra: u32,
+}
+
+/// A residency of a node beyond the primary one (24 bytes).
+#[derive(Clone, Copy, Debug)]
+struct Extra {
+    ext: u64,
+    slot: u32,
+    node: u32,
+    next: u32,
+    prev: u32,
+}
+
+/// A worker rank known to the tree: its id and its `block_hash -> residency` lookup.
+#[derive(Debug)]
+struct Slot {
+    worker: WorkerWithDpRank,
+    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), hashed by their external
+    /// hash.
+    lookup: HashTable<u32>,
+}
+
+/// Per-node access timestamps for `OverlapScores::frequencies`.
+#[derive(Debug)]
+struct RecentUses {
+    window: Duration,
+    uses: Mutex<FxHashMap<u32, VecDeque<Instant>>>,
+}
+
+/// Counters of event outcomes (the reference's `kv_cache_events_applied{status}`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventCounters {
+    /// Events applied without any problem.
+    pub applied: u64,
+    /// `stored` events rejected because the parent is unknown to the worker rank.
+    pub parent_not_found: u64,
+    /// Hashes of `removed` events that the worker rank did not hold (skipped).
+    pub block_not_found: u64,
+    /// `stored` events rejected because they contain their own parent.
+    pub invalid_sequence: u64,
+}
+
+/// Finalizer of MurmurHash3: a full-avalanche mix of a 64-bit key. Keys are engine hashes
+/// (often already random) but tests and some engines use small integers, so they are mixed.
+#[inline]
+fn mix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    x ^ (x >> 33)
+}
+
+#[inline]
+fn child_hash(parent: u32, local: u64) -> u64 {
+    mix(local ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+#[inline]
+fn ext_of(nodes: &[Node], extras: &[Extra], handle: u32) -> u64 {
+    if handle & EXTRA_BIT == 0 {
+        nodes[handle as usize].ext
+    } else {
+        extras[(handle & !EXTRA_BIT) as usize].ext
+    }
+}
+
+#[inline]
+fn node_of(extras: &[Extra], handle: u32) -> u32 {
+    if handle & EXTRA_BIT == 0 {
+        handle
+    } else {
+        extras[(handle & !EXTRA_BIT) as usize].node
+    }
+}
+
+thread_local! {
+    /// Per-query scratch: matched depth per worker slot. All zero between queries.
+    static DEPTHS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The radix tree indexer (not synchronized; see [`super::SharedRadixTree`]).
+#[derive(Debug)]
+pub struct RadixTree {
+    nodes: Vec<Node>,
+    free_nodes: Vec<u32>,
+    extras: Vec<Extra>,
+    free_extras: Vec<u32>,
+    /// Node ids hashed by `(parent, local)`; the root is not in it.
+    children: HashTable<u32>,
+    slots: Vec<Option<Slot>>,
+    free_slots: Vec<u32>,
+    slot_of: FxHashMap<WorkerWithDpRank, u32>,
+    /// Live residencies (`(worker rank, block)` pairs).
+    residencies: usize,
+    recent: Option<RecentUses>,
+    counters: EventCounters,
+}
+
+impl Default for RadixTree {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl RadixTree {
+    /// An empty tree. With `expiration`, `find_matches` also reports how often each matched
+    /// block was looked up within that window (`OverlapScores::frequencies`).
+    pub fn new(expiration: Option<Duration>) -> Self {
+        Self {
+            nodes: vec![Self::root()],
+            free_nodes: Vec::new(),
+            extras: Vec::new(),
+            free_extras: Vec::new(),
+            children: HashTable::new(),
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of: FxHashMap::default(),
+            residencies: 0,
+            recent: expiration.map(|window| RecentUses {
+                window,
+                uses: Mutex::new(FxHashMap::default()),
+            }),
+            counters: EventCounters::default(),
+        }
+    }
+
+    const fn root() -> Node {
+        Node {
+            local: 0,
+            ext: 0,
+            parent: NIL,
+            slot: NIL,
+            n_children: 0,
+            extra: NIL,
+        }
+    }
+
+    /// Number of block nodes (distinct cached prefixes), excluding the root.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len() - 1 - self.free_nodes.len()
+    }
+
+    /// Number of stored `(worker rank, block)` pairs.
+    pub const fn len(&self) -> usize {
+        self.residencies
+    }
+
+    /// Whether no worker rank holds any block.
+    pub const fn is_empty(&self) -> bool {
+        self.residencies == 0
+    }
+
+    /// Number of worker ranks that hold at least one block.
+    pub fn worker_count(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    /// Event outcome counters since creation.
+    pub const fn counters(&self) -> EventCounters {
+        self.counters
+    }
+
+    /// Heap bytes reserved by the tree's own structures (arenas, hash tables, free lists).
+    /// Returns to the empty tree's value once every block is removed.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let table = |t: &HashTable<u32>| {
+            if t.capacity() == 0 {
+                0
+            } else {
+                // hashbrown: one control byte per bucket (+ a group), buckets >= capacity*8/7.
+                let buckets = (t.capacity() * 8 / 7).next_power_of_two();
+                buckets * (size_of::<u32>() + 1) + 16
+            }
+        };
+        self.nodes.capacity() * size_of::<Node>()
+            + self.free_nodes.capacity() * 4
+            + self.extras.capacity() * size_of::<Extra>()
+            + self.free_extras.capacity() * 4
+            + table(&self.children)
+            + self.slots.capacity() * size_of::<Option<Slot>>()
+            + self.free_slots.capacity() * 4
+            + self
+                .slots
+                .iter()
+                .flatten()
+                .map(|s| table(&s.lookup))
+                .sum::<usize>()
+            + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
+    }
+
+    /// Apply one event of `worker_id` (the rank is the event's `dp_rank`).
+    ///
+    /// # Errors
+    /// * [`Error::ParentBlockNotFound`] / [`Error::InvalidBlockSequence`]: a rejected store;
+    ///   the tree is unchanged.
+    /// * [`Error::BlockNotFound`]: a remove named unknown hashes; they were skipped and the
+    ///   known ones removed.
+    pub fn apply_event(&mut self, worker_id: u64, event: &KvCacheEvent) -> Result<()> {
+        let worker = WorkerWithDpRank::new(worker_id, event.dp_rank);
+        let result = match &event.data {
+            KvCacheEventData::Stored(data) => self.store(worker, data),
+            KvCacheEventData::Removed(data) => self.remove(
+                worker,
+                data.block_hashes
+                    .iter()
+                    .map(|h| h.0)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+            ),
+            KvCacheEventData::Cleared => {
+                self.clear_rank(worker);
+                Ok(())
+            }
+        };
+        match &result {
+            Ok(()) => self.counters.applied += 1,
+            Err(Error::ParentBlockNotFound { .. }) => self.counters.parent_not_found += 1,
+            Err(Error::InvalidBlockSequence) => self.counters.invalid_sequence += 1,
+            Err(Error::BlockNotFound { missing }) => {
+                self.counters.block_not_found += missing.len() as u64;
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Store a chain of blocks for `worker` under `data.parent_hash`.
+    ///
+    /// # Errors
+    /// [`Error::ParentBlockNotFound`], [`Error::InvalidBlockSequence`]; the tree is unchanged.
+    pub fn store(&mut self, worker: WorkerWithDpRank, data: &KvCacheStoreData) -> Result<()> {
+        self.store_blocks(worker, data.parent_hash, &data.blocks)
+    }
+
+    /// [`Self::store`] with the parts of the event passed separately.
+    ///
+    /// # Errors
+    /// See [`Self::store`].
+    pub fn store_blocks(
+        &mut self,
+        worker: WorkerWithDpRank,
+        parent_hash: Option<ExternalSequenceBlockHash>,
+        blocks: &[KvCacheStoredBlockData],
+    ) -> Result<()> {
+        // Validate everything before the first mutation: a rejected event changes nothing.
+        let mut parent = ROOT;
+        if let Some(p) = parent_hash {
+            if blocks.iter().any(|b| b.block_hash == p) {
+                return Err(Error::InvalidBlockSequence);
+            }
+            let handle = self
+                .slot_of
+                .get(&worker)
+                .and_then(|&slot| self.find_residency(slot, p.0));
+            match handle {
+                Some(h) => parent = node_of(&self.extras, h),
+                None => return Err(Error::ParentBlockNotFound { parent_hash: p.0 }),
+            }
+        }
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let slot = self.slot_for(worker);
+        for block in blocks {
+            let child = self.child_or_insert(parent, block.tokens_hash.0);
+            self.set_residency(slot, child, block.block_hash.0);
+            parent = child;
+        }
+        Ok(())
+    }
+
+    /// Remove blocks of `worker` by external hash. Unknown hashes are skipped.
+    ///
+    /// # Errors
+    /// [`Error::BlockNotFound`] listing the skipped hashes (the others were removed).
+    pub fn remove(&mut self, worker: WorkerWithDpRank, hashes: &[u64]) -> Result<()> {
+        let Some(&slot) = self.slot_of.get(&worker) else {
+            return if hashes.is_empty() {
+                Ok(())
+            } else {
+                Err(Error::BlockNotFound {
+                    missing: hashes.to_vec(),
+                })
+            };
+        };
+        let mut missing = Vec::new();
+        for &h in hashes {
+            let Self {
+                nodes,
+                extras,
+                slots,
+                ..
+            } = self;
+            let Some(s) = slots[slot as usize].as_mut() else {
+                missing.push(h);
+                continue;
+            };
+            match s
+                .lookup
+                .find_entry(mix(h), |&x| ext_of(nodes, extras, x) == h)
+            {
+                Ok(entry) => {
+                    let (handle, _) = entry.remove();
+                    self.release(handle);
+                }
+                Err(_) => missing.push(h),
+            }
+        }
+        self.free_slot_if_empty(slot);
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::BlockNotFound { missing })
+        }
+    }
+
+    /// Drop every block of one worker rank (a `cleared` event).
+    pub fn clear_rank(&mut self, worker: WorkerWithDpRank) {
+        let Some(&slot) = self.slot_of.get(&worker) else {
+            return;
+        };
+        let Some(s) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        let handles: Vec<u32> = std::mem::take(&mut s.lookup).into_iter().collect();
+        // Extras first: releasing a primary residency promotes one of the node's extras, and
+        // that must never be one of this slot's (whose lookup table is already gone).
+        for &h in handles.iter().filter(|&&h| h & EXTRA_BIT != 0) {
+            self.release(h);
+        }
+        for &h in handles.iter().filter(|&&h| h & EXTRA_BIT == 0) {
+            self.release(h);
+        }
+        self.free_slot_if_empty(slot);
+    }
+
+    /// Drop every block of every dp rank of `worker_id` (`clear_all_blocks` /
+    /// `remove_worker`; the tree keeps no per-worker state once its blocks are gone).
+    pub fn remove_worker(&mut self, worker_id: u64) {
+        let mut ranks: Vec<WorkerWithDpRank> = self
+            .slot_of
+            .keys()
+            .filter(|w| w.worker_id == worker_id)
+            .copied()
+            .collect();
+        ranks.sort_unstable();
+        for w in ranks {
+            self.clear_rank(w);
+        }
+    }
+
+    /// Drop everything.
+    pub fn clear(&mut self) {
+        let recent = self.recent.take();
+        let counters = self.counters;
+        *self = Self::new(recent.map(|r| r.window));
+        self.counters = counters;
+    }
+
+    /// Per-worker-rank length of the longest prefix of `query` it holds.
+    ///
+    /// A rank scores `k` when it holds the blocks at depths `1..=k` of the query path. With
+    /// `early_exit` the walk stops after the first depth at which exactly one rank is still
+    /// matching; that rank's score is then the depth reached, not its full match.
+    pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
+        self.find_matches_at(query, early_exit, Instant::now())
+    }
+
+    /// [`Self::find_matches`] with an explicit clock (for frequencies).
+    pub fn find_matches_at(
+        &self,
+        query: &[LocalBlockHash],
+        early_exit: bool,
+        now: Instant,
+    ) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        let mut recent = self.recent.as_ref().map(|r| (r.window, r.uses.lock()));
+        DEPTHS.with(|cell| {
+            let mut depths = cell.borrow_mut();
+            if depths.len() < self.slots.len() {
+                depths.resize(self.slots.len(), 0);
+            }
+            let mut active: Vec<u32> = Vec::new();
+            let mut node = ROOT;
+            for (i, local) in query.iter().enumerate() {
+                let Some(child) = self.child(node, local.0) else {
+                    break;
+                };
+                node = child;
+                let depth = i as u32 + 1;
+                let mut advanced = 0usize;
+                self.for_each_residency(node, |slot| {
+                    let d = &mut depths[slot as usize];
+                    if *d == depth - 1 {
+                        if depth == 1 {
+                            active.push(slot);
+                        }
+                        *d = depth;
+                        advanced += 1;
+                    }
+                });
+                if advanced == 0 {
+                    break;
+                }
+                if let Some((window, uses)) = recent.as_mut() {
+                    let q = uses.entry(node).or_default();
+                    while q.front().is_some_and(|&t| now.duration_since(t) > *window) {
+                        q.pop_front();
+                    }
+                    if !q.is_empty() {
+                        out.frequencies.push(q.len());
+                    }
+                    q.push_back(now);
+                }
+                if early_exit && advanced == 1 {
+                    break;
+                }
+            }
+            out.scores.reserve(active.len());
+            for slot in active {
+                let d = std::mem::take(&mut depths[slot as usize]);
+                if let Some(s) = &self.slots[slot as usize] {
+                    out.scores.push((s.worker, d));
+                }
+            }
+        });
+        out
+    }
+
+    /// The tree as one single-block `stored` event per reachable `(worker rank, block)`,
+    /// parents before children, each naming its parent by that rank's external hash.
+    /// Replaying the events (in order, on an empty tree) reproduces every score.
+    ///
+    /// A residency below a block its rank no longer holds can never score (scores are
+    /// prefixes) and has no parent to name, so it is not dumped.
+    pub fn dump_events(&self) -> Vec<RouterEvent> {
+        let mut depth_memo: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut items: Vec<(u32, u32, u32, u64, Option<u64>)> = Vec::new();
+        let mut order: Vec<u32> = (0..self.slots.len() as u32).collect();
+        order.sort_by_key(|&s| self.slots[s as usize].as_ref().map(|x| x.worker));
+        for slot in order {
+            let Some(s) = &self.slots[slot as usize] else {
+                continue;
+            };
+            // node -> this rank's external hash at that node.
+            let held: FxHashMap<u32, u64> = s
+                .lookup
+                .iter()
+                .map(|&h| {
+                    (
+                        node_of(&self.extras, h),
+                        ext_of(&self.nodes, &self.extras, h),
+                    )
+                })
+                .collect();
+            for &h in &s.lookup {
+                let node = node_of(&self.extras, h);
+                // Reachable iff the rank holds every ancestor.
+                let mut up = self.nodes[node as usize].parent;
+                let mut reachable = true;
+                while up != ROOT {
+                    if !held.contains_key(&up) {
+                        reachable = false;
+                        break;
+                    }
+                    up = self.nodes[up as usize].parent;
+                }
+                if !reachable {
+                    continue;
+                }
+                let parent = self.nodes[node as usize].parent;
+                let parent_ext = (parent != ROOT).then(|| held[&parent]);
+                let depth = self.depth(node, &mut depth_memo);
+                items.push((
+                    depth,
+                    slot,
+                    node,
+                    ext_of(&self.nodes, &self.extras, h),
+                    parent_ext,
+                ));
+            }
+        }
+        items.sort_unstable_by_key(|&(depth, slot, node, ext, _)| (depth, slot, node, ext));
+        items
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, (_, slot, node, ext, parent_ext))| {
+                let worker = self.slots[slot as usize].as_ref()?.worker;
+                Some(RouterEvent {
+                    worker_id: worker.worker_id,
+                    storage_tier: StorageTier::Device,
+                    event: KvCacheEvent {
+                        event_id: i as u64,
+                        dp_rank: worker.dp_rank,
+                        data: KvCacheEventData::Stored(KvCacheStoreData {
+                            parent_hash: parent_ext.map(ExternalSequenceBlockHash),
+                            start_position: None,
+                            blocks: vec![KvCacheStoredBlockData::new(
+                                ext,
+                                self.nodes[node as usize].local,
+                            )],
+                        }),
+                    },
+                })
+            })
+            .collect()
+    }
+
+    fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
+        if node == ROOT {
+            return 0;
+        }
+        if let Some(&d) = memo.get(&node) {
+            return d;
+        }
+        // Walk up to the first memoized ancestor, then fill the path on the way back.
+        let mut path = Vec::new();
+        let mut cur = node;
+        let mut base = 0;
+        while cur != ROOT {
+            if let Some(&d) = memo.get(&cur) {
+                base = d;
+                break;
+            }
+            path.push(cur);
+            cur = self.nodes[cur as usize].parent;
+        }
+        for (k, &n) in path.iter().rev().enumerate() {
+            memo.insert(n, base + k as u32 + 1);
+        }
+        memo[&node]
+    }
+
+    // ----- internals ---------------------------------------------------------------------
+
+    #[inline]
+    fn child(&self, parent: u32, local: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        self.children
+            .find(child_hash(parent, local), |&id| {
+                let n = &nodes[id as usize];
+                n.parent == parent && n.local == local
+            })
+            .copied()
+    }
+
+    fn child_or_insert(&mut self, parent: u32, local: u64) -> u32 {
+        if let Some(c) = self.child(parent, local) {
+            return c;
+        }
+        let node = Node {
+            local,
+            ext: 0,
+            parent,
+            slot: NIL,
+            n_children: 0,
+            extra: NIL,
+        };
+        let id = if let Some(id) = self.free_nodes.pop() {
+            self.nodes[id as usize] = node;
+            id
+        } else {
+            let id = self.nodes.len() as u32;
+            assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+            self.nodes.push(node);
+            id
+        };
+        self.nodes[parent as usize].n_children += 1;
+        let nodes = &self.nodes;
+        self.children
+            .insert_unique(child_hash(parent, local), id, |&x| {
+                let n = &nodes[x as usize];
+                child_hash(n.parent, n.local)
+            });
+        id
+    }
+
+    fn slot_for(&mut self, worker: WorkerWithDpRank) -> u32 {
+        if let Some(&s) = self.slot_of.get(&worker) {
+            return s;
+        }
+        let slot = Slot {
+            worker,
+            lookup: HashTable::new(),
+        };
+        let id = if let Some(id) = self.free_slots.pop() {
+            self.slots[id as usize] = Some(slot);
+            id
+        } else {
+            self.slots.push(Some(slot));
+            (self.slots.len() - 1) as u32
+        };
+        self.slot_of.insert(worker, id);
+        id
+    }
+
+    fn free_slot_if_empty(&mut self, slot: u32) {
+        let empty = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|s| s.lookup.is_empty());
+        if empty {
+            if let Some(s) = self.slots[slot as usize].take() {
+                self.slot_of.remove(&s.worker);
+            }
+            self.free_slots.push(slot);
+            if self.slot_of.is_empty() {
+                self.slots = Vec::new();
+                self.free_slots = Vec::new();
+                self.slot_of = FxHashMap::default();
+            }
+        }
+    }
+
+    fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
+        let s = self.slots[slot as usize].as_ref()?;
+        let (nodes, extras) = (&self.nodes, &self.extras);
+        s.lookup
+            .find(mix(ext), |&x| ext_of(nodes, extras, x) == ext)
+            .copied()
+    }
+
+    /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
+    /// hash elsewhere is released (the newest store of a hash wins).
+    fn set_residency(&mut self, slot: u32, node: u32, ext: u64) {
+        if let Some(old) = self.find_residency(slot, ext) {
+            if node_of(&self.extras, old) == node {
+                return;
+            }
+            // Add the new residency before releasing the old one so that no node on the
+            // current path can be freed in between.
+            let new = self.add_residency(slot, node, ext);
+            let Self {
+                nodes,
+                extras,
+                slots,
+                ..
+            } = self;
+            if let Some(s) = slots[slot as usize].as_mut()
+                && let Some(entry) = s
+                    .lookup
+                    .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
+            {
+                *entry = new;
+            }
+            self.release(old);
+            return;
+        }
+        let new = self.add_residency(slot, node, ext);
+        let Self {
+            nodes,
+            extras,
+            slots,
+            ..
+        } = self;
+        if let Some(s) = slots[slot as usize].as_mut() {
+            s.lookup
+                .insert_unique(mix(ext), new, |&x| mix(ext_of(nodes, extras, x)));
+        }
+    }
+
+    /// Attach a residency to `node`; returns its handle. Does not touch lookups.
+    fn add_residency(&mut self, slot: u32, node: u32, ext: u64) -> u32 {
+        self.residencies += 1;
+        let n = &mut self.nodes[node as usize];
+        if n.slot == NIL {
+            n.slot = slot;
+            n.ext = ext;
+            return node;
+        }
+        let head = n.extra;
+        let e = Extra {
+            ext,
+            slot,
+            node,
+            next: head,
+            prev: NIL,
+        };
+        let id = if let Some(id) = self.free_extras.pop() {
+            self.extras[id as usize] = e;
+            id
+        } else {
+            self.extras.push(e);
+            (self.extras.len() - 1) as u32
+        };
+        assert!(
+            id < EXTRA_BIT,
+            "radix tree residency capacity (2^31) exceeded"
+        );
+        if head != NIL {
+            self.extras[head as usize].prev = id;
+        }
+        self.nodes[node as usize].extra = id;
+        id | EXTRA_BIT
+    }
+
+    /// Detach a residency from its node (the caller has already dropped or replaced its
+    /// lookup entry) and free the node and any ancestors left empty and childless.
+    fn release(&mut self, handle: u32) {
+        self.residencies -= 1;
+        if handle & EXTRA_BIT != 0 {
+            let id = handle & !EXTRA_BIT;
+            let e = self.extras[id as usize];
+            if e.prev != NIL {
+                self.extras[e.prev as usize].next = e.next;
+            } else {
+                self.nodes[e.node as usize].extra = e.next;
+            }
+            if e.next != NIL {
+                self.extras[e.next as usize].prev = e.prev;
+            }
+            self.free_extras.push(id);
+            return;
+        }
+        let node = handle;
+        let head = self.nodes[node as usize].extra;
+        if head == NIL {
+            self.nodes[node as usize].slot = NIL;
+            self.free_upwards(node);
+            return;
+        }
+        // Promote the first extra to primary and repoint its lookup entry at the node.
+        let e = self.extras[head as usize];
+        {
+            let n = &mut self.nodes[node as usize];
+            n.slot = e.slot;
+            n.ext = e.ext;
+            n.extra = e.next;
+        }
+        if e.next != NIL {
+            self.extras[e.next as usize].prev = NIL;
+        }
+        let Self {
+            nodes,
+            extras,
+            slots,
+            ..
+        } = self;
+        if let Some(s) = slots[e.slot as usize].as_mut()
+            && let Some(entry) = s.lookup.find_mut(mix(e.ext), |&x| {
+                x == head | EXTRA_BIT && ext_of(nodes, extras, x) == e.ext
+            })
+        {
+            *entry = node;
+        }
+        self.free_extras.push(head);
+    }
+
+    fn free_upwards(&mut self, mut node: u32) {
+        while node != ROOT {
+            let n = self.nodes[node as usize];
+            if n.slot != NIL || n.n_children != 0 {
+                return;
+            }
+            if let Ok(entry) = self
+                .children
+                .find_entry(child_hash(n.parent, n.local), |&x| x == node)
+            {
+                entry.remove();
+            }
+            self.nodes[n.parent as usize].n_children -= 1;
+            self.free_nodes.push(node);
+            if let Some(r) = self.recent.as_mut() {
+                r.uses.get_mut().remove(&node);
+            }
+            node = n.parent;
+        }
+        if self.node_count() == 0 {
+            self.reset_arenas();
+        }
+    }
+
+    /// Return every arena to its empty size once the last node is gone.
+    fn reset_arenas(&mut self) {
+        self.nodes = vec![Self::root()];
+        self.free_nodes = Vec::new();
+        self.extras = Vec::new();
+        self.free_extras = Vec::new();
+        self.children = HashTable::new();
+        if let Some(r) = self.recent.as_mut() {
+            *r.uses.get_mut() = FxHashMap::default();
+        }
+    }
+
+    #[inline]
+    fn for_each_residency(&self, node: u32, mut f: impl FnMut(u32)) {
+        let n = &self.nodes[node as usize];
+        if n.slot == NIL {
+            return;
+        }
+        f(n.slot);
+        let mut e = n.extra;
+        while e != NIL {
+            let x = &self.extras[e as usize];
+            f(x.slot);
+            e = x.next;
+        }
+    }
+
+    /// Check every structural invariant (tests and debugging).
+    ///
+    /// # Panics
+    /// When an invariant is violated.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        let mut live = vec![true; self.nodes.len()];
+        for &f in &self.free_nodes {
+            live[f as usize] = false;
+        }
+        let mut children = vec![0u32; self.nodes.len()];
+        let mut count = 0;
+        for (id, n) in self.nodes.iter().enumerate().skip(1) {
+            if !live[id] {
+                continue;
+            }
+            assert!(live[n.parent as usize], "node {id} has a freed parent");
+            children[n.parent as usize] += 1;
+            assert_eq!(
+                self.child(n.parent, n.local),
+                Some(id as u32),
+                "child index"
+            );
+            assert!(n.slot != NIL || n.extra == NIL, "extras without primary");
+            assert!(
+                n.slot != NIL || n.n_children > 0,
+                "node {id} is empty and childless"
+            );
+            self.for_each_residency(id as u32, |_| count += 1);
+        }
+        for (id, n) in self.nodes.iter().enumerate() {
+            if live[id] {
+                assert_eq!(n.n_children, children[id], "child count of {id}");
+            }
+        }
+        assert_eq!(count, self.residencies, "residency count");
+        assert_eq!(self.children.len(), self.node_count(), "child table size");
+        let mut lookups = 0;
+        for (slot, s) in self.slots.iter().enumerate() {
+            let Some(s) = s else { continue };
+            assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
+            assert!(!s.lookup.is_empty(), "empty slot kept");
+            for &h in &s.lookup {
+                let node = node_of(&self.extras, h);
+                assert!(live[node as usize]);
+                let owner = if h & EXTRA_BIT == 0 {
+                    self.nodes[h as usize].slot
+                } else {
+                    self.extras[(h & !EXTRA_BIT) as usize].slot
+                };
+                assert_eq!(owner, slot as u32, "lookup entry owned by another slot");
+                lookups += 1;
+            }
+        }
+        assert_eq!(lookups, self.residencies, "lookup entries");
+    }
+}

@@ -1,0 +1,351 @@
+//! KV-cache events: what engines report about the blocks they store and evict.
+//!
+//! The types mirror the reference wire format exactly (JSON via `serde_json`, msgpack via
+//! `rmp-serde`):
+//!
+//! ```text
+//! RouterEvent  { worker_id: u64, storage_tier: "device"|"host_pinned"|"disk"|"external"
+//!                (default "device"), event: KvCacheEvent }
+//! KvCacheEvent { event_id: u64, data: KvCacheEventData, dp_rank: u32 (default 0) }
+//! KvCacheEventData (externally tagged, snake_case):
+//!   {"stored": {"parent_hash": u64|null, "start_position"?: u32|null,
+//!               "blocks": [{"block_hash": u64, "tokens_hash": u64, "mm_extra_info"?: {...}|null}]}}
+//!   {"removed": {"block_hashes": [u64]}}
+//!   "cleared"
+//! ```
+//!
+//! * `block_hash` ([`ExternalSequenceBlockHash`]) is the engine's own hash of the block *and
+//!   its prefix*; it is an opaque key used for parent links and removal.
+//! * `tokens_hash` ([`LocalBlockHash`]) is the router's content hash of the block alone; the
+//!   radix tree is navigated with it.
+//! * Hashes are unsigned 64-bit on the wire, as in the reference: a negative JSON integer is a
+//!   decoding error. Engines that produce signed hashes convert them bit for bit with
+//!   [`ExternalSequenceBlockHash::from_i64`] before building events.
+//! * Unknown object fields are ignored; structs also decode from positional arrays (what
+//!   `serde` does for every derived struct), which is how positional msgpack arrives.
+//!
+//! Decoding untrusted bytes ([`decode_json_event`], [`decode_msgpack_router_event`], ...)
+//! never panics: malformed input, unknown variants and missing fields become
+//! [`Error::Decode`] carrying the decoder's message.
+//!
+//! ```
+//! use dynamo_kv_router::protocols::{decode_json_event, KvCacheEventData};
+//!
+//! let ev = decode_json_event(
+//!     br#"{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":7,"tokens_hash":9}]}}}"#,
+//! )?;
+//! assert_eq!(ev.dp_rank, 0);
+//! assert!(matches!(ev.data, KvCacheEventData::Stored(_)));
+//! # Ok::<(), dynamo_kv_router::Error>(())
+//! ```
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::hashing::{BlockExtraInfo, LocalBlockHash};
+
+/// The engine's hash of a block together with its prefix (`block_hash` / `parent_hash` on the
+/// wire). Opaque to the router: it only links parents and names blocks to remove.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+#[repr(transparent)]
+pub struct ExternalSequenceBlockHash(pub u64);
+
+impl ExternalSequenceBlockHash {
+    /// Reinterpret a signed engine hash bit for bit (`-1` becomes `u64::MAX`).
+    pub const fn from_i64(value: i64) -> Self {
+        Self(value as u64)
+    }
+}
+
+/// A worker (engine process) and one of its data-parallel ranks: the key of every score.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub struct WorkerWithDpRank {
+    /// The worker (instance) id.
+    pub worker_id: u64,
+    /// The data-parallel rank inside the worker (0 when the engine has no data parallelism).
+    pub dp_rank: u32,
+}
+
+impl WorkerWithDpRank {
+    /// Shorthand constructor.
+    pub const fn new(worker_id: u64, dp_rank: u32) -> Self {
+        Self { worker_id, dp_rank }
+    }
+}
+
+/// Where a reported block lives. Only `device` blocks are prefix-cache hits on a GPU; the
+/// other tiers are carried for tier-aware routing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StorageTier {
+    /// GPU memory (the default when the field is absent).
+    #[default]
+    Device,
+    /// Pinned host memory.
+    HostPinned,
+    /// Local disk.
+    Disk,
+    /// Storage shared outside the worker.
+    External,
+}
+
+/// One block of a `stored` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheStoredBlockData {
+    /// The engine's hash of the block and its prefix.
+    pub block_hash: ExternalSequenceBlockHash,
+    /// The router's content hash of the block (what `find_matches` looks up).
+    pub tokens_hash: LocalBlockHash,
+    /// Multimodal objects of the block; already folded into `tokens_hash` by the publisher.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_extra_info: Option<BlockExtraInfo>,
+}
+
+impl KvCacheStoredBlockData {
+    /// A plain block (no multimodal info).
+    pub const fn new(block_hash: u64, tokens_hash: u64) -> Self {
+        Self {
+            block_hash: ExternalSequenceBlockHash(block_hash),
+            tokens_hash: LocalBlockHash(tokens_hash),
+            mm_extra_info: None,
+        }
+    }
+}
+
+/// Payload of a `stored` event: a chain of blocks appended under `parent_hash`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheStoreData {
+    /// The block this chain continues, or `None` for a chain that starts at the root.
+    pub parent_hash: Option<ExternalSequenceBlockHash>,
+    /// Position of the first block in the sequence (newer publishers; informational here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_position: Option<u32>,
+    /// The blocks, parent first.
+    pub blocks: Vec<KvCacheStoredBlockData>,
+}
+
+/// Payload of a `removed` event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheRemoveData {
+    /// External hashes of the evicted blocks.
+    pub block_hashes: Vec<ExternalSequenceBlockHash>,
+}
+
+/// What happened to the worker's cache.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheEventData {
+    /// Blocks were stored (computed or loaded) and can be reused.
+    Stored(KvCacheStoreData),
+    /// Blocks were evicted.
+    Removed(KvCacheRemoveData),
+    /// Every block of the emitting `(worker, dp_rank)` was dropped.
+    Cleared,
+}
+
+/// One event of one worker rank, as `RadixTree.apply_event` receives it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvCacheEvent {
+    /// Monotonic per `(worker, dp_rank)`; used by transports to detect gaps.
+    pub event_id: u64,
+    /// The change.
+    pub data: KvCacheEventData,
+    /// The data-parallel rank that emitted the event.
+    #[serde(default)]
+    pub dp_rank: u32,
+}
+
+/// An event together with the worker that emitted it (the event-plane message and the unit of
+/// `dump_tree_as_events`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RouterEvent {
+    /// The emitting worker.
+    pub worker_id: u64,
+    /// Where the blocks live.
+    #[serde(default)]
+    pub storage_tier: StorageTier,
+    /// The event.
+    pub event: KvCacheEvent,
+}
+
+impl RouterEvent {
+    /// The `(worker, dp_rank)` this event applies to.
+    pub const fn worker(&self) -> WorkerWithDpRank {
+        WorkerWithDpRank::new(self.worker_id, self.event.dp_rank)
+    }
+}
+
+fn decode_error(what: &str, err: impl std::fmt::Display) -> Error {
+    Error::Decode(format!("Failed to deserialize {what}: {err}"))
+}
+
+/// Decode one JSON `KvCacheEvent` (the bytes `RadixTree.apply_event` receives).
+///
+/// # Errors
+/// [`Error::Decode`] with the message `Failed to deserialize KvCacheEvent: <serde message>`.
+pub fn decode_json_event(bytes: &[u8]) -> Result<KvCacheEvent> {
+    serde_json::from_slice(bytes).map_err(|e| decode_error("KvCacheEvent", e))
+}
+
+/// Decode one JSON `RouterEvent` (an event-plane message or a dump line).
+///
+/// # Errors
+/// [`Error::Decode`] on malformed input.
+pub fn decode_json_router_event(bytes: &[u8]) -> Result<RouterEvent> {
+    serde_json::from_slice(bytes).map_err(|e| decode_error("RouterEvent", e))
+}
+
+/// Decode one msgpack `RouterEvent` (positional arrays or named maps).
+///
+/// # Errors
+/// [`Error::Decode`] on malformed input.
+pub fn decode_msgpack_router_event(bytes: &[u8]) -> Result<RouterEvent> {
+    rmp_serde::from_slice(bytes).map_err(|e| decode_error("RouterEvent", e))
+}
+
+/// Encode a `RouterEvent` as JSON (the reference's event-plane JSON codec).
+pub fn encode_json_router_event(event: &RouterEvent) -> String {
+    // Serializing these plain structs into a String cannot fail: every key is a string and
+    // every value is an integer, a string, a sequence or a nested struct.
+    serde_json::to_string(event).unwrap_or_default()
+}
+
+/// Encode a `RouterEvent` as positional msgpack (the reference's msgpack codec).
+///
+/// # Errors
+/// [`Error::Decode`] is never produced; encoding errors cannot occur for these types but are
+/// reported as [`Error::Encode`] rather than panicking.
+pub fn encode_msgpack_router_event(event: &RouterEvent) -> Result<Vec<u8>> {
+    rmp_serde::to_vec(event).map_err(|e| Error::Encode(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_stored_event_decodes_with_defaults() {
+        let ev = decode_json_event(
+            br#"{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":0,"tokens_hash":0}]}}}"#,
+        )
+        .expect("valid event");
+        assert_eq!(ev.event_id, 1);
+        assert_eq!(ev.dp_rank, 0);
+        let KvCacheEventData::Stored(s) = ev.data else {
+            panic!("expected stored")
+        };
+        assert_eq!(s.parent_hash, None);
+        assert_eq!(s.start_position, None);
+        assert_eq!(s.blocks, vec![KvCacheStoredBlockData::new(0, 0)]);
+    }
+
+    #[test]
+    fn cleared_and_removed_shapes() {
+        let ev =
+            decode_json_event(br#"{"event_id":3,"data":"cleared","dp_rank":2}"#).expect("cleared");
+        assert_eq!(ev.data, KvCacheEventData::Cleared);
+        assert_eq!(ev.dp_rank, 2);
+        let ev = decode_json_event(
+            br#"{"event_id":4,"data":{"removed":{"block_hashes":[1,18446744073709551615]}}}"#,
+        )
+        .expect("removed");
+        assert_eq!(
+            ev.data,
+            KvCacheEventData::Removed(KvCacheRemoveData {
+                block_hashes: vec![
+                    ExternalSequenceBlockHash(1),
+                    ExternalSequenceBlockHash::from_i64(-1)
+                ]
+            })
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_a_decode_error_with_the_serde_message() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "EOF while parsing"),
+            (br#"{"event_id":1,"data":"foo"}"#, "unknown variant `foo`"),
+            (br#"{"event_id":1}"#, "missing field `data`"),
+            (br#"{"event_id":-1,"data":"cleared"}"#, "expected u64"),
+            (
+                br#"{"event_id":1,"data":"removed"}"#,
+                "expected newtype variant",
+            ),
+            (
+                br#"{"event_id":1,"data":"cleared"} x"#,
+                "trailing characters",
+            ),
+        ];
+        for (bytes, needle) in cases {
+            let err = decode_json_event(bytes).expect_err("must fail");
+            let msg = err.to_string();
+            assert!(
+                msg.starts_with("Failed to deserialize KvCacheEvent: ") && msg.contains(needle),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn router_event_round_trips_through_json_and_msgpack() {
+        let ev = RouterEvent {
+            worker_id: u64::MAX,
+            storage_tier: StorageTier::HostPinned,
+            event: KvCacheEvent {
+                event_id: 9,
+                dp_rank: 3,
+                data: KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: Some(ExternalSequenceBlockHash(5)),
+                    start_position: Some(4),
+                    blocks: vec![KvCacheStoredBlockData::new(1, 2)],
+                }),
+            },
+        };
+        let json = encode_json_router_event(&ev);
+        assert!(json.contains(r#""storage_tier":"host_pinned""#), "{json}");
+        assert_eq!(decode_json_router_event(json.as_bytes()).expect("json"), ev);
+        let mp = encode_msgpack_router_event(&ev).expect("encode");
+        assert_eq!(decode_msgpack_router_event(&mp).expect("msgpack"), ev);
+        for ev in [
+            KvCacheEventData::Cleared,
+            KvCacheEventData::Removed(KvCacheRemoveData {
+                block_hashes: vec![ExternalSequenceBlockHash(7)],
+            }),
+        ] {
+            let ev = RouterEvent {
+                worker_id: 1,
+                storage_tier: StorageTier::Device,
+                event: KvCacheEvent {
+                    event_id: 1,
+                    dp_rank: 0,
+                    data: ev,
+                },
+            };
+            let mp = encode_msgpack_router_event(&ev).expect("encode");
+            assert_eq!(decode_msgpack_router_event(&mp).expect("decode"), ev);
+        }
+    }
+
+    #[test]
+    fn storage_tier_defaults_to_device() {
+        let ev =
+            decode_json_router_event(br#"{"worker_id":1,"event":{"event_id":0,"data":"cleared"}}"#)
+                .expect("router event");
+        assert_eq!(ev.storage_tier, StorageTier::Device);
+        assert_eq!(ev.worker(), WorkerWithDpRank::new(1, 0));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn decoders_never_panic_on_random_bytes(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..256)) {
+            let _ = decode_json_event(&bytes);
+            let _ = decode_json_router_event(&bytes);
+            let _ = decode_msgpack_router_event(&bytes);
+        }
+    }
+}
