@@ -12,8 +12,8 @@ build_extension
 
 echo "==> formatting and lint"
 cargo fmt --all --check
-"$VENV/bin/ruff" check python tests examples benches
-"$VENV/bin/ruff" format --check python tests examples benches
+"$VENV/bin/ruff" check python tests examples benches scripts
+"$VENV/bin/ruff" format --check python tests examples benches scripts
 
 echo "==> cargo test (release profile, shares dependency builds with the extension)"
 cargo test --workspace --release

@@ -6,9 +6,10 @@ import json
 import threading
 
 import pytest
-from dynamo.llm import OverlapScores, RadixTree, compute_block_hash_for_seq
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from dynamo.llm import OverlapScores, RadixTree, compute_block_hash_for_seq
 
 
 def stored(

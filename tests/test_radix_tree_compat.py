@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from dynamo.llm import RadixTree
 
 

@@ -5,11 +5,11 @@ Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 
 from dynamo._core import AicPerfConfig as AicPerfConfig
 from dynamo._core import KvRouterConfig as KvRouterConfig
+from dynamo._core import OverlapScores as OverlapScores
+from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
 from dynamo._core import RoutingConstraints as RoutingConstraints
-from dynamo._core import OverlapScores as OverlapScores
-from dynamo._core import RadixTree as RadixTree
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
