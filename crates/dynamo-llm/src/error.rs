@@ -1,0 +1,29 @@
+//! Errors of the LLM layer.
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the LLM layer.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An engine argument is invalid.
+    #[error("invalid mocker argument {field}: {reason}")]
+    InvalidEngineArgs {
+        /// Name of the argument.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A request can never be served (e.g. its prompt needs more KV blocks than exist).
+    #[error("request {request_id:?} rejected: {reason}")]
+    RequestRejected {
+        /// The request.
+        request_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A request id is already in use.
+    #[error("request {0:?} is already in the engine")]
+    DuplicateRequest(String),
+}

@@ -1,0 +1,25 @@
+//! The LLM layer of the runtime.
+//!
+//! * [`mocker`]: a GPU-free simulated inference engine (continuous batching, paged KV cache
+//!   with prefix reuse and LRU eviction, chunked prefill, a timing model) that emits real KV
+//!   events, so routing, load balancing and the whole serving path can run and be measured
+//!   on any machine.
+//!
+//! ```
+//! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
+//!
+//! let mut engine = MockEngine::new(MockEngineArgs { block_size: 4, ..Default::default() })?;
+//! engine.add_request(MockRequest::new("r1", (0..10).collect(), 3))?;
+//! let mut tokens = 0;
+//! while engine.has_work() {
+//!     let step = engine.step();
+//!     tokens += step.outputs.len();
+//! }
+//! assert_eq!(tokens, 3);
+//! # Ok::<(), dynamo_llm::Error>(())
+//! ```
+
+pub mod error;
+pub mod mocker;
+
+pub use error::{Error, Result};
