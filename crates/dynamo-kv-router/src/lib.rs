@@ -12,6 +12,8 @@
 //!   msgpack codecs.
 //! * [`indexer`]: the radix-tree index of which worker rank holds which cached prefix, with
 //!   exact memory reclamation and lock-light concurrent queries.
+//! * [`recovery`]: event-gap detection and the worker-local indexer with its replay buffer.
+//! * [`kv_router`]: indexer, scheduler and gap detection behind one router type.
 //! * [`approx`]: the approximate indexer that predicts cache contents from routing
 //!   decisions (no events), with TTL expiry and size pruning.
 //!
@@ -29,7 +31,9 @@ pub mod approx;
 pub mod error;
 pub mod hashing;
 pub mod indexer;
+pub mod kv_router;
 pub mod protocols;
+pub mod recovery;
 pub mod scheduling;
 
 pub use error::{Error, Result};
