@@ -23,6 +23,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The engine task has stopped.
+    #[error("the engine has stopped")]
+    EngineStopped,
     /// A request id is already in use.
     #[error("request {0:?} is already in the engine")]
     DuplicateRequest(String),

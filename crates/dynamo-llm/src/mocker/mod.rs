@@ -14,6 +14,7 @@
 
 pub mod args;
 pub mod kv_cache;
+pub mod runner;
 pub mod timing;
 
 use std::collections::VecDeque;
