@@ -27,6 +27,9 @@ pub enum Error {
     /// JSON input could not be parsed into the expected structure.
     #[error("invalid JSON: {0}")]
     InvalidJson(String),
+    /// Arguments that contradict each other (e.g. list lengths that do not match).
+    #[error("{0}")]
+    InvalidInput(String),
     /// A request id was booked twice.
     #[error("request {0:?} is already active")]
     DuplicateRequest(String),

@@ -12,6 +12,8 @@
 //!   msgpack codecs.
 //! * [`indexer`]: the radix-tree index of which worker rank holds which cached prefix, with
 //!   exact memory reclamation and lock-light concurrent queries.
+//! * [`engine_events`]: decoding engines' ZMQ KV-event payloads (vLLM msgpack format).
+//! * [`publisher`]: worker-side construction of KV events from engine reports.
 //! * [`recovery`]: event-gap detection and the worker-local indexer with its replay buffer.
 //! * [`kv_router`]: indexer, scheduler and gap detection behind one router type.
 //! * [`approx`]: the approximate indexer that predicts cache contents from routing
@@ -28,11 +30,13 @@
 //! ```
 
 pub mod approx;
+pub mod engine_events;
 pub mod error;
 pub mod hashing;
 pub mod indexer;
 pub mod kv_router;
 pub mod protocols;
+pub mod publisher;
 pub mod recovery;
 pub mod scheduling;
 

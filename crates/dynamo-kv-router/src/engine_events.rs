@@ -1,0 +1,396 @@
+//! Decoding the KV events that engines (vLLM, SGLang, TensorRT-LLM) publish on their ZMQ
+//! PUB socket, for a worker that relays them to routers.
+//!
+//! Wire format: a multipart message `[topic, sequence, payload]`, where `sequence` is an
+//! 8-byte big-endian counter and `payload` is msgpack `[timestamp, [event, ...], dp_rank]`
+//! (`dp_rank` may be absent). Each event is either a tagged array, as vLLM's msgspec
+//! encoder writes it —
+//! `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+//! lora_name]`, `["BlockRemoved", block_hashes, medium]`, `["AllBlocksCleared"]` (trailing
+//! fields optional) — or a map with a `"type"` key and the same field names.
+//!
+//! Block hashes are integers (signed or unsigned 64-bit; reinterpreted bit for bit) or, for
+//! engines that hash with SHA-256, byte strings, of which the first 8 bytes are used
+//! (big-endian) consistently for stores and removes. Decoding untrusted bytes never panics.
+
+use rmpv::Value;
+
+use crate::error::{Error, Result};
+use crate::protocols::StorageTier;
+use crate::publisher::{PublishInput, StoredInput};
+
+/// One decoded engine event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// Blocks were stored.
+    BlockStored {
+        /// Engine hashes of the blocks.
+        block_hashes: Vec<i64>,
+        /// Engine hash of the parent block.
+        parent_block_hash: Option<i64>,
+        /// Token ids of the blocks, concatenated.
+        token_ids: Vec<u32>,
+        /// Tokens per block.
+        block_size: usize,
+        /// LoRA adapter name, when the engine reports it.
+        lora_name: Option<String>,
+        /// Storage tier.
+        tier: StorageTier,
+    },
+    /// Blocks were removed.
+    BlockRemoved {
+        /// Engine hashes of the blocks.
+        block_hashes: Vec<i64>,
+        /// Storage tier.
+        tier: StorageTier,
+    },
+    /// Every block was dropped.
+    AllBlocksCleared,
+}
+
+/// One decoded payload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineEventBatch {
+    /// Engine timestamp (seconds).
+    pub timestamp: f64,
+    /// Events, in order.
+    pub events: Vec<EngineEvent>,
+    /// Data-parallel rank that produced them, when given.
+    pub dp_rank: Option<u32>,
+}
+
+fn err(msg: impl Into<String>) -> Error {
+    Error::Decode(format!("Failed to decode engine KV event: {}", msg.into()))
+}
+
+/// Map an engine's `medium` string to a storage tier (unknown media count as device).
+pub fn medium_to_tier(medium: &str) -> StorageTier {
+    match medium.to_ascii_uppercase().as_str() {
+        "CPU" | "CPU_PINNED" | "CPU_TIER1" => StorageTier::HostPinned,
+        "CPU_TIER2" | "DISK" | "NVME" => StorageTier::Disk,
+        "EXTERNAL" | "NETWORK" | "REMOTE" | "SHARED" => StorageTier::External,
+        _ => StorageTier::Device,
+    }
+}
+
+/// Decode the 8-byte big-endian sequence frame of a multipart message.
+///
+/// # Errors
+/// [`Error::Decode`] when the frame is not 8 bytes.
+pub fn decode_sequence(frame: &[u8]) -> Result<u64> {
+    let bytes: [u8; 8] = frame.try_into().map_err(|_| {
+        err(format!(
+            "sequence frame has {} bytes, expected 8",
+            frame.len()
+        ))
+    })?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+fn hash(v: &Value) -> Result<i64> {
+    match v {
+        Value::Integer(i) => i
+            .as_i64()
+            .or_else(|| i.as_u64().map(|u| u as i64))
+            .ok_or_else(|| err("block hash out of range")),
+        Value::Binary(b) if b.len() >= 8 => {
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&b[..8]);
+            Ok(i64::from_be_bytes(first))
+        }
+        other => Err(err(format!("block hash must be an integer, got {other}"))),
+    }
+}
+
+fn hashes(v: &Value) -> Result<Vec<i64>> {
+    v.as_array()
+        .ok_or_else(|| err("block_hashes must be an array"))?
+        .iter()
+        .map(hash)
+        .collect()
+}
+
+fn opt_str(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str).map(str::to_owned)
+}
+
+fn tier(v: Option<&Value>) -> StorageTier {
+    v.and_then(Value::as_str)
+        .map_or(StorageTier::Device, medium_to_tier)
+}
+
+/// Named fields of an event, from either encoding.
+fn field<'a>(event: &'a Value, name: &str, position: usize) -> Option<&'a Value> {
+    match event {
+        Value::Array(items) => items.get(position),
+        Value::Map(entries) => entries
+            .iter()
+            .find(|(k, _)| k.as_str() == Some(name))
+            .map(|(_, v)| v),
+        _ => None,
+    }
+    .filter(|v| !v.is_nil())
+}
+
+fn decode_event(event: &Value) -> Result<EngineEvent> {
+    let tag = field(event, "type", 0)
+        .and_then(Value::as_str)
+        .ok_or_else(|| err("event has no type tag"))?;
+    match tag {
+        "BlockStored" => {
+            let token_ids = field(event, "token_ids", 3)
+                .and_then(Value::as_array)
+                .ok_or_else(|| err("BlockStored.token_ids must be an array"))?
+                .iter()
+                .map(|t| {
+                    t.as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                        .ok_or_else(|| err("token id must fit in u32"))
+                })
+                .collect::<Result<_>>()?;
+            let block_size = field(event, "block_size", 4)
+                .and_then(Value::as_u64)
+                .ok_or_else(|| err("BlockStored.block_size must be an integer"))?;
+            Ok(EngineEvent::BlockStored {
+                block_hashes: hashes(
+                    field(event, "block_hashes", 1)
+                        .ok_or_else(|| err("BlockStored.block_hashes missing"))?,
+                )?,
+                parent_block_hash: field(event, "parent_block_hash", 2).map(hash).transpose()?,
+                token_ids,
+                block_size: usize::try_from(block_size).map_err(|_| err("block_size too large"))?,
+                lora_name: opt_str(field(event, "lora_name", 7)),
+                tier: tier(field(event, "medium", 6)),
+            })
+        }
+        "BlockRemoved" => Ok(EngineEvent::BlockRemoved {
+            block_hashes: hashes(
+                field(event, "block_hashes", 1)
+                    .ok_or_else(|| err("BlockRemoved.block_hashes missing"))?,
+            )?,
+            tier: tier(field(event, "medium", 2)),
+        }),
+        "AllBlocksCleared" => Ok(EngineEvent::AllBlocksCleared),
+        other => Err(err(format!("unknown event type {other:?}"))),
+    }
+}
+
+/// Decode one msgpack payload.
+///
+/// # Errors
+/// [`Error::Decode`] describing the first malformed part.
+pub fn decode_engine_batch(payload: &[u8]) -> Result<EngineEventBatch> {
+    let mut reader = payload;
+    let value = rmpv::decode::read_value_ref(&mut reader)
+        .map_err(|e| err(e.to_string()))?
+        .to_owned();
+    let items = value
+        .as_array()
+        .ok_or_else(|| err("payload must be an array [timestamp, events, dp_rank]"))?;
+    let timestamp = items
+        .first()
+        .and_then(|t| t.as_f64().or_else(|| t.as_i64().map(|i| i as f64)))
+        .ok_or_else(|| err("timestamp must be a number"))?;
+    let events = items
+        .get(1)
+        .and_then(Value::as_array)
+        .ok_or_else(|| err("events must be an array"))?
+        .iter()
+        .map(decode_event)
+        .collect::<Result<_>>()?;
+    let dp_rank = match items.get(2) {
+        None | Some(Value::Nil) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .and_then(|r| u32::try_from(r).ok())
+                .ok_or_else(|| err("dp_rank must be a non-negative integer"))?,
+        ),
+    };
+    Ok(EngineEventBatch {
+        timestamp,
+        events,
+        dp_rank,
+    })
+}
+
+impl EngineEvent {
+    /// The publisher input for this event. Stored token ids are split into blocks of the
+    /// engine's `block_size` (a trailing partial block is kept and then dropped by the
+    /// publisher's size check).
+    pub fn to_publish_input(&self, cache_salt: Option<&str>) -> PublishInput {
+        match self {
+            EngineEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_name,
+                ..
+            } => {
+                let bs = (*block_size).max(1);
+                let mut num_block_tokens: Vec<usize> =
+                    token_ids.chunks(bs).map(<[u32]>::len).collect();
+                num_block_tokens.resize(block_hashes.len(), 0);
+                let mut token_ids = token_ids.clone();
+                token_ids.truncate(num_block_tokens.iter().sum());
+                PublishInput::Stored(StoredInput {
+                    token_ids,
+                    num_block_tokens,
+                    block_hashes: block_hashes.clone(),
+                    parent_hash: *parent_block_hash,
+                    lora_name: lora_name.clone(),
+                    cache_salt: cache_salt.map(str::to_owned),
+                    ..Default::default()
+                })
+            }
+            EngineEvent::BlockRemoved { block_hashes, .. } => {
+                PublishInput::Removed(block_hashes.clone())
+            }
+            EngineEvent::AllBlocksCleared => PublishInput::Cleared,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn encode(v: &Value) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, v).expect("in-memory write");
+        out
+    }
+
+    fn ints(v: &[i64]) -> Value {
+        Value::Array(v.iter().map(|&x| Value::from(x)).collect())
+    }
+
+    #[test]
+    fn decodes_vllm_tagged_arrays() {
+        let payload = Value::Array(vec![
+            Value::F64(1.5),
+            Value::Array(vec![
+                Value::Array(vec![
+                    "BlockStored".into(),
+                    ints(&[-5, 6]),
+                    Value::Nil,
+                    ints(&[1, 2, 3, 4, 5, 6, 7, 8]),
+                    4.into(),
+                    Value::Nil,
+                    "CPU".into(),
+                ]),
+                Value::Array(vec!["BlockRemoved".into(), ints(&[6])]),
+                Value::Array(vec!["AllBlocksCleared".into()]),
+            ]),
+            2.into(),
+        ]);
+        let batch = decode_engine_batch(&encode(&payload)).expect("valid");
+        assert_eq!(batch.dp_rank, Some(2));
+        assert_eq!(batch.events.len(), 3);
+        let EngineEvent::BlockStored {
+            block_hashes,
+            tier,
+            block_size,
+            ..
+        } = &batch.events[0]
+        else {
+            panic!("stored first")
+        };
+        assert_eq!(
+            (block_hashes.as_slice(), *tier, *block_size),
+            (&[-5i64, 6][..], StorageTier::HostPinned, 4)
+        );
+        let PublishInput::Stored(s) = batch.events[0].to_publish_input(None) else {
+            panic!("stored input")
+        };
+        assert_eq!(s.num_block_tokens, [4, 4]);
+        assert_eq!(batch.events[2], EngineEvent::AllBlocksCleared);
+        assert_eq!(decode_sequence(&7u64.to_be_bytes()).expect("8 bytes"), 7);
+        assert!(decode_sequence(&[1, 2]).is_err());
+    }
+
+    #[test]
+    fn decodes_maps_and_byte_hashes() {
+        let stored = Value::Map(vec![
+            ("type".into(), "BlockStored".into()),
+            (
+                "block_hashes".into(),
+                Value::Array(vec![Value::Binary(vec![0, 0, 0, 0, 0, 0, 0, 9, 1, 2])]),
+            ),
+            ("parent_block_hash".into(), 3.into()),
+            ("token_ids".into(), ints(&[1, 2])),
+            ("block_size".into(), 2.into()),
+            ("lora_name".into(), "a".into()),
+        ]);
+        let payload = Value::Array(vec![Value::from(0), Value::Array(vec![stored])]);
+        let batch = decode_engine_batch(&encode(&payload)).expect("valid");
+        assert_eq!(batch.dp_rank, None);
+        assert_eq!(
+            batch.events[0],
+            EngineEvent::BlockStored {
+                block_hashes: vec![9],
+                parent_block_hash: Some(3),
+                token_ids: vec![1, 2],
+                block_size: 2,
+                lora_name: Some("a".into()),
+                tier: StorageTier::Device,
+            }
+        );
+    }
+
+    #[test]
+    fn malformed_payloads_are_errors() {
+        for payload in [
+            Value::from(1),
+            Value::Array(vec![Value::F64(0.0), Value::from(3)]),
+            Value::Array(vec![
+                Value::F64(0.0),
+                Value::Array(vec![Value::Array(vec!["Nope".into()])]),
+            ]),
+            Value::Array(vec![
+                Value::F64(0.0),
+                Value::Array(vec![Value::Array(vec![
+                    "BlockStored".into(),
+                    ints(&[1]),
+                    Value::Nil,
+                    ints(&[-1]),
+                    1.into(),
+                ])]),
+            ]),
+        ] {
+            assert!(decode_engine_batch(&encode(&payload)).is_err(), "{payload}");
+        }
+        assert!(decode_engine_batch(&[0xc1]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_engine_batch(&bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod hostile_inputs {
+    use super::*;
+
+    #[test]
+    fn huge_length_prefixes_do_not_allocate() {
+        // array32 / map32 / bin32 claiming 4 billion entries with no data behind them.
+        for bytes in [
+            &[0xdd, 0xff, 0xff, 0xff, 0xff][..],
+            &[0xdf, 0xff, 0xff, 0xff, 0xff][..],
+            &[0xc6, 0xff, 0xff, 0xff, 0xff][..],
+            &[
+                0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff,
+            ][..],
+        ] {
+            assert!(decode_engine_batch(bytes).is_err());
+        }
+        // Deep nesting.
+        let deep = vec![0x91u8; 100_000];
+        assert!(decode_engine_batch(&deep).is_err());
+    }
+}
