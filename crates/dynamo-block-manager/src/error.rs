@@ -1,7 +1,5 @@
 //! The error type of the block manager.
 
-use dynamo_kv_router::hashing::SequenceHash;
-
 /// Which tier a pool serves.
 pub use crate::pool::Tier;
 
@@ -79,9 +77,6 @@ pub enum Error {
     /// A copy range falls outside its storage, or source and destination overlap.
     #[error("invalid copy: {0}")]
     InvalidCopy(String),
-    /// A sequence hash the operation needs is not cached.
-    #[error("sequence hash {0:?} is not registered")]
-    NotRegistered(SequenceHash),
 }
 
 /// `Result` with this crate's [`Error`].

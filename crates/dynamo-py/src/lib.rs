@@ -7,10 +7,15 @@
 //! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`kv`]: block hashing (and, later, the KV indexer classes).
+//! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
+//! * [`dlpack`]: DLPack export of block manager tensors (the only raw-FFI module besides
+//!   the token fast path in [`convert`]).
 
 use pyo3::prelude::*;
 
+mod block_manager;
 mod convert;
+mod dlpack;
 mod errors;
 mod kv;
 
@@ -20,5 +25,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     kv::register(m)?;
+    block_manager::register(m)?;
     Ok(())
 }
