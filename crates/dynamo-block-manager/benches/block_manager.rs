@@ -48,6 +48,15 @@ fn bench_pool(c: &mut Criterion) {
             b.iter(|| drop(black_box(pool.allocate_blocks(n).unwrap())))
         });
     }
+    // Baseline: the bare FIFO operations (pop front, push back) without locking or handles.
+    let mut fifo: std::collections::VecDeque<usize> = (0..1024).collect();
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("baseline_vecdeque_pop_push", |b| {
+        b.iter(|| {
+            let x = fifo.pop_front().unwrap();
+            fifo.push_back(black_box(x));
+        });
+    });
     // Allocation that must evict registered (cached) blocks: fill the pool with registered
     // inactive blocks first, then every allocation evicts the LRU ones, and re-registering
     // puts them back.
@@ -105,6 +114,14 @@ fn bench_copy_h2h(c: &mut Criterion) {
             BenchmarkId::new("block_KiB", cfg.block_bytes() / 1024),
             &pairs,
             |b, pairs| b.iter(|| copy_blocks(&src, &dst, pairs).unwrap()),
+        );
+        // Baseline: one plain memcpy of the same bytes between two Vecs, in the same run.
+        let from = vec![1u8; bytes];
+        let mut to = vec![0u8; bytes];
+        group.bench_with_input(
+            BenchmarkId::new("baseline_memcpy_KiB", cfg.block_bytes() / 1024),
+            &bytes,
+            |b, _| b.iter(|| to.copy_from_slice(black_box(&from))),
         );
     }
     group.finish();
