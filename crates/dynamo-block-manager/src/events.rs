@@ -170,21 +170,30 @@ impl Registry {
         parent_hash: Option<SequenceHash>,
     ) -> Arc<RegistrationHandle> {
         let mut live = self.inner.live.lock();
-        if let Some(handle) = live.get(&sequence_hash).and_then(Weak::upgrade) {
-            return handle;
-        }
+        let announced = match live.get(&sequence_hash) {
+            Some(weak) => match weak.upgrade() {
+                Some(handle) => return handle,
+                // The last handle is being dropped but has not reached the lock yet: the
+                // prefix is still announced, so the new handle takes over without a Stored
+                // event and the dying one will see a live entry and publish no Removed.
+                None => true,
+            },
+            None => false,
+        };
         let handle = Arc::new(RegistrationHandle {
             sequence_hash,
             registry: self.inner.clone(),
         });
         live.insert(sequence_hash, Arc::downgrade(&handle));
-        self.inner.emit(KvCacheEventData::Stored {
-            parent_hash,
-            blocks: vec![StoredBlock {
-                block_hash: sequence_hash,
-                tokens_hash,
-            }],
-        });
+        if !announced {
+            self.inner.emit(KvCacheEventData::Stored {
+                parent_hash,
+                blocks: vec![StoredBlock {
+                    block_hash: sequence_hash,
+                    tokens_hash,
+                }],
+            });
+        }
         handle
     }
 
@@ -201,13 +210,15 @@ impl Registry {
 impl Drop for RegistrationHandle {
     fn drop(&mut self) {
         let mut live = self.registry.live.lock();
-        // A registration of the same hash created after our strong count hit zero has
-        // replaced the entry and published its own Stored; then the prefix is still cached
-        // and no Removed must go out.
-        let ours = live
+        // Invariant: the map has an entry for a hash exactly while the hash is announced
+        // (a Stored was published and no Removed since). A live entry means a registration
+        // created after our strong count hit zero took over the announcement; no entry means
+        // another dying handle already published the Removed. Only a dead entry (ours, or
+        // one that took over from us and died too) is removed, with one Removed event.
+        let dead = live
             .get(&self.sequence_hash)
             .is_some_and(|w| w.strong_count() == 0);
-        if ours {
+        if dead {
             live.remove(&self.sequence_hash);
             self.registry.emit(KvCacheEventData::Removed {
                 block_hashes: vec![self.sequence_hash],
