@@ -7,6 +7,7 @@
 //!   machine; [`TensorDesc`] views for DLPack.
 //! * [`pool`]: [`BlockPool`] with FIFO free list, registration by sequence hash, reuse,
 //!   longest-prefix matching and LRU eviction (leaves before parents).
+//! * [`dlpack`]: DLPack managed tensors over block memory (the C ABI, without Python).
 //! * [`events`]: Stored/Removed KV events in the router's shape, through an [`EventSink`].
 //! * [`transfer`]: block copies (memcpy on the host, async CUDA copies otherwise).
 //! * [`manager`]: [`KvBlockManager`], the two tiers with offload and onboard.
@@ -50,6 +51,7 @@
 pub mod block;
 #[cfg(feature = "cuda")]
 mod cuda;
+pub mod dlpack;
 pub mod dtype;
 pub mod error;
 pub mod events;

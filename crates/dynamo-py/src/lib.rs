@@ -8,8 +8,7 @@
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`kv`]: block hashing (and, later, the KV indexer classes).
 //! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
-//! * [`dlpack`]: DLPack export of block manager tensors (the only raw-FFI module besides
-//!   the token fast path in [`convert`]).
+//! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
 
 use pyo3::prelude::*;
 
