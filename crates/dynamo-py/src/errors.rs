@@ -9,7 +9,9 @@
 //!     └── SelectionServiceError      (attributes set by the runtime when raised)
 //! ```
 
-use pyo3::exceptions::{PyException, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyBufferError, PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError,
+};
 use pyo3::prelude::*;
 
 pyo3::create_exception!(
@@ -110,5 +112,28 @@ pub(crate) fn kv_router_error(err: dynamo_kv_router::Error) -> PyErr {
         PyRuntimeError::new_err(format!("Failed to apply event: {err}"))
     } else {
         PyValueError::new_err(err.to_string())
+    }
+}
+
+/// Map a block manager error to Python: bad arguments → `ValueError`, an index out of range
+/// → `IndexError`, a view that cannot be exported → `BufferError`, host allocation failure →
+/// `MemoryError`, and the state of the machine or the pools (too few free blocks, a pool
+/// that was not configured, CUDA unavailable or failing) → `RuntimeError`.
+pub(crate) fn block_manager_error(err: dynamo_block_manager::Error) -> PyErr {
+    use dynamo_block_manager::Error as E;
+    let msg = err.to_string();
+    match err {
+        E::ZeroDimension(_)
+        | E::InvalidConfig(_)
+        | E::UnsupportedDtype(_)
+        | E::SizeOverflow
+        | E::IncompatibleLayouts(_)
+        | E::InvalidCopy(_)
+        | E::BlockFull(_)
+        | E::InvalidState { .. } => PyValueError::new_err(msg),
+        E::IndexOutOfRange { .. } => PyIndexError::new_err(msg),
+        E::NotContiguous => PyBufferError::new_err(msg),
+        E::HostAllocation(_) => PyMemoryError::new_err(msg),
+        _ => PyRuntimeError::new_err(msg),
     }
 }

@@ -8,10 +8,14 @@
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`router`]: router configuration classes.
 //! * [`kv`]: block hashing, the `RadixTree` indexer and `OverlapScores`.
+//! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
+//! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
 
 use pyo3::prelude::*;
 
+mod block_manager;
 mod convert;
+mod dlpack;
 mod errors;
 mod kv;
 mod router;
@@ -23,5 +27,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     kv::register(m)?;
     router::register(m)?;
+    block_manager::register(m)?;
     Ok(())
 }

@@ -1,10 +1,15 @@
-"""LLM layer: model registration, KV-aware routing and block hashing.
+"""LLM layer: model registration, KV-aware routing, block hashing and the KV block manager.
 
 Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
 from dynamo._core import AicPerfConfig as AicPerfConfig
+from dynamo._core import Block as Block
+from dynamo._core import BlockList as BlockList
+from dynamo._core import BlockManager as BlockManager
+from dynamo._core import KvbmRequest as KvbmRequest
 from dynamo._core import KvRouterConfig as KvRouterConfig
+from dynamo._core import Layer as Layer
 from dynamo._core import OverlapScores as OverlapScores
 from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
@@ -16,8 +21,13 @@ from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitEx
 
 __all__ = [
     "AicPerfConfig",
+    "Block",
+    "BlockList",
+    "BlockManager",
     "HttpError",
     "KvRouterConfig",
+    "KvbmRequest",
+    "Layer",
     "OverlapScores",
     "RadixTree",
     "RouterConfig",
