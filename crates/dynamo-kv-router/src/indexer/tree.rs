@@ -129,7 +129,8 @@ pub struct RadixTree {
     free_nodes: Vec<u32>,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
-    /// Node ids hashed by `(parent, local)`; the root is not in it.
+    /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
+    /// and the root.
     children: HashTable<u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
@@ -578,8 +579,22 @@ impl RadixTree {
 
     // ----- internals ---------------------------------------------------------------------
 
+    /// Whether `id` is an *implicit* child: allocated right after its parent, and therefore
+    /// found without the child table (see the module docs).
+    #[inline]
+    const fn is_implicit(id: u32, parent: u32) -> bool {
+        id == parent.wrapping_add(1)
+    }
+
     #[inline]
     fn child(&self, parent: u32, local: u64) -> Option<u32> {
+        let next = parent as usize + 1;
+        if let Some(n) = self.nodes.get(next)
+            && n.parent == parent
+            && n.local == local
+        {
+            return Some(next as u32);
+        }
         let nodes = &self.nodes;
         self.children
             .find(child_hash(parent, local), |&id| {
@@ -601,22 +616,33 @@ impl RadixTree {
             n_children: 0,
             extra: NIL,
         };
-        let id = if let Some(id) = self.free_nodes.pop() {
-            self.nodes[id as usize] = node;
-            id
-        } else {
-            let id = self.nodes.len() as u32;
-            assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
-            self.nodes.push(node);
-            id
+        // A chain stored by one event is allocated at consecutive ids, so its blocks (all but
+        // the first) are implicit children and cost no child-table entry.
+        let append = parent as usize + 1 == self.nodes.len();
+        let id = match self.free_nodes.pop() {
+            Some(id) if !append => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            popped => {
+                if let Some(id) = popped {
+                    self.free_nodes.push(id);
+                }
+                let id = self.nodes.len() as u32;
+                assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+                self.nodes.push(node);
+                id
+            }
         };
         self.nodes[parent as usize].n_children += 1;
-        let nodes = &self.nodes;
-        self.children
-            .insert_unique(child_hash(parent, local), id, |&x| {
-                let n = &nodes[x as usize];
-                child_hash(n.parent, n.local)
-            });
+        if !Self::is_implicit(id, parent) {
+            let nodes = &self.nodes;
+            self.children
+                .insert_unique(child_hash(parent, local), id, |&x| {
+                    let n = &nodes[x as usize];
+                    child_hash(n.parent, n.local)
+                });
+        }
         id
     }
 
@@ -796,12 +822,15 @@ impl RadixTree {
             if n.slot != NIL || n.n_children != 0 {
                 return;
             }
-            if let Ok(entry) = self
-                .children
-                .find_entry(child_hash(n.parent, n.local), |&x| x == node)
+            if !Self::is_implicit(node, n.parent)
+                && let Ok(entry) = self
+                    .children
+                    .find_entry(child_hash(n.parent, n.local), |&x| x == node)
             {
                 entry.remove();
             }
+            // A freed node has no parent, so `child` never mistakes it for an implicit child.
+            self.nodes[node as usize].parent = NIL;
             self.nodes[n.parent as usize].n_children -= 1;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
@@ -877,7 +906,16 @@ impl RadixTree {
             }
         }
         assert_eq!(count, self.residencies, "residency count");
-        assert_eq!(self.children.len(), self.node_count(), "child table size");
+        let explicit = (1..self.nodes.len())
+            .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
+            .count();
+        assert_eq!(self.children.len(), explicit, "child table size");
+        for &f in &self.free_nodes {
+            assert_eq!(
+                self.nodes[f as usize].parent, NIL,
+                "freed node keeps a parent"
+            );
+        }
         let mut lookups = 0;
         for (slot, s) in self.slots.iter().enumerate() {
             let Some(s) = s else { continue };
