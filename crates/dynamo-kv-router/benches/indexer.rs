@@ -27,8 +27,8 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use dynamo_kv_router::hashing::{LocalBlockHash, compute_seq_hash_for_block};
 use dynamo_kv_router::indexer::{RadixTree, SharedRadixTree};
 use dynamo_kv_router::protocols::{
-    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData,
-    KvCacheStoreData, KvCacheStoredBlockData,
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
+    KvCacheStoredBlockData,
 };
 use rustc_hash::FxHashMap;
 
@@ -71,7 +71,10 @@ fn load_replay() -> Option<Replay> {
         if ids.is_empty() {
             continue;
         }
-        let seq: Vec<u64> = compute_seq_hash_for_block(&ids).iter().map(|s| s.0).collect();
+        let seq: Vec<u64> = compute_seq_hash_for_block(&ids)
+            .iter()
+            .map(|s| s.0)
+            .collect();
         let worker = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) % WORKERS;
         let (fifo, refs, held) = workers.entry(worker).or_default();
         let mut evs = vec![(
