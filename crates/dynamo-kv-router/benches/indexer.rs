@@ -38,9 +38,21 @@ const WORKERS: u64 = 1_000;
 /// makes about a third of the requests evict, exercising `removed` events.
 const WORKER_CAPACITY: usize = 64;
 
+/// Events of one request: `(worker_id, event)`.
+type Events = Vec<(u64, KvCacheEvent)>;
+
+/// A simulated worker: its requests (oldest first, as sequence hashes), how many live
+/// requests use each of its blocks, and how many distinct blocks it holds.
+#[derive(Default)]
+struct SimWorker {
+    fifo: VecDeque<Vec<u64>>,
+    refs: FxHashMap<u64, u32>,
+    held: usize,
+}
+
 struct Replay {
     /// Per request: its query and the events it causes.
-    requests: Vec<(Vec<LocalBlockHash>, Vec<(u64, KvCacheEvent)>)>,
+    requests: Vec<(Vec<LocalBlockHash>, Events)>,
     events: usize,
     blocks: usize,
 }
@@ -57,8 +69,7 @@ fn trace_path() -> PathBuf {
 
 fn load_replay() -> Option<Replay> {
     let text = std::fs::read_to_string(trace_path()).ok()?;
-    let mut workers: FxHashMap<u64, (VecDeque<Vec<u64>>, FxHashMap<u64, u32>, usize)> =
-        FxHashMap::default();
+    let mut workers: FxHashMap<u64, SimWorker> = FxHashMap::default();
     let mut requests = Vec::new();
     let (mut events, mut blocks) = (0, 0);
     for (i, line) in text.lines().enumerate() {
@@ -76,7 +87,7 @@ fn load_replay() -> Option<Replay> {
             .map(|s| s.0)
             .collect();
         let worker = (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) % WORKERS;
-        let (fifo, refs, held) = workers.entry(worker).or_default();
+        let SimWorker { fifo, refs, held } = workers.entry(worker).or_default();
         let mut evs = vec![(
             worker,
             KvCacheEvent {
@@ -179,7 +190,7 @@ fn percentiles(replay: &Replay) {
     let writer = {
         let tree = Arc::clone(&tree);
         let done = Arc::clone(&done);
-        let evs: Vec<(u64, KvCacheEvent)> = replay
+        let evs: Events = replay
             .requests
             .iter()
             .flat_map(|(_, e)| e.iter().cloned())
