@@ -30,10 +30,12 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes`: an arena of 32-byte nodes (`tokens_hash`, parent id, child count, and the
-//!   first holding rank with its external hash inline, since most blocks have one holder).
-//!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
-//!   node.
+//! * `nodes`: an arena of 24-byte nodes (`tokens_hash`, parent id, and the first holding
+//!   rank with its external hash inline, since most blocks have one holder). Further
+//!   holders of a node live in `extras` (24 bytes each), a doubly linked list per node whose
+//!   head sits in a side table (`extra_heads`) flagged by a bit in the node. Child counts
+//!   are not stored per node: the implicit child (below) is detected from the arena, and
+//!   only branch points keep a count of explicit children in a side table.
 //! * `children`: one hash table of bare `u32` node ids hashed by `(parent id,
 //!   tokens_hash)`, read through the arena (5 bytes per bucket instead of a map per node).
 //!   A node allocated right after its parent (`id == parent + 1`, which is every block of a

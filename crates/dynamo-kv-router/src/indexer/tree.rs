@@ -24,24 +24,44 @@ const ROOT: u32 = 0;
 /// Marks a residency handle that points into `extras` rather than at a node's primary slot.
 const EXTRA_BIT: u32 = 1 << 31;
 
+/// Set in `Node::slot` when the node has residencies beyond the primary one (their list
+/// head is in `RadixTree::extra_heads`).
+const HAS_EXTRAS: u32 = 1 << 31;
+
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 32 bytes. The first worker rank that holds the block (its *primary residency*) is stored
-/// inline because most blocks are held by one rank; further ranks go to `extras`.
+/// 24 bytes. The first worker rank that holds the block (its *primary residency*) is stored
+/// inline because most blocks are held by one rank; further ranks go to `extras`, reached
+/// through the `extra_heads` side table. The child count is not stored: a node's implicit
+/// child is the next arena slot, and explicit children are counted in `explicit_children`
+/// (only branch points have any).
 #[derive(Clone, Copy, Debug)]
 struct Node {
     /// `tokens_hash` of the block.
     local: u64,
     /// External hash of the primary residency (meaningless when `slot == NIL`).
     ext: u64,
-    /// Parent node (`NIL` only for the root).
+    /// Parent node (`NIL` for the root and for freed nodes).
     parent: u32,
-    /// Worker slot of the primary residency, or `NIL` when no rank holds the block.
+    /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
+    /// the block.
     slot: u32,
-    /// Number of child nodes (a node is freed when it has no residency and no children).
-    n_children: u32,
-    /// Head of the doubly linked list of further residencies in `extras`, or `NIL`.
-    extra: u32,
+}
+
+impl Node {
+    #[inline]
+    const fn primary(&self) -> u32 {
+        if self.slot == NIL {
+            NIL
+        } else {
+            self.slot & !HAS_EXTRAS
+        }
+    }
+
+    #[inline]
+    const fn has_extras(&self) -> bool {
+        self.slot != NIL && self.slot & HAS_EXTRAS != 0
+    }
 }
 
 /// A residency of a node beyond the primary one (24 bytes).
@@ -132,6 +152,10 @@ pub struct RadixTree {
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
     /// and the root.
     children: HashTable<u32>,
+    /// Number of explicit (non-implicit) children of each non-root node that has any.
+    explicit_children: FxHashMap<u32, u32>,
+    /// Head of the `extras` list of each node flagged `HAS_EXTRAS`.
+    extra_heads: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -157,6 +181,8 @@ impl RadixTree {
             extras: Vec::new(),
             free_extras: Vec::new(),
             children: HashTable::new(),
+            explicit_children: FxHashMap::default(),
+            extra_heads: FxHashMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -175,8 +201,6 @@ impl RadixTree {
             ext: 0,
             parent: NIL,
             slot: NIL,
-            n_children: 0,
-            extra: NIL,
         }
     }
 
@@ -225,6 +249,7 @@ impl RadixTree {
             + table(&self.children)
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
+            + (self.explicit_children.capacity() + self.extra_heads.capacity()) * 9
             + self
                 .slots
                 .iter()
@@ -613,8 +638,6 @@ impl RadixTree {
             ext: 0,
             parent,
             slot: NIL,
-            n_children: 0,
-            extra: NIL,
         };
         // A chain stored by one event is allocated at consecutive ids, so its blocks (all but
         // the first) are implicit children and cost no child-table entry.
@@ -634,8 +657,10 @@ impl RadixTree {
                 id
             }
         };
-        self.nodes[parent as usize].n_children += 1;
         if !Self::is_implicit(id, parent) {
+            if parent != ROOT {
+                *self.explicit_children.entry(parent).or_default() += 1;
+            }
             let nodes = &self.nodes;
             self.children
                 .insert_unique(child_hash(parent, local), id, |&x| {
@@ -738,7 +763,7 @@ impl RadixTree {
             n.ext = ext;
             return node;
         }
-        let head = n.extra;
+        let head = self.extras_head(node);
         let e = Extra {
             ext,
             slot,
@@ -760,7 +785,7 @@ impl RadixTree {
         if head != NIL {
             self.extras[head as usize].prev = id;
         }
-        self.nodes[node as usize].extra = id;
+        self.set_extras_head(node, id);
         id | EXTRA_BIT
     }
 
@@ -774,7 +799,7 @@ impl RadixTree {
             if e.prev != NIL {
                 self.extras[e.prev as usize].next = e.next;
             } else {
-                self.nodes[e.node as usize].extra = e.next;
+                self.set_extras_head(e.node, e.next);
             }
             if e.next != NIL {
                 self.extras[e.next as usize].prev = e.prev;
@@ -783,7 +808,7 @@ impl RadixTree {
             return;
         }
         let node = handle;
-        let head = self.nodes[node as usize].extra;
+        let head = self.extras_head(node);
         if head == NIL {
             self.nodes[node as usize].slot = NIL;
             self.free_upwards(node);
@@ -795,8 +820,8 @@ impl RadixTree {
             let n = &mut self.nodes[node as usize];
             n.slot = e.slot;
             n.ext = e.ext;
-            n.extra = e.next;
         }
+        self.set_extras_head(node, e.next);
         if e.next != NIL {
             self.extras[e.next as usize].prev = NIL;
         }
@@ -819,7 +844,7 @@ impl RadixTree {
     fn free_upwards(&mut self, mut node: u32) {
         while node != ROOT {
             let n = self.nodes[node as usize];
-            if n.slot != NIL || n.n_children != 0 {
+            if n.slot != NIL || self.has_children(node) {
                 return;
             }
             if !Self::is_implicit(node, n.parent)
@@ -829,9 +854,17 @@ impl RadixTree {
             {
                 entry.remove();
             }
+            if !Self::is_implicit(node, n.parent)
+                && n.parent != ROOT
+                && let Some(c) = self.explicit_children.get_mut(&n.parent)
+            {
+                *c -= 1;
+                if *c == 0 {
+                    self.explicit_children.remove(&n.parent);
+                }
+            }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
-            self.nodes[n.parent as usize].n_children -= 1;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
@@ -850,9 +883,40 @@ impl RadixTree {
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = HashTable::new();
+        self.explicit_children = FxHashMap::default();
+        self.extra_heads = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
+    }
+
+    #[inline]
+    fn extras_head(&self, node: u32) -> u32 {
+        if self.nodes[node as usize].has_extras() {
+            self.extra_heads.get(&node).copied().unwrap_or(NIL)
+        } else {
+            NIL
+        }
+    }
+
+    fn set_extras_head(&mut self, node: u32, head: u32) {
+        let n = &mut self.nodes[node as usize];
+        if head == NIL {
+            n.slot &= !HAS_EXTRAS;
+            self.extra_heads.remove(&node);
+        } else {
+            n.slot |= HAS_EXTRAS;
+            self.extra_heads.insert(node, head);
+        }
+    }
+
+    /// Whether `node` has a child: its implicit child (the next arena slot, if that node's
+    /// parent is `node`) or an explicit one.
+    fn has_children(&self, node: u32) -> bool {
+        self.nodes
+            .get(node as usize + 1)
+            .is_some_and(|n| n.parent == node)
+            || self.explicit_children.contains_key(&node)
     }
 
     #[inline]
@@ -861,8 +925,11 @@ impl RadixTree {
         if n.slot == NIL {
             return;
         }
-        f(n.slot);
-        let mut e = n.extra;
+        f(n.primary());
+        if !n.has_extras() {
+            return;
+        }
+        let mut e = self.extras_head(node);
         while e != NIL {
             let x = &self.extras[e as usize];
             f(x.slot);
@@ -893,17 +960,35 @@ impl RadixTree {
                 Some(id as u32),
                 "child index"
             );
-            assert!(n.slot != NIL || n.extra == NIL, "extras without primary");
+            assert_eq!(
+                n.has_extras(),
+                self.extra_heads.contains_key(&(id as u32)),
+                "extras flag of {id}"
+            );
             assert!(
-                n.slot != NIL || n.n_children > 0,
+                n.slot != NIL || self.has_children(id as u32),
                 "node {id} is empty and childless"
             );
             self.for_each_residency(id as u32, |_| count += 1);
         }
-        for (id, n) in self.nodes.iter().enumerate() {
-            if live[id] {
-                assert_eq!(n.n_children, children[id], "child count of {id}");
+        for id in 1..self.nodes.len() {
+            if !live[id] {
+                continue;
             }
+            let implicit = self
+                .nodes
+                .get(id + 1)
+                .is_some_and(|c| c.parent == id as u32);
+            let explicit = self
+                .explicit_children
+                .get(&(id as u32))
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(
+                u32::from(implicit) + explicit,
+                children[id],
+                "child count of {id}"
+            );
         }
         assert_eq!(count, self.residencies, "residency count");
         let explicit = (1..self.nodes.len())
@@ -925,7 +1010,7 @@ impl RadixTree {
                 let node = node_of(&self.extras, h);
                 assert!(live[node as usize]);
                 let owner = if h & EXTRA_BIT == 0 {
-                    self.nodes[h as usize].slot
+                    self.nodes[h as usize].primary()
                 } else {
                     self.extras[(h & !EXTRA_BIT) as usize].slot
                 };
