@@ -28,7 +28,7 @@ use dynamo_kv_router::hashing::{LocalBlockHash, compute_seq_hash_for_block};
 use dynamo_kv_router::indexer::{RadixTree, SharedRadixTree};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData,
+    KvCacheStoredBlockData, decode_json_event, decode_json_event_serde,
 };
 use rustc_hash::FxHashMap;
 
@@ -224,6 +224,33 @@ fn percentiles(replay: &Replay) {
     );
 }
 
+fn bench_decode(c: &mut Criterion) {
+    // A 64-block store with random-looking 20-digit hashes (4.5 kB of JSON).
+    let blocks: Vec<String> = (0..64u64)
+        .map(|i| {
+            let h = |k: u64| (k ^ 0x9e37_79b9_7f4a_7c15).wrapping_mul(0xff51_afd7_ed55_8ccd);
+            format!(
+                r#"{{"block_hash":{},"tokens_hash":{}}}"#,
+                h(2 * i),
+                h(2 * i + 1)
+            )
+        })
+        .collect();
+    let text = format!(
+        r#"{{"event_id":1,"data":{{"stored":{{"parent_hash":null,"blocks":[{}]}}}}}}"#,
+        blocks.join(",")
+    );
+    let mut g = c.benchmark_group("decode_json_64_blocks");
+    g.throughput(Throughput::Bytes(text.len() as u64));
+    g.bench_function("fast_path", |b| {
+        b.iter(|| decode_json_event(black_box(text.as_bytes())));
+    });
+    g.bench_function("serde_json", |b| {
+        b.iter(|| decode_json_event_serde(black_box(text.as_bytes())));
+    });
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let Some(replay) = load_replay() else {
         eprintln!(
@@ -279,5 +306,5 @@ fn bench(c: &mut Criterion) {
     percentiles(&replay);
 }
 
-criterion_group!(benches, bench);
+criterion_group!(benches, bench_decode, bench);
 criterion_main!(benches);
