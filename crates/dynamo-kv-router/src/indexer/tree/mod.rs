@@ -1,6 +1,9 @@
 //! The single-threaded arena radix tree. See the module docs of [`crate::indexer`] for the
 //! layout and the invariants; this file implements them.
 
+mod dump;
+mod invariants;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -14,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
-    KvCacheStoredBlockData, RouterEvent, StorageTier, WorkerWithDpRank,
+    KvCacheStoredBlockData, WorkerWithDpRank,
 };
 
 /// "No node / no slot / no entry".
@@ -498,110 +501,6 @@ impl RadixTree {
         out
     }
 
-    /// The tree as one single-block `stored` event per reachable `(worker rank, block)`,
-    /// parents before children, each naming its parent by that rank's external hash.
-    /// Replaying the events (in order, on an empty tree) reproduces every score.
-    ///
-    /// A residency below a block its rank no longer holds can never score (scores are
-    /// prefixes) and has no parent to name, so it is not dumped.
-    pub fn dump_events(&self) -> Vec<RouterEvent> {
-        let mut depth_memo: FxHashMap<u32, u32> = FxHashMap::default();
-        let mut items: Vec<(u32, u32, u32, u64, Option<u64>)> = Vec::new();
-        let mut order: Vec<u32> = (0..self.slots.len() as u32).collect();
-        order.sort_by_key(|&s| self.slots[s as usize].as_ref().map(|x| x.worker));
-        for slot in order {
-            let Some(s) = &self.slots[slot as usize] else {
-                continue;
-            };
-            // node -> this rank's external hash at that node.
-            let held: FxHashMap<u32, u64> = s
-                .lookup
-                .iter()
-                .map(|&h| {
-                    (
-                        node_of(&self.extras, h),
-                        ext_of(&self.nodes, &self.extras, h),
-                    )
-                })
-                .collect();
-            for &h in &s.lookup {
-                let node = node_of(&self.extras, h);
-                // Reachable iff the rank holds every ancestor.
-                let mut up = self.nodes[node as usize].parent;
-                let mut reachable = true;
-                while up != ROOT {
-                    if !held.contains_key(&up) {
-                        reachable = false;
-                        break;
-                    }
-                    up = self.nodes[up as usize].parent;
-                }
-                if !reachable {
-                    continue;
-                }
-                let parent = self.nodes[node as usize].parent;
-                let parent_ext = (parent != ROOT).then(|| held[&parent]);
-                let depth = self.depth(node, &mut depth_memo);
-                items.push((
-                    depth,
-                    slot,
-                    node,
-                    ext_of(&self.nodes, &self.extras, h),
-                    parent_ext,
-                ));
-            }
-        }
-        items.sort_unstable_by_key(|&(depth, slot, node, ext, _)| (depth, slot, node, ext));
-        items
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, (_, slot, node, ext, parent_ext))| {
-                let worker = self.slots[slot as usize].as_ref()?.worker;
-                Some(RouterEvent {
-                    worker_id: worker.worker_id,
-                    storage_tier: StorageTier::Device,
-                    event: KvCacheEvent {
-                        event_id: i as u64,
-                        dp_rank: worker.dp_rank,
-                        data: KvCacheEventData::Stored(KvCacheStoreData {
-                            parent_hash: parent_ext.map(ExternalSequenceBlockHash),
-                            start_position: None,
-                            blocks: vec![KvCacheStoredBlockData::new(
-                                ext,
-                                self.nodes[node as usize].local,
-                            )],
-                        }),
-                    },
-                })
-            })
-            .collect()
-    }
-
-    fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
-        if node == ROOT {
-            return 0;
-        }
-        if let Some(&d) = memo.get(&node) {
-            return d;
-        }
-        // Walk up to the first memoized ancestor, then fill the path on the way back.
-        let mut path = Vec::new();
-        let mut cur = node;
-        let mut base = 0;
-        while cur != ROOT {
-            if let Some(&d) = memo.get(&cur) {
-                base = d;
-                break;
-            }
-            path.push(cur);
-            cur = self.nodes[cur as usize].parent;
-        }
-        for (k, &n) in path.iter().rev().enumerate() {
-            memo.insert(n, base + k as u32 + 1);
-        }
-        memo[&node]
-    }
-
     // ----- internals ---------------------------------------------------------------------
 
     /// Whether `id` is an *implicit* child: allocated right after its parent, and therefore
@@ -935,89 +834,5 @@ impl RadixTree {
             f(x.slot);
             e = x.next;
         }
-    }
-
-    /// Check every structural invariant (tests and debugging).
-    ///
-    /// # Panics
-    /// When an invariant is violated.
-    #[doc(hidden)]
-    pub fn check_invariants(&self) {
-        let mut live = vec![true; self.nodes.len()];
-        for &f in &self.free_nodes {
-            live[f as usize] = false;
-        }
-        let mut children = vec![0u32; self.nodes.len()];
-        let mut count = 0;
-        for (id, n) in self.nodes.iter().enumerate().skip(1) {
-            if !live[id] {
-                continue;
-            }
-            assert!(live[n.parent as usize], "node {id} has a freed parent");
-            children[n.parent as usize] += 1;
-            assert_eq!(
-                self.child(n.parent, n.local),
-                Some(id as u32),
-                "child index"
-            );
-            assert_eq!(
-                n.has_extras(),
-                self.extra_heads.contains_key(&(id as u32)),
-                "extras flag of {id}"
-            );
-            assert!(
-                n.slot != NIL || self.has_children(id as u32),
-                "node {id} is empty and childless"
-            );
-            self.for_each_residency(id as u32, |_| count += 1);
-        }
-        for id in 1..self.nodes.len() {
-            if !live[id] {
-                continue;
-            }
-            let implicit = self
-                .nodes
-                .get(id + 1)
-                .is_some_and(|c| c.parent == id as u32);
-            let explicit = self
-                .explicit_children
-                .get(&(id as u32))
-                .copied()
-                .unwrap_or(0);
-            assert_eq!(
-                u32::from(implicit) + explicit,
-                children[id],
-                "child count of {id}"
-            );
-        }
-        assert_eq!(count, self.residencies, "residency count");
-        let explicit = (1..self.nodes.len())
-            .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
-            .count();
-        assert_eq!(self.children.len(), explicit, "child table size");
-        for &f in &self.free_nodes {
-            assert_eq!(
-                self.nodes[f as usize].parent, NIL,
-                "freed node keeps a parent"
-            );
-        }
-        let mut lookups = 0;
-        for (slot, s) in self.slots.iter().enumerate() {
-            let Some(s) = s else { continue };
-            assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
-            assert!(!s.lookup.is_empty(), "empty slot kept");
-            for &h in &s.lookup {
-                let node = node_of(&self.extras, h);
-                assert!(live[node as usize]);
-                let owner = if h & EXTRA_BIT == 0 {
-                    self.nodes[h as usize].primary()
-                } else {
-                    self.extras[(h & !EXTRA_BIT) as usize].slot
-                };
-                assert_eq!(owner, slot as u32, "lookup entry owned by another slot");
-                lookups += 1;
-            }
-        }
-        assert_eq!(lookups, self.residencies, "lookup entries");
     }
 }
