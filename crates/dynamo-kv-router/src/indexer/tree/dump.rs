@@ -24,17 +24,16 @@ impl RadixTree {
             let Some(s) = &self.slots[slot as usize] else {
                 continue;
             };
-            // node -> this rank's external hash at that node.
-            let held: FxHashMap<u32, u64> = s
-                .lookup
-                .iter()
-                .map(|&h| {
-                    (
-                        node_of(&self.extras, h),
-                        ext_of(&self.nodes, &self.extras, h),
-                    )
-                })
-                .collect();
+            // node -> this rank's external hash at that node (the smallest, when the rank
+            // holds the node under several hashes, so that the dump does not depend on the
+            // lookup table's iteration order).
+            let mut held: FxHashMap<u32, u64> = FxHashMap::default();
+            for &h in &s.lookup {
+                let ext = ext_of(&self.nodes, &self.extras, h);
+                held.entry(node_of(&self.extras, h))
+                    .and_modify(|e| *e = (*e).min(ext))
+                    .or_insert(ext);
+            }
             for &h in &s.lookup {
                 let node = node_of(&self.extras, h);
                 // Reachable iff the rank holds every ancestor.

@@ -9,6 +9,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -582,8 +583,14 @@ impl RadixTree {
             self.slots[id as usize] = Some(slot);
             id
         } else {
+            let id = self.slots.len() as u32;
+            // Slot ids share a word with the `HAS_EXTRAS` flag (and `NIL`).
+            assert!(
+                id < HAS_EXTRAS - 1,
+                "radix tree worker-rank capacity exceeded"
+            );
             self.slots.push(Some(slot));
-            (self.slots.len() - 1) as u32
+            id
         };
         self.slot_of.insert(worker, id);
         id
@@ -617,29 +624,49 @@ impl RadixTree {
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
     /// hash elsewhere is released (the newest store of a hash wins).
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64) {
-        if let Some(old) = self.find_residency(slot, ext) {
-            if node_of(&self.extras, old) == node {
-                return;
+        // The handle `add_residency` will return, so that a vacant lookup entry can be
+        // filled in the same probe that found it vacant.
+        let predicted = if self.nodes[node as usize].slot == NIL {
+            node
+        } else {
+            self.free_extras
+                .last()
+                .copied()
+                .unwrap_or(self.extras.len() as u32)
+                | EXTRA_BIT
+        };
+        let Self {
+            nodes,
+            extras,
+            slots,
+            ..
+        } = self;
+        let Some(s) = slots[slot as usize].as_mut() else {
+            return;
+        };
+        // `entry` grows the table before returning, while every stored handle is valid;
+        // the predicted handle is only hashed at a later growth, after it became valid.
+        let old = match s.lookup.entry(
+            mix(ext),
+            |&x| ext_of(nodes, extras, x) == ext,
+            |&x| mix(ext_of(nodes, extras, x)),
+        ) {
+            Entry::Vacant(v) => {
+                v.insert(predicted);
+                None
             }
-            // Add the new residency before releasing the old one so that no node on the
-            // current path can be freed in between.
+            Entry::Occupied(o) => Some(*o.get()),
+        };
+        let Some(old) = old else {
             let new = self.add_residency(slot, node, ext);
-            let Self {
-                nodes,
-                extras,
-                slots,
-                ..
-            } = self;
-            if let Some(s) = slots[slot as usize].as_mut()
-                && let Some(entry) = s
-                    .lookup
-                    .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
-            {
-                *entry = new;
-            }
-            self.release(old);
+            debug_assert_eq!(new, predicted);
+            return;
+        };
+        if node_of(&self.extras, old) == node {
             return;
         }
+        // Add the new residency before releasing the old one so that no node on the
+        // current path can be freed in between.
         let new = self.add_residency(slot, node, ext);
         let Self {
             nodes,
@@ -647,10 +674,14 @@ impl RadixTree {
             slots,
             ..
         } = self;
-        if let Some(s) = slots[slot as usize].as_mut() {
-            s.lookup
-                .insert_unique(mix(ext), new, |&x| mix(ext_of(nodes, extras, x)));
+        if let Some(s) = slots[slot as usize].as_mut()
+            && let Some(entry) = s
+                .lookup
+                .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
+        {
+            *entry = new;
         }
+        self.release(old);
     }
 
     /// Attach a residency to `node`; returns its handle. Does not touch lookups.
