@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -421,3 +422,35 @@ def test_remove_worker_races_with_applies_of_other_workers() -> None:
     assert len(tree) == 5 * 8
     tree.remove_worker(99)
     assert (len(tree), tree.node_count()) == (0, 0)
+
+
+def test_long_calls_release_the_gil() -> None:
+    """While one thread dumps a large tree, another Python thread keeps running."""
+    tree = RadixTree()
+    for w in range(4):
+        for s in range(400):
+            base = w << 40 | s << 16
+            tree.apply_event(w, stored(None, [(base | i, base | i) for i in range(64)]))
+    assert len(tree) == 4 * 400 * 64
+    window: list[float] = []
+    sizes: list[int] = []
+
+    def dump() -> None:
+        window.append(time.perf_counter())
+        sizes.append(len(tree.dump_tree_as_events()))
+        window.append(time.perf_counter())
+
+    t = threading.Thread(target=dump)
+    stamps: list[float] = []
+    t.start()
+    while t.is_alive():
+        stamps.append(time.perf_counter())
+        time.sleep(0.0005)
+    t.join()
+    assert sizes == [4 * 400 * 64]
+    start, end = window
+    # The conversion of the result to Python strings needs the GIL; the Rust part (most of
+    # the call) must not hold it, so this thread gets to run during the call.
+    inside = [x for x in stamps if start < x < end]
+    assert end - start > 0.02, "dump too short to observe"
+    assert len(inside) >= 3, (len(inside), end - start)

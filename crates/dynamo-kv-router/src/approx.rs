@@ -269,6 +269,84 @@ mod tests {
         assert_eq!(idx.find_matches(&l(&[7, 8, 9, 10]), now).get(B), Some(3));
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        Route(u64, Vec<u64>, u64),
+        Query(Vec<u64>, u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        let path = proptest::collection::vec(0u64..3, 0..5);
+        prop_oneof![
+            (0u64..3, path.clone(), 0u64..4).prop_map(|(w, p, dt)| Op::Route(w, p, dt)),
+            (path, 0u64..4).prop_map(|(p, dt)| Op::Query(p, dt)),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Against a model: per rank, path -> deadline of its latest routing; a rank scores
+        /// the longest prefix of the query whose every step is still alive.
+        #[test]
+        fn approx_indexer_matches_ttl_model(ops in proptest::collection::vec(op(), 1..60)) {
+            let ttl = Duration::from_secs(5);
+            let mut idx = ApproxIndexer::new(ttl, 1 << 20, 0.8);
+            let mut model: std::collections::HashMap<u64, std::collections::HashMap<Vec<u64>, Instant>> =
+                Default::default();
+            let t0 = Instant::now();
+            let mut now = t0;
+            for op in ops {
+                match op {
+                    Op::Route(w, p, dt) => {
+                        now += Duration::from_secs(dt);
+                        idx.process_routing_decision(WorkerWithDpRank::new(w, 0), &l(&p), now);
+                        let m = model.entry(w).or_default();
+                        for k in 1..=p.len() {
+                            m.insert(p[..k].to_vec(), now + ttl);
+                        }
+                    }
+                    Op::Query(q, dt) => {
+                        now += Duration::from_secs(dt);
+                        let got: std::collections::BTreeMap<u64, u32> = idx
+                            .find_matches(&l(&q), now)
+                            .scores
+                            .iter()
+                            .map(|(w, s)| (w.worker_id, *s))
+                            .collect();
+                        let mut want = std::collections::BTreeMap::new();
+                        for (w, m) in &model {
+                            let k = (1..=q.len())
+                                .take_while(|&k| m.get(&q[..k]).is_some_and(|&d| d > now))
+                                .count();
+                            if k > 0 {
+                                want.insert(*w, k as u32);
+                            }
+                        }
+                        proptest::prop_assert_eq!(got, want);
+                    }
+                }
+                idx.tree.check_invariants();
+            }
+            idx.expire(now + ttl);
+            proptest::prop_assert_eq!((idx.len(), idx.node_count()), (0, 0));
+        }
+
+        #[test]
+        fn approx_indexer_stays_within_its_size_bound(
+            routes in proptest::collection::vec((0u64..4, proptest::collection::vec(0u64..6, 1..6)), 1..80)
+        ) {
+            let mut idx = ApproxIndexer::new(Duration::from_secs(100), 12, 0.5);
+            let t0 = Instant::now();
+            for (i, (w, p)) in routes.into_iter().enumerate() {
+                idx.process_routing_decision(WorkerWithDpRank::new(w, 0), &l(&p), t0 + Duration::from_millis(i as u64));
+                proptest::prop_assert!(idx.len() <= 12);
+                idx.tree.check_invariants();
+                // The most recent decision is never pruned away entirely.
+                proptest::prop_assert!(idx.find_matches(&l(&p), t0 + Duration::from_millis(i as u64)).get(WorkerWithDpRank::new(w, 0)).is_some());
+            }
+        }
+    }
+
     #[test]
     fn stale_timers_stay_bounded_and_remove_worker_forgets() {
         let mut idx = ApproxIndexer::new(Duration::from_secs(1000), 1000, 0.8);

@@ -30,12 +30,18 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes`: an arena of 32-byte nodes (`tokens_hash`, parent id, child count, and the
-//!   first holding rank with its external hash inline, since most blocks have one holder).
-//!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
-//!   node.
+//! * `nodes`: an arena of 24-byte nodes (`tokens_hash`, parent id, and the first holding
+//!   rank with its external hash inline, since most blocks have one holder). Further
+//!   holders of a node live in `extras` (24 bytes each), a doubly linked list per node whose
+//!   head sits in a side table (`extra_heads`) flagged by a bit in the node. Child counts
+//!   are not stored per node: the implicit child (below) is detected from the arena, and
+//!   only branch points keep a count of explicit children in a side table.
 //! * `children`: one hash table of bare `u32` node ids hashed by `(parent id,
 //!   tokens_hash)`, read through the arena (5 bytes per bucket instead of a map per node).
+//!   A node allocated right after its parent (`id == parent + 1`, which is every block of a
+//!   stored chain but the first, since chains are allocated consecutively) is an *implicit*
+//!   child: it is found by checking the next arena slot and has no table entry. This halves
+//!   the per-block index cost and saves a hash probe per matched block.
 //! * per rank, `lookup`: a hash table of `u32` residency handles hashed by external hash.
 //!
 //! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
@@ -46,8 +52,9 @@
 //! bounded by the peak number of live `(rank, block)` pairs, not by history.
 //!
 //! Invariants (checked by [`RadixTree::check_invariants`] in the tests):
-//! 1. every live node except the root is in `children` under `(parent, tokens_hash)` and
-//!    its parent's child count includes it;
+//! 1. every live node except the root and implicit children is in `children` under
+//!    `(parent, tokens_hash)`, its parent's child count includes it, and freed nodes have no
+//!    parent;
 //! 2. a live node has a residency or a child; a node with extras has a primary residency;
 //! 3. each residency has exactly one lookup entry, in its own rank's table;
 //! 4. `len()` equals the number of residencies and of lookup entries.

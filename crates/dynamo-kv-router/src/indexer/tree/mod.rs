@@ -1,11 +1,15 @@
 //! The single-threaded arena radix tree. See the module docs of [`crate::indexer`] for the
 //! layout and the invariants; this file implements them.
 
+mod dump;
+mod invariants;
+
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use hashbrown::HashTable;
+use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
@@ -14,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
-    KvCacheStoredBlockData, RouterEvent, StorageTier, WorkerWithDpRank,
+    KvCacheStoredBlockData, WorkerWithDpRank,
 };
 
 /// "No node / no slot / no entry".
@@ -24,24 +28,44 @@ const ROOT: u32 = 0;
 /// Marks a residency handle that points into `extras` rather than at a node's primary slot.
 const EXTRA_BIT: u32 = 1 << 31;
 
+/// Set in `Node::slot` when the node has residencies beyond the primary one (their list
+/// head is in `RadixTree::extra_heads`).
+const HAS_EXTRAS: u32 = 1 << 31;
+
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 32 bytes. The first worker rank that holds the block (its *primary residency*) is stored
-/// inline because most blocks are held by one rank; further ranks go to `extras`.
+/// 24 bytes. The first worker rank that holds the block (its *primary residency*) is stored
+/// inline because most blocks are held by one rank; further ranks go to `extras`, reached
+/// through the `extra_heads` side table. The child count is not stored: a node's implicit
+/// child is the next arena slot, and explicit children are counted in `explicit_children`
+/// (only branch points have any).
 #[derive(Clone, Copy, Debug)]
 struct Node {
     /// `tokens_hash` of the block.
     local: u64,
     /// External hash of the primary residency (meaningless when `slot == NIL`).
     ext: u64,
-    /// Parent node (`NIL` only for the root).
+    /// Parent node (`NIL` for the root and for freed nodes).
     parent: u32,
-    /// Worker slot of the primary residency, or `NIL` when no rank holds the block.
+    /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
+    /// the block.
     slot: u32,
-    /// Number of child nodes (a node is freed when it has no residency and no children).
-    n_children: u32,
-    /// Head of the doubly linked list of further residencies in `extras`, or `NIL`.
-    extra: u32,
+}
+
+impl Node {
+    #[inline]
+    const fn primary(&self) -> u32 {
+        if self.slot == NIL {
+            NIL
+        } else {
+            self.slot & !HAS_EXTRAS
+        }
+    }
+
+    #[inline]
+    const fn has_extras(&self) -> bool {
+        self.slot != NIL && self.slot & HAS_EXTRAS != 0
+    }
 }
 
 /// A residency of a node beyond the primary one (24 bytes).
@@ -129,8 +153,13 @@ pub struct RadixTree {
     free_nodes: Vec<u32>,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
-    /// Node ids hashed by `(parent, local)`; the root is not in it.
+    /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
+    /// and the root.
     children: HashTable<u32>,
+    /// Number of explicit (non-implicit) children of each non-root node that has any.
+    explicit_children: FxHashMap<u32, u32>,
+    /// Head of the `extras` list of each node flagged `HAS_EXTRAS`.
+    extra_heads: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -156,6 +185,8 @@ impl RadixTree {
             extras: Vec::new(),
             free_extras: Vec::new(),
             children: HashTable::new(),
+            explicit_children: FxHashMap::default(),
+            extra_heads: FxHashMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -174,8 +205,6 @@ impl RadixTree {
             ext: 0,
             parent: NIL,
             slot: NIL,
-            n_children: 0,
-            extra: NIL,
         }
     }
 
@@ -224,6 +253,7 @@ impl RadixTree {
             + table(&self.children)
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
+            + (self.explicit_children.capacity() + self.extra_heads.capacity()) * 9
             + self
                 .slots
                 .iter()
@@ -472,114 +502,24 @@ impl RadixTree {
         out
     }
 
-    /// The tree as one single-block `stored` event per reachable `(worker rank, block)`,
-    /// parents before children, each naming its parent by that rank's external hash.
-    /// Replaying the events (in order, on an empty tree) reproduces every score.
-    ///
-    /// A residency below a block its rank no longer holds can never score (scores are
-    /// prefixes) and has no parent to name, so it is not dumped.
-    pub fn dump_events(&self) -> Vec<RouterEvent> {
-        let mut depth_memo: FxHashMap<u32, u32> = FxHashMap::default();
-        let mut items: Vec<(u32, u32, u32, u64, Option<u64>)> = Vec::new();
-        let mut order: Vec<u32> = (0..self.slots.len() as u32).collect();
-        order.sort_by_key(|&s| self.slots[s as usize].as_ref().map(|x| x.worker));
-        for slot in order {
-            let Some(s) = &self.slots[slot as usize] else {
-                continue;
-            };
-            // node -> this rank's external hash at that node.
-            let held: FxHashMap<u32, u64> = s
-                .lookup
-                .iter()
-                .map(|&h| {
-                    (
-                        node_of(&self.extras, h),
-                        ext_of(&self.nodes, &self.extras, h),
-                    )
-                })
-                .collect();
-            for &h in &s.lookup {
-                let node = node_of(&self.extras, h);
-                // Reachable iff the rank holds every ancestor.
-                let mut up = self.nodes[node as usize].parent;
-                let mut reachable = true;
-                while up != ROOT {
-                    if !held.contains_key(&up) {
-                        reachable = false;
-                        break;
-                    }
-                    up = self.nodes[up as usize].parent;
-                }
-                if !reachable {
-                    continue;
-                }
-                let parent = self.nodes[node as usize].parent;
-                let parent_ext = (parent != ROOT).then(|| held[&parent]);
-                let depth = self.depth(node, &mut depth_memo);
-                items.push((
-                    depth,
-                    slot,
-                    node,
-                    ext_of(&self.nodes, &self.extras, h),
-                    parent_ext,
-                ));
-            }
-        }
-        items.sort_unstable_by_key(|&(depth, slot, node, ext, _)| (depth, slot, node, ext));
-        items
-            .into_iter()
-            .enumerate()
-            .filter_map(|(i, (_, slot, node, ext, parent_ext))| {
-                let worker = self.slots[slot as usize].as_ref()?.worker;
-                Some(RouterEvent {
-                    worker_id: worker.worker_id,
-                    storage_tier: StorageTier::Device,
-                    event: KvCacheEvent {
-                        event_id: i as u64,
-                        dp_rank: worker.dp_rank,
-                        data: KvCacheEventData::Stored(KvCacheStoreData {
-                            parent_hash: parent_ext.map(ExternalSequenceBlockHash),
-                            start_position: None,
-                            blocks: vec![KvCacheStoredBlockData::new(
-                                ext,
-                                self.nodes[node as usize].local,
-                            )],
-                        }),
-                    },
-                })
-            })
-            .collect()
-    }
-
-    fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
-        if node == ROOT {
-            return 0;
-        }
-        if let Some(&d) = memo.get(&node) {
-            return d;
-        }
-        // Walk up to the first memoized ancestor, then fill the path on the way back.
-        let mut path = Vec::new();
-        let mut cur = node;
-        let mut base = 0;
-        while cur != ROOT {
-            if let Some(&d) = memo.get(&cur) {
-                base = d;
-                break;
-            }
-            path.push(cur);
-            cur = self.nodes[cur as usize].parent;
-        }
-        for (k, &n) in path.iter().rev().enumerate() {
-            memo.insert(n, base + k as u32 + 1);
-        }
-        memo[&node]
-    }
-
     // ----- internals ---------------------------------------------------------------------
+
+    /// Whether `id` is an *implicit* child: allocated right after its parent, and therefore
+    /// found without the child table (see the module docs).
+    #[inline]
+    const fn is_implicit(id: u32, parent: u32) -> bool {
+        id == parent.wrapping_add(1)
+    }
 
     #[inline]
     fn child(&self, parent: u32, local: u64) -> Option<u32> {
+        let next = parent as usize + 1;
+        if let Some(n) = self.nodes.get(next)
+            && n.parent == parent
+            && n.local == local
+        {
+            return Some(next as u32);
+        }
         let nodes = &self.nodes;
         self.children
             .find(child_hash(parent, local), |&id| {
@@ -598,25 +538,36 @@ impl RadixTree {
             ext: 0,
             parent,
             slot: NIL,
-            n_children: 0,
-            extra: NIL,
         };
-        let id = if let Some(id) = self.free_nodes.pop() {
-            self.nodes[id as usize] = node;
-            id
-        } else {
-            let id = self.nodes.len() as u32;
-            assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
-            self.nodes.push(node);
-            id
+        // A chain stored by one event is allocated at consecutive ids, so its blocks (all but
+        // the first) are implicit children and cost no child-table entry.
+        let append = parent as usize + 1 == self.nodes.len();
+        let id = match self.free_nodes.pop() {
+            Some(id) if !append => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            popped => {
+                if let Some(id) = popped {
+                    self.free_nodes.push(id);
+                }
+                let id = self.nodes.len() as u32;
+                assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+                self.nodes.push(node);
+                id
+            }
         };
-        self.nodes[parent as usize].n_children += 1;
-        let nodes = &self.nodes;
-        self.children
-            .insert_unique(child_hash(parent, local), id, |&x| {
-                let n = &nodes[x as usize];
-                child_hash(n.parent, n.local)
-            });
+        if !Self::is_implicit(id, parent) {
+            if parent != ROOT {
+                *self.explicit_children.entry(parent).or_default() += 1;
+            }
+            let nodes = &self.nodes;
+            self.children
+                .insert_unique(child_hash(parent, local), id, |&x| {
+                    let n = &nodes[x as usize];
+                    child_hash(n.parent, n.local)
+                });
+        }
         id
     }
 
@@ -632,8 +583,14 @@ impl RadixTree {
             self.slots[id as usize] = Some(slot);
             id
         } else {
+            let id = self.slots.len() as u32;
+            // Slot ids share a word with the `HAS_EXTRAS` flag (and `NIL`).
+            assert!(
+                id < HAS_EXTRAS - 1,
+                "radix tree worker-rank capacity exceeded"
+            );
             self.slots.push(Some(slot));
-            (self.slots.len() - 1) as u32
+            id
         };
         self.slot_of.insert(worker, id);
         id
@@ -667,29 +624,49 @@ impl RadixTree {
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
     /// hash elsewhere is released (the newest store of a hash wins).
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64) {
-        if let Some(old) = self.find_residency(slot, ext) {
-            if node_of(&self.extras, old) == node {
-                return;
+        // The handle `add_residency` will return, so that a vacant lookup entry can be
+        // filled in the same probe that found it vacant.
+        let predicted = if self.nodes[node as usize].slot == NIL {
+            node
+        } else {
+            self.free_extras
+                .last()
+                .copied()
+                .unwrap_or(self.extras.len() as u32)
+                | EXTRA_BIT
+        };
+        let Self {
+            nodes,
+            extras,
+            slots,
+            ..
+        } = self;
+        let Some(s) = slots[slot as usize].as_mut() else {
+            return;
+        };
+        // `entry` grows the table before returning, while every stored handle is valid;
+        // the predicted handle is only hashed at a later growth, after it became valid.
+        let old = match s.lookup.entry(
+            mix(ext),
+            |&x| ext_of(nodes, extras, x) == ext,
+            |&x| mix(ext_of(nodes, extras, x)),
+        ) {
+            Entry::Vacant(v) => {
+                v.insert(predicted);
+                None
             }
-            // Add the new residency before releasing the old one so that no node on the
-            // current path can be freed in between.
+            Entry::Occupied(o) => Some(*o.get()),
+        };
+        let Some(old) = old else {
             let new = self.add_residency(slot, node, ext);
-            let Self {
-                nodes,
-                extras,
-                slots,
-                ..
-            } = self;
-            if let Some(s) = slots[slot as usize].as_mut()
-                && let Some(entry) = s
-                    .lookup
-                    .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
-            {
-                *entry = new;
-            }
-            self.release(old);
+            debug_assert_eq!(new, predicted);
+            return;
+        };
+        if node_of(&self.extras, old) == node {
             return;
         }
+        // Add the new residency before releasing the old one so that no node on the
+        // current path can be freed in between.
         let new = self.add_residency(slot, node, ext);
         let Self {
             nodes,
@@ -697,10 +674,14 @@ impl RadixTree {
             slots,
             ..
         } = self;
-        if let Some(s) = slots[slot as usize].as_mut() {
-            s.lookup
-                .insert_unique(mix(ext), new, |&x| mix(ext_of(nodes, extras, x)));
+        if let Some(s) = slots[slot as usize].as_mut()
+            && let Some(entry) = s
+                .lookup
+                .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
+        {
+            *entry = new;
         }
+        self.release(old);
     }
 
     /// Attach a residency to `node`; returns its handle. Does not touch lookups.
@@ -712,7 +693,7 @@ impl RadixTree {
             n.ext = ext;
             return node;
         }
-        let head = n.extra;
+        let head = self.extras_head(node);
         let e = Extra {
             ext,
             slot,
@@ -734,7 +715,7 @@ impl RadixTree {
         if head != NIL {
             self.extras[head as usize].prev = id;
         }
-        self.nodes[node as usize].extra = id;
+        self.set_extras_head(node, id);
         id | EXTRA_BIT
     }
 
@@ -748,7 +729,7 @@ impl RadixTree {
             if e.prev != NIL {
                 self.extras[e.prev as usize].next = e.next;
             } else {
-                self.nodes[e.node as usize].extra = e.next;
+                self.set_extras_head(e.node, e.next);
             }
             if e.next != NIL {
                 self.extras[e.next as usize].prev = e.prev;
@@ -757,7 +738,7 @@ impl RadixTree {
             return;
         }
         let node = handle;
-        let head = self.nodes[node as usize].extra;
+        let head = self.extras_head(node);
         if head == NIL {
             self.nodes[node as usize].slot = NIL;
             self.free_upwards(node);
@@ -769,8 +750,8 @@ impl RadixTree {
             let n = &mut self.nodes[node as usize];
             n.slot = e.slot;
             n.ext = e.ext;
-            n.extra = e.next;
         }
+        self.set_extras_head(node, e.next);
         if e.next != NIL {
             self.extras[e.next as usize].prev = NIL;
         }
@@ -793,16 +774,27 @@ impl RadixTree {
     fn free_upwards(&mut self, mut node: u32) {
         while node != ROOT {
             let n = self.nodes[node as usize];
-            if n.slot != NIL || n.n_children != 0 {
+            if n.slot != NIL || self.has_children(node) {
                 return;
             }
-            if let Ok(entry) = self
-                .children
-                .find_entry(child_hash(n.parent, n.local), |&x| x == node)
+            if !Self::is_implicit(node, n.parent)
+                && let Ok(entry) = self
+                    .children
+                    .find_entry(child_hash(n.parent, n.local), |&x| x == node)
             {
                 entry.remove();
             }
-            self.nodes[n.parent as usize].n_children -= 1;
+            if !Self::is_implicit(node, n.parent)
+                && n.parent != ROOT
+                && let Some(c) = self.explicit_children.get_mut(&n.parent)
+            {
+                *c -= 1;
+                if *c == 0 {
+                    self.explicit_children.remove(&n.parent);
+                }
+            }
+            // A freed node has no parent, so `child` never mistakes it for an implicit child.
+            self.nodes[node as usize].parent = NIL;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
@@ -821,9 +813,40 @@ impl RadixTree {
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = HashTable::new();
+        self.explicit_children = FxHashMap::default();
+        self.extra_heads = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
+    }
+
+    #[inline]
+    fn extras_head(&self, node: u32) -> u32 {
+        if self.nodes[node as usize].has_extras() {
+            self.extra_heads.get(&node).copied().unwrap_or(NIL)
+        } else {
+            NIL
+        }
+    }
+
+    fn set_extras_head(&mut self, node: u32, head: u32) {
+        let n = &mut self.nodes[node as usize];
+        if head == NIL {
+            n.slot &= !HAS_EXTRAS;
+            self.extra_heads.remove(&node);
+        } else {
+            n.slot |= HAS_EXTRAS;
+            self.extra_heads.insert(node, head);
+        }
+    }
+
+    /// Whether `node` has a child: its implicit child (the next arena slot, if that node's
+    /// parent is `node`) or an explicit one.
+    fn has_children(&self, node: u32) -> bool {
+        self.nodes
+            .get(node as usize + 1)
+            .is_some_and(|n| n.parent == node)
+            || self.explicit_children.contains_key(&node)
     }
 
     #[inline]
@@ -832,69 +855,15 @@ impl RadixTree {
         if n.slot == NIL {
             return;
         }
-        f(n.slot);
-        let mut e = n.extra;
+        f(n.primary());
+        if !n.has_extras() {
+            return;
+        }
+        let mut e = self.extras_head(node);
         while e != NIL {
             let x = &self.extras[e as usize];
             f(x.slot);
             e = x.next;
         }
-    }
-
-    /// Check every structural invariant (tests and debugging).
-    ///
-    /// # Panics
-    /// When an invariant is violated.
-    #[doc(hidden)]
-    pub fn check_invariants(&self) {
-        let mut live = vec![true; self.nodes.len()];
-        for &f in &self.free_nodes {
-            live[f as usize] = false;
-        }
-        let mut children = vec![0u32; self.nodes.len()];
-        let mut count = 0;
-        for (id, n) in self.nodes.iter().enumerate().skip(1) {
-            if !live[id] {
-                continue;
-            }
-            assert!(live[n.parent as usize], "node {id} has a freed parent");
-            children[n.parent as usize] += 1;
-            assert_eq!(
-                self.child(n.parent, n.local),
-                Some(id as u32),
-                "child index"
-            );
-            assert!(n.slot != NIL || n.extra == NIL, "extras without primary");
-            assert!(
-                n.slot != NIL || n.n_children > 0,
-                "node {id} is empty and childless"
-            );
-            self.for_each_residency(id as u32, |_| count += 1);
-        }
-        for (id, n) in self.nodes.iter().enumerate() {
-            if live[id] {
-                assert_eq!(n.n_children, children[id], "child count of {id}");
-            }
-        }
-        assert_eq!(count, self.residencies, "residency count");
-        assert_eq!(self.children.len(), self.node_count(), "child table size");
-        let mut lookups = 0;
-        for (slot, s) in self.slots.iter().enumerate() {
-            let Some(s) = s else { continue };
-            assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
-            assert!(!s.lookup.is_empty(), "empty slot kept");
-            for &h in &s.lookup {
-                let node = node_of(&self.extras, h);
-                assert!(live[node as usize]);
-                let owner = if h & EXTRA_BIT == 0 {
-                    self.nodes[h as usize].slot
-                } else {
-                    self.extras[(h & !EXTRA_BIT) as usize].slot
-                };
-                assert_eq!(owner, slot as u32, "lookup entry owned by another slot");
-                lookups += 1;
-            }
-        }
-        assert_eq!(lookups, self.residencies, "lookup entries");
     }
 }

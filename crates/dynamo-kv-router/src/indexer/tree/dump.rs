@@ -1,0 +1,114 @@
+//! Dumping the tree as `stored` events that rebuild it.
+
+use rustc_hash::FxHashMap;
+
+use super::{ROOT, RadixTree, ext_of, node_of};
+use crate::protocols::{
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
+    KvCacheStoredBlockData, RouterEvent, StorageTier,
+};
+
+impl RadixTree {
+    /// The tree as one single-block `stored` event per reachable `(worker rank, block)`,
+    /// parents before children, each naming its parent by that rank's external hash.
+    /// Replaying the events (in order, on an empty tree) reproduces every score.
+    ///
+    /// A residency below a block its rank no longer holds can never score (scores are
+    /// prefixes) and has no parent to name, so it is not dumped.
+    pub fn dump_events(&self) -> Vec<RouterEvent> {
+        let mut depth_memo: FxHashMap<u32, u32> = FxHashMap::default();
+        let mut items: Vec<(u32, u32, u32, u64, Option<u64>)> = Vec::new();
+        let mut order: Vec<u32> = (0..self.slots.len() as u32).collect();
+        order.sort_by_key(|&s| self.slots[s as usize].as_ref().map(|x| x.worker));
+        for slot in order {
+            let Some(s) = &self.slots[slot as usize] else {
+                continue;
+            };
+            // node -> this rank's external hash at that node (the smallest, when the rank
+            // holds the node under several hashes, so that the dump does not depend on the
+            // lookup table's iteration order).
+            let mut held: FxHashMap<u32, u64> = FxHashMap::default();
+            for &h in &s.lookup {
+                let ext = ext_of(&self.nodes, &self.extras, h);
+                held.entry(node_of(&self.extras, h))
+                    .and_modify(|e| *e = (*e).min(ext))
+                    .or_insert(ext);
+            }
+            for &h in &s.lookup {
+                let node = node_of(&self.extras, h);
+                // Reachable iff the rank holds every ancestor.
+                let mut up = self.nodes[node as usize].parent;
+                let mut reachable = true;
+                while up != ROOT {
+                    if !held.contains_key(&up) {
+                        reachable = false;
+                        break;
+                    }
+                    up = self.nodes[up as usize].parent;
+                }
+                if !reachable {
+                    continue;
+                }
+                let parent = self.nodes[node as usize].parent;
+                let parent_ext = (parent != ROOT).then(|| held[&parent]);
+                let depth = self.depth(node, &mut depth_memo);
+                items.push((
+                    depth,
+                    slot,
+                    node,
+                    ext_of(&self.nodes, &self.extras, h),
+                    parent_ext,
+                ));
+            }
+        }
+        items.sort_unstable_by_key(|&(depth, slot, node, ext, _)| (depth, slot, node, ext));
+        items
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, (_, slot, node, ext, parent_ext))| {
+                let worker = self.slots[slot as usize].as_ref()?.worker;
+                Some(RouterEvent {
+                    worker_id: worker.worker_id,
+                    storage_tier: StorageTier::Device,
+                    event: KvCacheEvent {
+                        event_id: i as u64,
+                        dp_rank: worker.dp_rank,
+                        data: KvCacheEventData::Stored(KvCacheStoreData {
+                            parent_hash: parent_ext.map(ExternalSequenceBlockHash),
+                            start_position: None,
+                            blocks: vec![KvCacheStoredBlockData::new(
+                                ext,
+                                self.nodes[node as usize].local,
+                            )],
+                        }),
+                    },
+                })
+            })
+            .collect()
+    }
+
+    fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
+        if node == ROOT {
+            return 0;
+        }
+        if let Some(&d) = memo.get(&node) {
+            return d;
+        }
+        // Walk up to the first memoized ancestor, then fill the path on the way back.
+        let mut path = Vec::new();
+        let mut cur = node;
+        let mut base = 0;
+        while cur != ROOT {
+            if let Some(&d) = memo.get(&cur) {
+                base = d;
+                break;
+            }
+            path.push(cur);
+            cur = self.nodes[cur as usize].parent;
+        }
+        for (k, &n) in path.iter().rev().enumerate() {
+            memo.insert(n, base + k as u32 + 1);
+        }
+        memo[&node]
+    }
+}

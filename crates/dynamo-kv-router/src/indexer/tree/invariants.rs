@@ -1,0 +1,89 @@
+//! Structural invariant checks (used by the tests and the fuzz target).
+
+use super::{EXTRA_BIT, NIL, RadixTree, node_of};
+
+impl RadixTree {
+    /// Check every structural invariant (tests and debugging).
+    ///
+    /// # Panics
+    /// When an invariant is violated.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        let mut live = vec![true; self.nodes.len()];
+        for &f in &self.free_nodes {
+            live[f as usize] = false;
+        }
+        let mut children = vec![0u32; self.nodes.len()];
+        let mut count = 0;
+        for (id, n) in self.nodes.iter().enumerate().skip(1) {
+            if !live[id] {
+                continue;
+            }
+            assert!(live[n.parent as usize], "node {id} has a freed parent");
+            children[n.parent as usize] += 1;
+            assert_eq!(
+                self.child(n.parent, n.local),
+                Some(id as u32),
+                "child index"
+            );
+            assert_eq!(
+                n.has_extras(),
+                self.extra_heads.contains_key(&(id as u32)),
+                "extras flag of {id}"
+            );
+            assert!(
+                n.slot != NIL || self.has_children(id as u32),
+                "node {id} is empty and childless"
+            );
+            self.for_each_residency(id as u32, |_| count += 1);
+        }
+        for id in 1..self.nodes.len() {
+            if !live[id] {
+                continue;
+            }
+            let implicit = self
+                .nodes
+                .get(id + 1)
+                .is_some_and(|c| c.parent == id as u32);
+            let explicit = self
+                .explicit_children
+                .get(&(id as u32))
+                .copied()
+                .unwrap_or(0);
+            assert_eq!(
+                u32::from(implicit) + explicit,
+                children[id],
+                "child count of {id}"
+            );
+        }
+        assert_eq!(count, self.residencies, "residency count");
+        let explicit = (1..self.nodes.len())
+            .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
+            .count();
+        assert_eq!(self.children.len(), explicit, "child table size");
+        for &f in &self.free_nodes {
+            assert_eq!(
+                self.nodes[f as usize].parent, NIL,
+                "freed node keeps a parent"
+            );
+        }
+        let mut lookups = 0;
+        for (slot, s) in self.slots.iter().enumerate() {
+            let Some(s) = s else { continue };
+            assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
+            assert!(!s.lookup.is_empty(), "empty slot kept");
+            for &h in &s.lookup {
+                let node = node_of(&self.extras, h);
+                assert!(live[node as usize]);
+                let owner = if h & EXTRA_BIT == 0 {
+                    self.nodes[h as usize].primary()
+                } else {
+                    self.extras[(h & !EXTRA_BIT) as usize].slot
+                };
+                assert_eq!(owner, slot as u32, "lookup entry owned by another slot");
+                lookups += 1;
+            }
+        }
+        assert_eq!(lookups, self.residencies, "lookup entries");
+    }
+}

@@ -1,0 +1,163 @@
+//! Behaviour of the shared indexer through its public API: JSON events in, scores out.
+
+use std::sync::Arc;
+
+use dynamo_kv_router::Error;
+use dynamo_kv_router::hashing::{BlockHashOptions, LocalBlockHash, compute_block_hash_for_seq};
+use dynamo_kv_router::indexer::SharedRadixTree;
+use dynamo_kv_router::protocols::{
+    WorkerWithDpRank, decode_json_router_event, encode_json_router_event,
+};
+
+fn stored_json(parent: Option<u64>, blocks: &[(u64, u64)], dp_rank: u32) -> Vec<u8> {
+    let blocks: Vec<String> = blocks
+        .iter()
+        .map(|(b, t)| format!(r#"{{"block_hash":{b},"tokens_hash":{t}}}"#))
+        .collect();
+    let parent = parent.map_or_else(|| "null".to_owned(), |p| p.to_string());
+    format!(
+        r#"{{"event_id":1,"data":{{"stored":{{"parent_hash":{parent},"blocks":[{}]}}}},"dp_rank":{dp_rank}}}"#,
+        blocks.join(",")
+    )
+    .into_bytes()
+}
+
+fn q(xs: &[u64]) -> Vec<LocalBlockHash> {
+    xs.iter().map(|&x| LocalBlockHash(x)).collect()
+}
+
+#[test]
+fn remove_worker_forgets_blocks_and_frees_nodes() {
+    let tree = SharedRadixTree::new(None);
+    tree.apply_json(1, &stored_json(None, &[(1, 10), (2, 11)], 0))
+        .expect("store");
+    tree.apply_json(1, &stored_json(None, &[(1, 10), (3, 12)], 1))
+        .expect("store");
+    tree.apply_json(2, &stored_json(None, &[(1, 10)], 0))
+        .expect("store");
+    assert_eq!(tree.node_count(), 3);
+    tree.remove_worker(1);
+    let s = tree.find_matches(&q(&[10, 11]), false);
+    assert_eq!(s.scores, vec![(WorkerWithDpRank::new(2, 0), 1)]);
+    assert_eq!((tree.node_count(), tree.len()), (1, 1));
+    tree.clear_all_blocks(2);
+    assert_eq!((tree.node_count(), tree.len()), (0, 0));
+    assert!(tree.is_empty());
+}
+
+#[test]
+fn json_dump_replays_into_an_equivalent_tree() {
+    let tree = SharedRadixTree::new(None);
+    let prompt: Vec<u32> = (0..256).collect();
+    let local =
+        compute_block_hash_for_seq(&prompt, 16, &BlockHashOptions::default()).expect("hashes");
+    for w in 0..8u64 {
+        let n = 2 + w as usize;
+        let blocks: Vec<(u64, u64)> = local[..n]
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (1000 + i as u64, h.0))
+            .collect();
+        tree.apply_json(w, &stored_json(None, &blocks, (w % 2) as u32))
+            .expect("store");
+    }
+    let replay = SharedRadixTree::new(None);
+    for ev in tree.dump_events() {
+        let line = encode_json_router_event(&ev);
+        let back = decode_json_router_event(line.as_bytes()).expect("dump line decodes");
+        replay.apply_router_event(&back).expect("replays");
+    }
+    for k in 0..=local.len() {
+        let mut a = tree.find_matches(&local[..k], false).scores;
+        let mut b = replay.find_matches(&local[..k], false).scores;
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b, "prefix {k}");
+    }
+    assert_eq!(tree.node_count(), replay.node_count());
+    assert_eq!(tree.len(), replay.len());
+}
+
+#[test]
+fn rejected_store_and_unknown_removal_are_reported() {
+    let tree = SharedRadixTree::new(None);
+    tree.apply_json(1, &stored_json(None, &[(1, 10)], 0))
+        .expect("store");
+    let err = tree
+        .apply_json(1, &stored_json(Some(7), &[(2, 11)], 0))
+        .expect_err("unknown parent");
+    assert!(err.is_apply_error());
+    assert_eq!(err.to_string(), "Failed to find parent block");
+    let err = tree
+        .apply_json(
+            1,
+            br#"{"event_id":2,"data":{"removed":{"block_hashes":[5]}}}"#,
+        )
+        .expect_err("unknown hash");
+    assert_eq!(err, Error::BlockNotFound { missing: vec![5] });
+    let err = tree.apply_json(1, b"not json").expect_err("bad bytes");
+    assert!(!err.is_apply_error());
+    let c = tree.counters();
+    assert_eq!(
+        (c.applied, c.parent_not_found, c.block_not_found),
+        (1, 1, 1)
+    );
+    assert_eq!(tree.len(), 1);
+}
+
+#[test]
+fn concurrent_writers_and_readers_end_in_the_sequential_state() {
+    let tree = Arc::new(SharedRadixTree::new(None));
+    let events = |w: u64| -> Vec<Vec<u8>> {
+        (0..50u64)
+            .map(|c| {
+                let blocks: Vec<(u64, u64)> = (0..10)
+                    .map(|i| (w << 32 | c << 8 | i, if i < 3 { i } else { c << 8 | i }))
+                    .collect();
+                stored_json(None, &blocks, 0)
+            })
+            .collect()
+    };
+    let writers: Vec<_> = (0..4u64)
+        .map(|w| {
+            let tree = Arc::clone(&tree);
+            std::thread::spawn(move || {
+                for ev in events(w) {
+                    tree.apply_json(w, &ev).expect("store");
+                }
+            })
+        })
+        .collect();
+    let reader = {
+        let tree = Arc::clone(&tree);
+        std::thread::spawn(move || {
+            for _ in 0..2000 {
+                let s = tree.find_matches(&q(&[0, 1, 2, 3]), false);
+                // A worker's chain is stored atomically: scores are 3 (prefix only) or more.
+                assert!(s.scores.iter().all(|&(_, d)| d >= 3), "{s:?}");
+            }
+        })
+    };
+    for h in writers {
+        h.join().expect("writer");
+    }
+    reader.join().expect("reader");
+    let sequential = SharedRadixTree::new(None);
+    for w in 0..4 {
+        for ev in events(w) {
+            sequential.apply_json(w, &ev).expect("store");
+        }
+    }
+    assert_eq!(tree.len(), sequential.len());
+    assert_eq!(tree.node_count(), sequential.node_count());
+    for c in 0..50u64 {
+        let query: Vec<u64> = (0..10)
+            .map(|i| if i < 3 { i } else { c << 8 | i })
+            .collect();
+        let mut a = tree.find_matches(&q(&query), false).scores;
+        let mut b = sequential.find_matches(&q(&query), false).scores;
+        a.sort_unstable();
+        b.sort_unstable();
+        assert_eq!(a, b);
+    }
+}
