@@ -7,12 +7,21 @@
 //! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`kv`]: block hashing (and, later, the KV indexer classes).
+//! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
+//! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
+//! * [`engine`]: the bridge between the request plane and Python handlers and streams.
+//! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 
 use pyo3::prelude::*;
 
+mod context;
 mod convert;
+mod engine;
 mod errors;
+mod json;
 mod kv;
+mod logging;
+mod runtime;
 
 /// The extension module. Each area registers its own classes and functions.
 #[pymodule]
@@ -20,5 +29,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     kv::register(m)?;
+    runtime::register(m)?;
+    logging::register(m)?;
     Ok(())
 }
