@@ -27,6 +27,21 @@ def start_pump(loop, inbox, handler, pass_context):
     return loop.create_task(_pump(loop, inbox, handler, pass_context))
 
 
+async def serve(serving, pump):
+    """Await the Rust serving future, then the pump (which ends once serving stopped).
+
+    Returning only after the pump has finished means no request-plane callback is pending
+    on the loop when ``serve_endpoint`` returns, so a process can exit right after it.
+    """
+    try:
+        await serving
+    finally:
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), 5)
+        except BaseException:  # noqa: BLE001 - the pump is best-effort at this point
+            pump.cancel()
+
+
 async def _pump(loop, inbox, handler, pass_context):
     tasks = set()
     while True:

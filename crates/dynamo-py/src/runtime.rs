@@ -146,19 +146,20 @@ impl Endpoint {
         // contextvars), else on the runtime's loop.
         let event_loop = pyo3_async_runtimes::get_running_loop(py)
             .unwrap_or_else(|_| self.event_loop.bind(py).clone());
-        b.call_method1(
+        let pump = b.call_method1(
             "start_pump",
             (event_loop, Bound::new(py, inbox)?, handler, pass_context),
         )?;
         let runtime = self.runtime.clone();
         let id = self.id.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let serving = pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let result = runtime
                 .serve_endpoint(&id, Arc::new(engine), graceful_shutdown)
                 .await;
             closed.cancel();
             result.map_err(runtime_error)
-        })
+        })?;
+        b.call_method1("serve", (serving, pump))
     }
 }
 

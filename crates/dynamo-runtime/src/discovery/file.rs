@@ -39,6 +39,9 @@ struct State {
     last_scan: Mutex<BTreeMap<String, String>>,
     version: watch::Sender<u64>,
     stop: AtomicBool,
+    /// Serializes lease refreshes with puts and deletes, so a refresh never resurrects a
+    /// key deleted while it ran.
+    io: Mutex<()>,
 }
 
 /// A handle on a directory store, with the leases of this process.
@@ -59,6 +62,7 @@ impl FileStore {
             last_scan: Mutex::new(BTreeMap::new()),
             version: watch::channel(0).0,
             stop: AtomicBool::new(false),
+            io: Mutex::new(()),
         });
         let bg = Arc::clone(&state);
         std::thread::Builder::new()
@@ -163,6 +167,7 @@ impl State {
 
     /// Touch every owned file; rewrite the ones that disappeared.
     fn refresh(&self) {
+        let _io = lock(&self.io);
         let owned = lock(&self.owned).clone();
         let now = SystemTime::now();
         for (key, value) in owned {
@@ -220,6 +225,7 @@ impl State {
 
 impl KvStore for FileStore {
     fn put(&self, key: &str, value: &str) -> BoxFuture<'_, Result<()>> {
+        let _io = lock(&self.state.io);
         let res = write_atomic(&self.state.root, key, value).map_err(Error::from);
         if res.is_ok() {
             lock(&self.state.owned).insert(key.to_owned(), value.to_owned());
@@ -229,6 +235,7 @@ impl KvStore for FileStore {
     }
 
     fn delete(&self, key: &str) -> BoxFuture<'_, Result<()>> {
+        let _io = lock(&self.state.io);
         lock(&self.state.owned).remove(key);
         let res = match fs::remove_file(self.state.root.join(encode(key))) {
             Err(e) if e.kind() != ErrorKind::NotFound => Err(Error::from(e)),
@@ -253,6 +260,7 @@ impl KvStore for FileStore {
     }
 
     fn shutdown(&self) -> BoxFuture<'_, ()> {
+        let _io = lock(&self.state.io);
         let owned = std::mem::take(&mut *lock(&self.state.owned));
         for key in owned.keys() {
             let _ = fs::remove_file(self.state.root.join(encode(key)));

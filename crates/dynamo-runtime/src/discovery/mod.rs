@@ -26,6 +26,9 @@ use tokio::sync::watch;
 use crate::error::{Error, Result};
 use crate::names::EndpointId;
 
+/// Period of the safety-net re-list of every watch (see [`Discovery::watch`]).
+pub const RELIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A boxed, sendable future (the traits here must be object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -189,9 +192,12 @@ impl Discovery for KvDiscovery {
                     }
                     Err(e) => tracing::warn!(error = %e, "discovery list failed"),
                 }
+                // The periodic re-list is a safety net: a backend that misses a change
+                // notification costs at most this much staleness.
                 tokio::select! {
                     r = changes.changed() => if r.is_err() { break },
                     () = tx.closed() => break,
+                    () = tokio::time::sleep(RELIST_INTERVAL) => {}
                 }
             }
         });
