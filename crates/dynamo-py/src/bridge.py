@@ -12,6 +12,7 @@ import inspect
 _READY = 0
 _STOPPED = 1
 _WAIT = 2
+_FLUSH = 3
 
 
 def accepts_context(handler):
@@ -64,18 +65,24 @@ async def _pump(loop, inbox, handler, pass_context):
                 if isinstance(e, (KeyboardInterrupt, SystemExit)):
                     raise
                 continue
-            sink.accept()
-            task = loop.create_task(_drive(gen, sink))
+            task = loop.create_task(_drive(gen, sink, loop.call_soon))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
+            # Queued after the task's first step: the acknowledgement leaves with whatever
+            # the handler produced before it first suspended, in one write.
+            if sink.accept():
+                loop.call_soon(sink.flush)
 
 
-async def _drive(gen, sink):
+async def _drive(gen, sink, call_soon):
     stopped = False
     try:
         async for item in gen:
             status = sink.send(item)
             if status == _READY:
+                continue
+            if status == _FLUSH:
+                call_soon(sink.flush)
                 continue
             if status == _WAIT:
                 await sink.credit()
@@ -116,3 +123,15 @@ async def _feed(source, feeder):
             raise
         return
     feeder.close()
+
+
+def set_result(fut, value):
+    """Resolve ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
+    if not fut.done():
+        fut.set_result(value)
+
+
+def set_exception(fut, exc):
+    """Fail ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
+    if not fut.done():
+        fut.set_exception(exc)

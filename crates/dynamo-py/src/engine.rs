@@ -12,12 +12,14 @@
 //! `pyo3_async_runtimes` that resolves when tokio delivers the value.
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
 use dynamo_runtime::transport::{ErrorKind, WireError};
+use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -49,6 +51,65 @@ pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
             .map(Bound::unbind)
         })
         .map(|m| m.bind(py))
+}
+
+struct Helpers {
+    get_running_loop: Py<PyAny>,
+    set_result: Py<PyAny>,
+    set_exception: Py<PyAny>,
+}
+
+static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
+
+fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
+    HELPERS.get_or_try_init(py, || {
+        let b = bridge(py)?;
+        Ok::<_, PyErr>(Helpers {
+            get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
+            set_result: b.getattr("set_result")?.unbind(),
+            set_exception: b.getattr("set_exception")?.unbind(),
+        })
+    })
+}
+
+/// Run `fut` on tokio and return an asyncio future (of the running loop) resolved with its
+/// output.
+///
+/// The hot-path sibling of `pyo3_async_runtimes::tokio::future_into_py`: one task and one
+/// `call_soon_threadsafe` per call. Cancelling the asyncio future does not abort the Rust
+/// future; its output is then dropped (for a response stream, dropping it stops the call
+/// on the worker). Use it only where that is acceptable.
+pub(crate) fn spawn_py<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let h = helpers(py)?;
+    let event_loop = h.get_running_loop.bind(py).call0()?;
+    let py_fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+    let target = py_fut.clone().unbind();
+    let event_loop = event_loop.unbind();
+    dynamo_runtime::tokio_runtime()
+        .map_err(runtime_error)?
+        .spawn(async move {
+            let result = fut.await;
+            Python::attach(|py| {
+                let Ok(h) = helpers(py) else { return };
+                let (callback, value) = match result.and_then(|v| v.into_py_any(py)) {
+                    Ok(v) => (&h.set_result, v),
+                    Err(e) => (&h.set_exception, e.into_value(py).into_any()),
+                };
+                let scheduled = event_loop.bind(py).call_method1(
+                    pyo3::intern!(py, "call_soon_threadsafe"),
+                    (callback.bind(py), target.bind(py), value),
+                );
+                if let Err(e) = scheduled {
+                    // The loop is closed: nobody is waiting any more.
+                    tracing::debug!(error = %e, "event loop gone; dropping a result");
+                }
+            });
+        });
+    Ok(py_fut)
 }
 
 /// An awaitable whose result is already known.
@@ -150,9 +211,12 @@ fn make_batch(py: Python<'_>, jobs: Vec<Job>, bidirectional: bool) -> PyResult<B
                 }
             }
         };
+        let mut responder = responder;
+        responder.set_corked(true);
         let sink = Sink {
             context: context.clone(),
             responder: Mutex::new(Some(responder)),
+            flush_scheduled: AtomicBool::new(false),
         };
         let item = PyTuple::new(
             py,
@@ -192,7 +256,7 @@ impl Inbox {
         let rx = Arc::clone(&self.rx);
         let closed = self.closed.clone();
         let bidirectional = self.bidirectional;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn_py(py, async move {
             let mut rx = rx.lock().await;
             let first = tokio::select! {
                 j = rx.recv() => j,
@@ -214,9 +278,17 @@ impl Inbox {
 pub(crate) struct Sink {
     context: dynamo_runtime::Context,
     responder: Mutex<Option<Responder>>,
+    /// A `flush` is queued on the event loop (frames are buffered until it runs: the
+    /// frames a handler produces in one step of its task leave in one write).
+    flush_scheduled: AtomicBool,
 }
 
 impl Sink {
+    /// After buffering: `true` when the caller must queue a `flush` on the loop.
+    fn needs_flush(&self, r: &Responder) -> bool {
+        r.has_pending() && !self.flush_scheduled.swap(true, Ordering::AcqRel)
+    }
+
     fn take(&self) -> Option<Responder> {
         self.responder
             .lock()
@@ -252,20 +324,31 @@ fn item_payload(item: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
 
 #[pymethods]
 impl Sink {
-    /// Tell the caller the request was accepted.
-    fn accept(&self) {
+    /// Tell the caller the request was accepted (buffered); True when a `flush` must be
+    /// queued on the loop.
+    fn accept(&self) -> bool {
+        let mut guard = self.responder.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_mut().is_some_and(|r| {
+            r.accept();
+            self.needs_flush(r)
+        })
+    }
+
+    /// Send the buffered frames.
+    fn flush(&self) {
+        self.flush_scheduled.store(false, Ordering::Release);
         if let Some(r) = self
             .responder
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
+            .as_mut()
         {
-            r.accept();
+            r.flush();
         }
     }
 
-    /// Send one item: 0 = sent, 1 = the caller stopped the stream, 2 = sent but await
-    /// `credit()` before the next one.
+    /// Send one item: 0 = buffered, 1 = the caller stopped the stream, 2 = sent but await
+    /// `credit()` before the next one, 3 = buffered and a `flush` must be queued.
     fn send(&self, item: &Bound<'_, PyAny>) -> PyResult<u8> {
         let payload = item_payload(item)?;
         let mut guard = self.responder.lock().unwrap_or_else(|e| e.into_inner());
@@ -273,6 +356,7 @@ impl Sink {
             return Ok(1);
         };
         match r.send(&payload).map_err(runtime_error)? {
+            SendStatus::Ready if self.needs_flush(r) => Ok(3),
             SendStatus::Ready => Ok(0),
             SendStatus::Stopped => Ok(1),
             SendStatus::Wait => Ok(2),
@@ -346,7 +430,7 @@ impl PyAsyncRequestStream {
             }
         }
         let rx = Arc::clone(&self.rx);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn_py(py, async move {
             let item = rx.lock().await.recv().await;
             match item {
                 Some(b) => Python::attach(|py| from_json(py, &b).map(Bound::unbind)),
@@ -525,7 +609,7 @@ impl AsyncResponseStream {
         }
         let stream = Arc::clone(&self.stream);
         let annotated = self.annotated;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn_py(py, async move {
             let mut s = stream.lock().await;
             loop {
                 match s.next().await {

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::{ContextMetadata, PyContext, SpanProxy};
-use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
+use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine, spawn_py};
 use crate::errors::runtime_error;
 use crate::json::to_json;
 
@@ -393,7 +393,7 @@ impl Client {
             (Bytes::from(to_json(request)?), None)
         };
         let client = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn_py(py, async move {
             let stream = client
                 .generate(body, route, ctx, input)
                 .await

@@ -77,6 +77,15 @@ pub fn encode(kind: u8, stream: u64, parts: &[&[u8]]) -> Bytes {
     buf.freeze()
 }
 
+/// Append one frame with `payload` to `buf`.
+pub fn encode_into(buf: &mut BytesMut, kind: u8, stream: u64, payload: &[u8]) {
+    buf.reserve(4 + HEADER_LEN + payload.len());
+    buf.put_u32((HEADER_LEN + payload.len()) as u32);
+    buf.put_u8(kind);
+    buf.put_u64(stream);
+    buf.put_slice(payload);
+}
+
 /// Read one frame; payloads over `max` bytes are skipped and reported.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Read> {
     let len = match r.read_u32().await {

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
@@ -133,21 +133,28 @@ impl Conn {
 /// What [`Responder::send`] reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SendStatus {
-    /// Sent; send the next one when ready.
+    /// Sent (or buffered, when corked); send the next one when ready.
     Ready,
     /// Sent, but the caller's window is exhausted: await [`Responder::credit`] before
-    /// sending more.
+    /// sending more. Buffered frames were flushed.
     Wait,
     /// Not sent: the caller stopped the stream (or went away). Finish the stream.
     Stopped,
 }
 
 /// The worker's handle on one response stream.
+///
+/// A corked responder ([`Responder::set_corked`]) buffers its frames until
+/// [`Responder::flush`] (or the end of the stream): a handler that produces several items
+/// in one go then costs one write, and the acknowledgement travels with the first items.
 pub struct Responder {
     conn: Arc<Conn>,
     stream: u64,
     state: Arc<StreamState>,
     done: bool,
+    accepted: bool,
+    corked: bool,
+    pending: BytesMut,
     _guard: InflightGuard,
 }
 
@@ -157,9 +164,41 @@ impl Responder {
         &self.state.context
     }
 
-    /// Tell the caller the request was accepted (its `generate()` call resolves).
-    pub fn accept(&self) {
-        self.conn.send(frame::encode(frame::ACK, self.stream, &[]));
+    /// Buffer frames until [`Responder::flush`] while `corked`.
+    pub fn set_corked(&mut self, corked: bool) {
+        self.corked = corked;
+        if !corked {
+            self.flush();
+        }
+    }
+
+    fn push(&mut self, kind: u8, payload: &[u8]) {
+        frame::encode_into(&mut self.pending, kind, self.stream, payload);
+        if !self.corked {
+            self.flush();
+        }
+    }
+
+    /// Send the buffered frames.
+    pub fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            let frames = self.pending.split().freeze();
+            self.conn.send(frames);
+        }
+    }
+
+    /// Whether frames are waiting for [`Responder::flush`].
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Tell the caller the request was accepted (its `generate()` call resolves). Implied
+    /// by the first item or the end of the stream; idempotent.
+    pub fn accept(&mut self) {
+        if !self.accepted {
+            self.accepted = true;
+            self.push(frame::ACK, &[]);
+        }
     }
 
     /// Send one response item (JSON).
@@ -173,9 +212,10 @@ impl Responder {
                 max: self.conn.max_message,
             });
         }
-        self.conn
-            .send(frame::encode(frame::DATA, self.stream, &[item]));
+        self.accept();
+        self.push(frame::DATA, item);
         if self.state.credits.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.flush();
             Ok(SendStatus::Wait)
         } else {
             Ok(SendStatus::Ready)
@@ -184,20 +224,7 @@ impl Responder {
 
     /// Resolves when the caller granted more credit, stopped the stream or went away.
     pub async fn credit(&self) {
-        loop {
-            let notified = self.state.credit_notify.notified();
-            if self.state.credits.load(Ordering::Acquire) > 0
-                || self.state.context.is_stopped()
-                || self.conn.closed.is_cancelled()
-            {
-                return;
-            }
-            tokio::select! {
-                () = notified => {}
-                () = self.state.context.stopped() => return,
-                () = self.conn.closed.cancelled() => return,
-            }
-        }
+        self.credit_waiter().await;
     }
 
     /// A future that resolves like [`Responder::credit`], independent of this handle's
@@ -223,28 +250,32 @@ impl Responder {
     /// End the stream successfully (the explicit final frame).
     pub fn finish(mut self) {
         self.done = true;
-        self.conn.send(frame::encode(frame::END, self.stream, &[]));
+        self.accept();
+        self.push(frame::END, &[]);
+        self.flush();
     }
 
     /// End the stream with an error.
     pub fn fail(mut self, err: WireError) {
         self.done = true;
-        self.conn.send_error(self.stream, &err);
+        let json = serde_json::to_vec(&err).unwrap_or_default();
+        self.push(frame::ERROR, &json);
+        self.flush();
     }
 }
 
 impl Drop for Responder {
     fn drop(&mut self) {
         if !self.done {
-            self.conn.send_error(
-                self.stream,
-                &WireError::new(
-                    ErrorKind::StreamIncomplete,
-                    "the handler ended without completing the stream",
-                    true,
-                ),
+            let err = WireError::new(
+                ErrorKind::StreamIncomplete,
+                "the handler ended without completing the stream",
+                true,
             );
+            let json = serde_json::to_vec(&err).unwrap_or_default();
+            self.push(frame::ERROR, &json);
         }
+        self.flush();
         lock(&self.conn.streams).remove(&self.stream);
     }
 }
@@ -541,6 +572,9 @@ fn start_request(
         stream,
         state,
         done: false,
+        accepted: false,
+        corked: false,
+        pending: BytesMut::new(),
         _guard: guard,
     };
     entry.handler.start(
