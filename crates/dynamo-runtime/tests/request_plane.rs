@@ -46,17 +46,18 @@ impl Handler for UntilStopped {
 }
 
 fn runtime(config: RuntimeConfig) -> DistributedRuntime {
-    DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp, config).unwrap()
+    DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp, config).expect("runtime")
 }
 
 fn unique(name: &str) -> EndpointId {
-    EndpointId::parse(&format!("rp{:x}.{name}.generate", fastrand::u64(..))).unwrap()
+    EndpointId::parse(&format!("rp{:x}.{name}.generate", fastrand::u64(..))).expect("valid name")
 }
 
 async fn items(stream: &mut dynamo_runtime::transport::client::ResponseStream) -> Vec<String> {
     let mut out = Vec::new();
     while let Some(item) = stream.next().await {
-        out.push(String::from_utf8(item.unwrap().to_vec()).unwrap());
+        let item = item.expect("item");
+        out.push(String::from_utf8(item.to_vec()).expect("utf-8"));
     }
     out
 }
