@@ -145,20 +145,28 @@ impl State {
                 self.refresh();
                 last_refresh = std::time::Instant::now();
             }
-            let live = self.scan();
-            let changed = {
-                let mut last = lock(&self.last_scan);
-                if *last == live {
-                    false
-                } else {
-                    *last = live;
-                    true
-                }
-            };
-            if changed {
-                self.bump();
-            }
+            self.scan_and_publish();
         }
+    }
+
+    /// Scan, and bump the change counter when the live set differs from the previous scan
+    /// (by this thread or by a watcher's `list`): every scan updates the baseline, so a
+    /// change seen first by a `list` is not missed by the next poll.
+    fn scan_and_publish(&self) -> BTreeMap<String, String> {
+        let live = self.scan();
+        let changed = {
+            let mut last = lock(&self.last_scan);
+            if *last == live {
+                false
+            } else {
+                *last = live.clone();
+                true
+            }
+        };
+        if changed {
+            self.bump();
+        }
+        live
     }
 
     fn bump(&self) {
@@ -248,7 +256,7 @@ impl KvStore for FileStore {
     fn list(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
         let out = self
             .state
-            .scan()
+            .scan_and_publish()
             .into_iter()
             .filter(|(k, _)| k.starts_with(prefix))
             .collect();
