@@ -137,3 +137,123 @@ pub(crate) fn block_manager_error(err: dynamo_block_manager::Error) -> PyErr {
         _ => PyRuntimeError::new_err(msg),
     }
 }
+
+/// Map a runtime core error to Python (API_CONTRACT §3).
+pub(crate) fn runtime_error(err: dynamo_runtime::Error) -> PyErr {
+    use dynamo_runtime::Error as E;
+    let msg = err.to_string();
+    match err {
+        E::InvalidName(_) | E::InvalidArgument(_) | E::MessageTooLarge { .. } => {
+            PyValueError::new_err(msg)
+        }
+        E::UnknownInstance { .. } => PyValueError::new_err(msg),
+        E::CannotConnect { .. } | E::NoInstances(_) => CannotConnect::new_err(msg),
+        E::Disconnected(_) => Disconnected::new_err(msg),
+        E::ConnectionTimeout(_) => ConnectionTimeout::new_err(msg),
+        E::ShuttingDown => Cancelled::new_err(msg),
+        E::Remote(w) => wire_error(w),
+        E::Io(e) => PyErr::from(e),
+        _ => Unknown::new_err(msg),
+    }
+}
+
+/// The Python exception a caller raises for an error frame: the typed class when the
+/// worker's handler raised one of ours, else `ValueError` (as the reference).
+pub(crate) fn wire_error(w: dynamo_runtime::transport::WireError) -> PyErr {
+    use dynamo_runtime::transport::ErrorKind as K;
+    let m = w.message;
+    match (w.kind, w.typed) {
+        (K::Unavailable, _) => CannotConnect::new_err(m),
+        (K::Unknown, true) => Unknown::new_err(m),
+        (K::InvalidArgument, true) => InvalidArgument::new_err(m),
+        (K::CannotConnect, true) => CannotConnect::new_err(m),
+        (K::Disconnected, true) => Disconnected::new_err(m),
+        (K::ConnectionTimeout, true) => ConnectionTimeout::new_err(m),
+        (K::Cancelled, true) => Cancelled::new_err(m),
+        (K::EngineShutdown, true) => EngineShutdown::new_err(m),
+        (K::StreamIncomplete, true) => StreamIncomplete::new_err(m),
+        _ => PyValueError::new_err(m),
+    }
+}
+
+/// Classify an exception raised by a handler (API_CONTRACT §3, "Python → runtime"; the
+/// first matching rule wins).
+pub(crate) fn handler_error(err: &Bound<'_, PyAny>) -> dynamo_runtime::transport::WireError {
+    use dynamo_runtime::transport::{ErrorKind as K, WireError};
+    use pyo3::exceptions as x;
+    let py = err.py();
+    let text = err.str().map(|s| s.to_string()).unwrap_or_default();
+    let type_name = err
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "Exception".into());
+    let message = if text.is_empty() {
+        type_name.clone()
+    } else {
+        text
+    };
+    let is = |t: Bound<'_, pyo3::types::PyType>| err.is_instance(&t).unwrap_or(false);
+    let typed = [
+        (py.get_type::<Unknown>(), K::Unknown),
+        (py.get_type::<InvalidArgument>(), K::InvalidArgument),
+        (py.get_type::<CannotConnect>(), K::CannotConnect),
+        (py.get_type::<Disconnected>(), K::Disconnected),
+        (py.get_type::<ConnectionTimeout>(), K::ConnectionTimeout),
+        (py.get_type::<Cancelled>(), K::Cancelled),
+        (py.get_type::<EngineShutdown>(), K::EngineShutdown),
+        (py.get_type::<StreamIncomplete>(), K::StreamIncomplete),
+    ];
+    for (t, kind) in typed {
+        if is(t) {
+            return WireError::new(kind, message, true);
+        }
+    }
+    if is(py.get_type::<DynamoException>()) {
+        return WireError::new(K::Unknown, message, true);
+    }
+    for attr in ["code", "status"] {
+        let code = err
+            .getattr(attr)
+            .ok()
+            .filter(|c| !c.is_instance_of::<pyo3::types::PyBool>())
+            .and_then(|c| c.extract::<i64>().ok());
+        if let Some(code) = code {
+            let detail = err
+                .getattr("message")
+                .ok()
+                .and_then(|m| m.extract::<String>().ok())
+                .unwrap_or(message);
+            let json = serde_json::json!({"message": detail, "code": code}).to_string();
+            let kind = if (400..500).contains(&code) {
+                K::InvalidArgument
+            } else {
+                K::Unknown
+            };
+            return WireError::new(kind, json, false);
+        }
+    }
+    if is(py.get_type::<x::PyGeneratorExit>()) {
+        return WireError::new(K::EngineShutdown, "engine shutting down", true);
+    }
+    let cancelled = py
+        .import("asyncio")
+        .and_then(|m| m.getattr("CancelledError"))
+        .ok()
+        .is_some_and(|t| err.is_instance(&t).unwrap_or(false));
+    if cancelled {
+        return WireError::new(K::Cancelled, format!("request cancelled: {message}"), true);
+    }
+    let kind = if is(py.get_type::<x::PyValueError>()) || is(py.get_type::<x::PyTypeError>()) {
+        K::InvalidArgument
+    } else if is(py.get_type::<x::PyTimeoutError>()) {
+        K::ConnectionTimeout
+    } else if is(py.get_type::<x::PyConnectionRefusedError>()) {
+        K::CannotConnect
+    } else if is(py.get_type::<x::PyConnectionError>()) {
+        K::Disconnected
+    } else {
+        K::Unknown
+    };
+    WireError::new(kind, message, false)
+}

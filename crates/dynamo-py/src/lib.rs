@@ -6,19 +6,28 @@
 //!
 //! * [`errors`]: the `DynamoException` hierarchy and the mapping of core errors.
 //! * [`convert`]: fast, validated conversions of Python arguments.
-//! * [`router`]: router configuration classes.
 //! * [`kv`]: block hashing, the `RadixTree` indexer and `OverlapScores`.
+//! * [`router`]: router configuration classes.
+//! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
+//! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
+//! * [`engine`]: the bridge between the request plane and Python handlers and streams.
+//! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 //! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
 //! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
 
 use pyo3::prelude::*;
 
 mod block_manager;
+mod context;
 mod convert;
 mod dlpack;
+mod engine;
 mod errors;
+mod json;
 mod kv;
+mod logging;
 mod router;
+mod runtime;
 
 /// The extension module. Each area registers its own classes and functions.
 #[pymodule]
@@ -27,6 +36,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     kv::register(m)?;
     router::register(m)?;
+    runtime::register(m)?;
+    logging::register(m)?;
     block_manager::register(m)?;
     Ok(())
 }

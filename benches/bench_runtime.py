@@ -1,0 +1,137 @@
+"""Request round trip through the runtime, this project vs the reference wheel.
+
+Usage: python benches/bench_runtime.py [--out docs/benchmarks/runtime.md]
+
+One process, discovery ``mem``, request plane ``tcp``: a Python handler yielding 4 items
+per request is served and called through a client on the same event loop. Measured:
+
+* sequential round-trip latency (send, receive all 4 items), median and p99;
+* throughput with 64 requests in flight.
+
+Both implementations run the same code in one run; the reference runs in its own venv
+(``REF_PYTHON``, see benches/_common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ITEMS = 4
+CONCURRENCY = 64
+#: Wall time per measurement; long enough for stable medians on a noisy 2-core machine.
+SECONDS = 3.0
+WARMUP = 200
+
+
+async def _measure() -> dict[str, float]:
+    from dynamo._core import DistributedRuntime
+
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "mem", "tcp")
+    endpoint = runtime.endpoint("bench.backend.generate")
+
+    async def handler(request):
+        for i in range(ITEMS):
+            yield {"i": i, "text": "token"}
+
+    served = asyncio.ensure_future(endpoint.serve_endpoint(handler))
+    client = await endpoint.client()
+    await client.wait_for_instances()
+
+    async def one() -> None:
+        stream = await client.round_robin({"prompt": "hello"}, annotated=False)
+        n = 0
+        async for _ in stream:
+            n += 1
+        assert n == ITEMS, n
+
+    for _ in range(WARMUP):
+        await one()
+
+    samples = []
+    deadline = time.perf_counter() + SECONDS
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        await one()
+        samples.append(time.perf_counter() - t0)
+    samples.sort()
+
+    done = 0
+    stop_at = time.perf_counter() + SECONDS
+
+    async def worker() -> None:
+        nonlocal done
+        while time.perf_counter() < stop_at:
+            await one()
+            done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    elapsed = time.perf_counter() - t0
+
+    runtime.shutdown()
+    try:
+        await asyncio.wait_for(served, 10)
+    except Exception:
+        pass
+    return {
+        "latency_median_ms": statistics.median(samples) * 1e3,
+        "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
+        "throughput_rps": done / elapsed,
+    }
+
+
+def measure() -> dict[str, float]:
+    return asyncio.run(_measure())
+
+
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import machine, run_under_reference
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help="write a Markdown report here")
+    args = parser.parse_args()
+    if args.measure_only:
+        print(json.dumps(measure()))
+        return
+
+    ours = measure()
+    ref = run_under_reference(__file__)
+    lat_ratio = ours["latency_median_ms"] / ref["latency_median_ms"]
+    tput_ratio = ours["throughput_rps"] / ref["throughput_rps"]
+    lines = [
+        "# Runtime round trip (discovery mem, request plane tcp, one process)",
+        "",
+        f"Machine: {machine()}. A Python handler yields {ITEMS} items per request; the client",
+        "runs on the same event loop. Sequential latency over "
+        f"{SECONDS:.0f} s, then {CONCURRENCY} concurrent requests for {SECONDS:.0f} s.",
+        "Reproduce: `REF_PYTHON=/path/to/ref/venv/bin/python python benches/bench_runtime.py`.",
+        "",
+        "| metric | dynamo-rs | reference | ratio |",
+        "|---|---:|---:|---:|",
+        f"| latency median (ms) | {ours['latency_median_ms']:.3f} | "
+        f"{ref['latency_median_ms']:.3f} | {lat_ratio:.2f}x |",
+        f"| latency p99 (ms) | {ours['latency_p99_ms']:.3f} | {ref['latency_p99_ms']:.3f} | "
+        f"{ours['latency_p99_ms'] / ref['latency_p99_ms']:.2f}x |",
+        f"| throughput @{CONCURRENCY} (req/s) | {ours['throughput_rps']:,.0f} | "
+        f"{ref['throughput_rps']:,.0f} | {tput_ratio:.2f}x |",
+        "",
+        "Targets (issue 4): latency <= 0.2x the reference, throughput >= 5x.",
+    ]
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report)
+
+
+if __name__ == "__main__":
+    main()

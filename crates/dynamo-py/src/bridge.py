@@ -1,0 +1,137 @@
+# Event-loop side of the handler bridge (loaded by crates/dynamo-py/src/engine.rs).
+#
+# Why Python here: each served endpoint runs one "pump" task on the worker's event loop.
+# The pump receives requests from the Rust request plane in batches and starts one task
+# per request that drives the handler's async generator to completion, pushing every item
+# into the Rust response sink with a plain (synchronous) call. A request therefore costs one
+# event-loop wake-up, not one per item, which is what makes small streams cheap; the GIL is
+# only taken on the loop thread, never by tokio worker threads waiting on Python.
+import asyncio
+import inspect
+
+_READY = 0
+_STOPPED = 1
+_WAIT = 2
+_FLUSH = 3
+
+
+def accepts_context(handler):
+    """Whether the handler declares a parameter named ``context``."""
+    try:
+        return "context" in inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def start_pump(loop, inbox, handler, pass_context):
+    """Start the endpoint's pump task on ``loop`` (called on the loop thread)."""
+    return loop.create_task(_pump(loop, inbox, handler, pass_context))
+
+
+async def serve(serving, pump):
+    """Await the Rust serving future, then the pump (which ends once serving stopped).
+
+    Returning only after the pump has finished means no request-plane callback is pending
+    on the loop when ``serve_endpoint`` returns, so a process can exit right after it.
+    """
+    try:
+        await serving
+    finally:
+        try:
+            await asyncio.wait_for(asyncio.shield(pump), 5)
+        except BaseException:  # noqa: BLE001 - the pump is best-effort at this point
+            pump.cancel()
+
+
+async def _pump(loop, inbox, handler, pass_context):
+    tasks = set()
+    while True:
+        batch = await inbox.next()
+        if batch is None:
+            return
+        for request, sink, context in batch:
+            try:
+                if pass_context:
+                    gen = handler(request, context=context)
+                else:
+                    gen = handler(request)
+                if not hasattr(gen, "__anext__"):
+                    raise TypeError(
+                        "the endpoint handler must be an async generator function "
+                        f"(returning an async iterator), got {type(gen).__name__}"
+                    )
+            except BaseException as e:  # noqa: BLE001 - every failure ends the stream
+                sink.fail(e)
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                continue
+            task = loop.create_task(_drive(gen, sink, loop.call_soon))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            # Queued after the task's first step: the acknowledgement leaves with whatever
+            # the handler produced before it first suspended, in one write.
+            if sink.accept():
+                loop.call_soon(sink.flush)
+
+
+async def _drive(gen, sink, call_soon):
+    stopped = False
+    try:
+        async for item in gen:
+            status = sink.send(item)
+            if status == _READY:
+                continue
+            if status == _FLUSH:
+                call_soon(sink.flush)
+                continue
+            if status == _WAIT:
+                await sink.credit()
+                if not sink.is_stopped():
+                    continue
+            stopped = True
+            break
+    except BaseException as e:  # noqa: BLE001 - mapped to a typed stream error
+        sink.fail(e)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return
+    if stopped:
+        # The caller stopped the stream: close the generator so its `finally` blocks run.
+        try:
+            await gen.aclose()
+        except BaseException:  # noqa: BLE001, S110 - the stream is over either way
+            pass
+    sink.finish()
+
+
+def start_feed(loop, source, feeder):
+    """Forward an async iterable of request items to the request plane."""
+    return loop.create_task(_feed(source, feeder))
+
+
+async def _feed(source, feeder):
+    try:
+        async for item in source:
+            if not feeder.send(item):
+                return
+    except asyncio.CancelledError:
+        feeder.close()
+        raise
+    except BaseException as e:  # noqa: BLE001 - the request stream just ends
+        feeder.close()
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return
+    feeder.close()
+
+
+def set_result(fut, value):
+    """Resolve ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
+    if not fut.done():
+        fut.set_result(value)
+
+
+def set_exception(fut, exc):
+    """Fail ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
+    if not fut.done():
+        fut.set_exception(exc)

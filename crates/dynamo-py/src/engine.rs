@@ -1,0 +1,638 @@
+//! The bridge between the request plane and Python: handlers on the worker side, response
+//! and request streams on both sides.
+//!
+//! Worker side: [`PyEngine`] (a request-plane [`Handler`]) queues each request into an
+//! [`Inbox`]; the endpoint's pump task (`bridge.py`, started on the event loop captured by
+//! `serve_endpoint`) takes requests in batches, calls the handler and drives each async
+//! generator to completion, pushing items into a [`Sink`] (the stream's
+//! [`Responder`]) with plain synchronous calls.
+//!
+//! Awaitables: when a value is already available, `__anext__` and friends return a
+//! [`Ready`] awaitable (no event-loop round trip); otherwise a future from
+//! `pyo3_async_runtimes` that resolves when tokio delivers the value.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use dynamo_runtime::transport::client::ResponseStream;
+use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
+use dynamo_runtime::transport::{ErrorKind, WireError};
+use pyo3::IntoPyObjectExt;
+use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyList, PyModule, PyTuple};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::PyContext;
+use crate::errors::{handler_error, runtime_error};
+use crate::json::{from_json, from_value, to_json};
+
+/// Largest batch of requests handed to the pump in one wake-up.
+const MAX_BATCH: usize = 512;
+
+static BRIDGE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
+
+/// The `bridge.py` helper module.
+pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
+    BRIDGE
+        .get_or_try_init(py, || {
+            let code = CString::new(include_str!("bridge.py"))
+                .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            PyModule::from_code(
+                py,
+                &code,
+                c"dynamo/_core/bridge.py",
+                c"dynamo._core._bridge",
+            )
+            .map(Bound::unbind)
+        })
+        .map(|m| m.bind(py))
+}
+
+struct Helpers {
+    get_running_loop: Py<PyAny>,
+    set_result: Py<PyAny>,
+    set_exception: Py<PyAny>,
+}
+
+static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
+
+fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
+    HELPERS.get_or_try_init(py, || {
+        let b = bridge(py)?;
+        Ok::<_, PyErr>(Helpers {
+            get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
+            set_result: b.getattr("set_result")?.unbind(),
+            set_exception: b.getattr("set_exception")?.unbind(),
+        })
+    })
+}
+
+/// Run `fut` on tokio and return an asyncio future (of the running loop) resolved with its
+/// output.
+///
+/// The hot-path sibling of `pyo3_async_runtimes::tokio::future_into_py`: one task and one
+/// `call_soon_threadsafe` per call. Cancelling the asyncio future does not abort the Rust
+/// future; its output is then dropped (for a response stream, dropping it stops the call
+/// on the worker). Use it only where that is acceptable.
+pub(crate) fn spawn_py<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let h = helpers(py)?;
+    let event_loop = h.get_running_loop.bind(py).call0()?;
+    let py_fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+    let target = py_fut.clone().unbind();
+    let event_loop = event_loop.unbind();
+    dynamo_runtime::tokio_runtime()
+        .map_err(runtime_error)?
+        .spawn(async move {
+            let result = fut.await;
+            Python::attach(|py| {
+                let Ok(h) = helpers(py) else { return };
+                let (callback, value) = match result.and_then(|v| v.into_py_any(py)) {
+                    Ok(v) => (&h.set_result, v),
+                    Err(e) => (&h.set_exception, e.into_value(py).into_any()),
+                };
+                let scheduled = event_loop.bind(py).call_method1(
+                    pyo3::intern!(py, "call_soon_threadsafe"),
+                    (callback.bind(py), target.bind(py), value),
+                );
+                if let Err(e) = scheduled {
+                    // The loop is closed: nobody is waiting any more.
+                    tracing::debug!(error = %e, "event loop gone; dropping a result");
+                }
+            });
+        });
+    Ok(py_fut)
+}
+
+/// An awaitable whose result is already known.
+#[pyclass(module = "dynamo._core")]
+pub(crate) struct Ready {
+    value: Option<Py<PyAny>>,
+}
+
+impl Ready {
+    pub(crate) fn new(value: Bound<'_, PyAny>) -> Self {
+        Self {
+            value: Some(value.unbind()),
+        }
+    }
+}
+
+#[pymethods]
+impl Ready {
+    fn __await__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&mut self, py: Python<'_>) -> PyResult<()> {
+        let value = self.value.take().unwrap_or_else(|| py.None());
+        Err(PyStopIteration::new_err((value,)))
+    }
+
+    #[pyo3(signature = (_value))]
+    fn send(&mut self, py: Python<'_>, _value: &Bound<'_, PyAny>) -> PyResult<()> {
+        self.__next__(py)
+    }
+}
+
+struct Job {
+    request: Request,
+    responder: Responder,
+}
+
+/// The request-plane handler of a Python endpoint: queues requests for the pump.
+pub(crate) struct PyEngine {
+    tx: mpsc::UnboundedSender<Job>,
+}
+
+impl Handler for PyEngine {
+    fn start(&self, request: Request, responder: Responder) {
+        if let Err(mpsc::error::SendError(job)) = self.tx.send(Job { request, responder }) {
+            job.responder.fail(WireError::new(
+                ErrorKind::Unavailable,
+                "Server unavailable: the endpoint's handler has stopped",
+                false,
+            ));
+        }
+    }
+}
+
+/// Requests waiting for the pump.
+#[pyclass(module = "dynamo._core")]
+pub(crate) struct Inbox {
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job>>>,
+    closed: CancellationToken,
+    bidirectional: bool,
+}
+
+/// Create an engine and its inbox; cancelling `closed` ends the pump.
+pub(crate) fn engine(bidirectional: bool, closed: CancellationToken) -> (PyEngine, Inbox) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (
+        PyEngine { tx },
+        Inbox {
+            rx: Arc::new(tokio::sync::Mutex::new(rx)),
+            closed,
+            bidirectional,
+        },
+    )
+}
+
+fn make_batch(py: Python<'_>, jobs: Vec<Job>, bidirectional: bool) -> PyResult<Bound<'_, PyList>> {
+    let list = PyList::empty(py);
+    for job in jobs {
+        let Job { request, responder } = job;
+        let context = request.context.clone();
+        let request_obj = if bidirectional {
+            let rx = request.input.unwrap_or_else(|| mpsc::unbounded_channel().1);
+            Bound::new(py, PyAsyncRequestStream::new(rx))?.into_any()
+        } else {
+            match from_json(py, &request.body) {
+                Ok(v) => v,
+                Err(e) => {
+                    responder.fail(WireError::new(
+                        ErrorKind::InvalidArgument,
+                        format!("cannot decode the request: {e}"),
+                        false,
+                    ));
+                    continue;
+                }
+            }
+        };
+        let mut responder = responder;
+        responder.set_corked(true);
+        let sink = Sink {
+            context: context.clone(),
+            responder: Mutex::new(Some(responder)),
+            flush_scheduled: AtomicBool::new(false),
+        };
+        let item = PyTuple::new(
+            py,
+            [
+                request_obj,
+                Bound::new(py, sink)?.into_any(),
+                Bound::new(py, PyContext::wrap(context))?.into_any(),
+            ],
+        )?;
+        list.append(item)?;
+    }
+    Ok(list)
+}
+
+fn drain(rx: &mut mpsc::UnboundedReceiver<Job>, jobs: &mut Vec<Job>) {
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(j) => jobs.push(j),
+            Err(_) => break,
+        }
+    }
+}
+
+#[pymethods]
+impl Inbox {
+    /// Awaitable: the next batch of `(request, sink, context)` tuples, or None when the
+    /// endpoint stopped.
+    fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(mut rx) = self.rx.try_lock() {
+            let mut jobs = Vec::new();
+            drain(&mut rx, &mut jobs);
+            if !jobs.is_empty() {
+                let batch = make_batch(py, jobs, self.bidirectional)?;
+                return Ok(Bound::new(py, Ready::new(batch.into_any()))?.into_any());
+            }
+        }
+        let rx = Arc::clone(&self.rx);
+        let closed = self.closed.clone();
+        let bidirectional = self.bidirectional;
+        spawn_py(py, async move {
+            let mut rx = rx.lock().await;
+            let first = tokio::select! {
+                j = rx.recv() => j,
+                () = closed.cancelled() => None,
+            };
+            let Some(first) = first else {
+                return Ok(None);
+            };
+            let mut jobs = vec![first];
+            drain(&mut rx, &mut jobs);
+            drop(rx);
+            Python::attach(|py| make_batch(py, jobs, bidirectional).map(|b| Some(b.unbind())))
+        })
+    }
+}
+
+/// The worker's side of one response stream, driven by `bridge._drive`.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct Sink {
+    context: dynamo_runtime::Context,
+    responder: Mutex<Option<Responder>>,
+    /// A `flush` is queued on the event loop (frames are buffered until it runs: the
+    /// frames a handler produces in one step of its task leave in one write).
+    flush_scheduled: AtomicBool,
+}
+
+impl Sink {
+    /// After buffering: `true` when the caller must queue a `flush` on the loop.
+    fn needs_flush(&self, r: &Responder) -> bool {
+        r.has_pending() && !self.flush_scheduled.swap(true, Ordering::AcqRel)
+    }
+
+    fn take(&self) -> Option<Responder> {
+        self.responder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+}
+
+/// The JSON of one response item: `{"data": item}`, or the fields of an annotated
+/// envelope (a dict with `"_dynamo_annotated": True`).
+fn item_payload(item: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    if let Ok(d) = item.cast::<PyDict>() {
+        let flagged = d
+            .get_item("_dynamo_annotated")?
+            .is_some_and(|v| v.is_truthy().unwrap_or(false));
+        if flagged {
+            let env = PyDict::new(item.py());
+            for key in ["data", "id", "event", "comment"] {
+                if let Some(v) = d.get_item(key)?.filter(|v| !v.is_none()) {
+                    env.set_item(key, v)?;
+                }
+            }
+            return to_json(env.as_any());
+        }
+    }
+    let data = to_json(item)?;
+    let mut out = Vec::with_capacity(data.len() + 9);
+    out.extend_from_slice(b"{\"data\":");
+    out.extend_from_slice(&data);
+    out.push(b'}');
+    Ok(out)
+}
+
+#[pymethods]
+impl Sink {
+    /// Tell the caller the request was accepted (buffered); True when a `flush` must be
+    /// queued on the loop.
+    fn accept(&self) -> bool {
+        let mut guard = self.responder.lock().unwrap_or_else(|e| e.into_inner());
+        guard.as_mut().is_some_and(|r| {
+            r.accept();
+            self.needs_flush(r)
+        })
+    }
+
+    /// Send the buffered frames.
+    fn flush(&self) {
+        self.flush_scheduled.store(false, Ordering::Release);
+        if let Some(r) = self
+            .responder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            r.flush();
+        }
+    }
+
+    /// Send one item: 0 = buffered, 1 = the caller stopped the stream, 2 = sent but await
+    /// `credit()` before the next one, 3 = buffered and a `flush` must be queued.
+    fn send(&self, item: &Bound<'_, PyAny>) -> PyResult<u8> {
+        let payload = item_payload(item)?;
+        let mut guard = self.responder.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(r) = guard.as_mut() else {
+            return Ok(1);
+        };
+        match r.send(&payload).map_err(runtime_error)? {
+            SendStatus::Ready if self.needs_flush(r) => Ok(3),
+            SendStatus::Ready => Ok(0),
+            SendStatus::Stopped => Ok(1),
+            SendStatus::Wait => Ok(2),
+        }
+    }
+
+    /// Awaitable resolving when more items may be sent (or the stream was stopped).
+    fn credit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let waiter = self
+            .responder
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(Responder::credit_waiter);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            if let Some(w) = waiter {
+                w.await;
+            }
+            Ok(())
+        })
+    }
+
+    /// Whether the caller stopped the stream.
+    fn is_stopped(&self) -> bool {
+        self.context.is_stopped()
+    }
+
+    /// End the stream successfully.
+    fn finish(&self) {
+        if let Some(r) = self.take() {
+            r.finish();
+        }
+    }
+
+    /// End the stream with the error the handler raised.
+    fn fail(&self, err: &Bound<'_, PyAny>) {
+        if let Some(r) = self.take() {
+            r.fail(handler_error(err));
+        }
+    }
+}
+
+/// The inbound request items of a bidirectional call.
+#[pyclass(module = "dynamo._core", name = "PyAsyncRequestStream")]
+pub(crate) struct PyAsyncRequestStream {
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Bytes>>>,
+}
+
+impl PyAsyncRequestStream {
+    fn new(rx: mpsc::UnboundedReceiver<Bytes>) -> Self {
+        Self {
+            rx: Arc::new(tokio::sync::Mutex::new(rx)),
+        }
+    }
+}
+
+#[pymethods]
+impl PyAsyncRequestStream {
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(mut rx) = self.rx.try_lock() {
+            match rx.try_recv() {
+                Ok(b) => return Ok(Bound::new(py, Ready::new(from_json(py, &b)?))?.into_any()),
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    return Err(PyStopAsyncIteration::new_err(()));
+                }
+                Err(mpsc::error::TryRecvError::Empty) => {}
+            }
+        }
+        let rx = Arc::clone(&self.rx);
+        spawn_py(py, async move {
+            let item = rx.lock().await.recv().await;
+            match item {
+                Some(b) => Python::attach(|py| from_json(py, &b).map(Bound::unbind)),
+                None => Err(PyStopAsyncIteration::new_err(())),
+            }
+        })
+    }
+}
+
+/// Sends the items of a caller's request iterator (bidirectional calls).
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct Feeder {
+    tx: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+}
+
+impl Feeder {
+    pub(crate) fn new(tx: mpsc::UnboundedSender<Bytes>) -> Self {
+        Self {
+            tx: Mutex::new(Some(tx)),
+        }
+    }
+}
+
+#[pymethods]
+impl Feeder {
+    /// Queue one item; False once the call is over.
+    fn send(&self, item: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let bytes = Bytes::from(to_json(item)?);
+        let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(guard.as_ref().is_some_and(|tx| tx.send(bytes).is_ok()))
+    }
+
+    /// End the request stream.
+    fn close(&self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
+
+/// One response item with its annotations.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct Annotated {
+    data: Option<Py<PyAny>>,
+    id: Option<String>,
+    event: Option<String>,
+    comments: Option<Vec<String>>,
+}
+
+#[pymethods]
+impl Annotated {
+    /// The payload.
+    fn data(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+        self.data.as_ref().map(|d| d.clone_ref(py))
+    }
+
+    /// The event name.
+    fn event(&self) -> Option<String> {
+        self.event.clone()
+    }
+
+    /// The comments.
+    fn comments(&self) -> Option<Vec<String>> {
+        self.comments.clone()
+    }
+
+    /// The item id.
+    fn id(&self) -> Option<String> {
+        self.id.clone()
+    }
+
+    /// Whether this is an error item.
+    fn is_error(&self) -> bool {
+        self.event.as_deref() == Some("error")
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let data = match &self.data {
+            Some(d) => d.bind(py).repr()?.to_string(),
+            None => "None".into(),
+        };
+        Ok(format!(
+            "Annotated(data={data}, id={:?}, event={:?}, comments={:?})",
+            self.id, self.event, self.comments
+        ))
+    }
+}
+
+/// Decode one response payload. `Ok(None)`: nothing to yield (no data, raw mode).
+fn decode_item<'py>(
+    py: Python<'py>,
+    bytes: &[u8],
+    annotated: bool,
+) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| PyValueError::new_err(format!("malformed response item: {e}")))?;
+    let serde_json::Value::Object(mut env) = value else {
+        return Err(PyValueError::new_err(
+            "malformed response item: not an object",
+        ));
+    };
+    let text = |v: Option<serde_json::Value>| match v {
+        Some(serde_json::Value::String(s)) => Some(s),
+        _ => None,
+    };
+    let event = text(env.remove("event"));
+    let comments: Option<Vec<String>> = env.remove("comment").and_then(|c| match c {
+        serde_json::Value::Array(items) => Some(
+            items
+                .into_iter()
+                .map(|i| match i {
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
+                })
+                .collect(),
+        ),
+        _ => None,
+    });
+    if event.as_deref() == Some("error") {
+        let msg = comments
+            .as_ref()
+            .map(|c| c.join("; "))
+            .unwrap_or_else(|| "error".into());
+        return Err(PyValueError::new_err(msg));
+    }
+    let data = match env.remove("data") {
+        Some(d) => Some(from_value(py, &d)?),
+        None => None,
+    };
+    if !annotated {
+        return Ok(data);
+    }
+    let item = Annotated {
+        data: data.map(Bound::unbind),
+        id: text(env.remove("id")),
+        event,
+        comments,
+    };
+    Ok(Some(Bound::new(py, item)?.into_any()))
+}
+
+/// A response stream as a Python async iterator.
+#[pyclass(module = "dynamo._core", name = "AsyncResponseStream")]
+pub(crate) struct AsyncResponseStream {
+    stream: Arc<tokio::sync::Mutex<ResponseStream>>,
+    annotated: bool,
+}
+
+impl AsyncResponseStream {
+    pub(crate) fn new(stream: ResponseStream, annotated: bool) -> Self {
+        Self {
+            stream: Arc::new(tokio::sync::Mutex::new(stream)),
+            annotated,
+        }
+    }
+}
+
+#[pymethods]
+impl AsyncResponseStream {
+    fn __aiter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Ok(mut s) = self.stream.try_lock() {
+            loop {
+                match s.try_next() {
+                    Ok(Some(Ok(b))) => {
+                        if let Some(item) = decode_item(py, &b, self.annotated)? {
+                            return Ok(Bound::new(py, Ready::new(item))?.into_any());
+                        }
+                    }
+                    Ok(Some(Err(e))) => return Err(runtime_error(e)),
+                    Ok(None) => return Err(PyStopAsyncIteration::new_err(())),
+                    Err(()) => break,
+                }
+            }
+        }
+        let stream = Arc::clone(&self.stream);
+        let annotated = self.annotated;
+        spawn_py(py, async move {
+            let mut s = stream.lock().await;
+            loop {
+                match s.next().await {
+                    Some(Ok(b)) => {
+                        let item = Python::attach(|py| {
+                            decode_item(py, &b, annotated).map(|o| o.map(Bound::unbind))
+                        })?;
+                        if let Some(item) = item {
+                            return Ok(item);
+                        }
+                    }
+                    Some(Err(e)) => return Err(runtime_error(e)),
+                    None => return Err(PyStopAsyncIteration::new_err(())),
+                }
+            }
+        })
+    }
+
+    /// The stream's request id.
+    fn id(&self) -> PyResult<String> {
+        self.stream
+            .try_lock()
+            .map(|s| s.context().id().to_owned())
+            .map_err(|_| PyRuntimeError::new_err("the stream is being read"))
+    }
+}

@@ -1,0 +1,281 @@
+//! Service discovery: which instances serve which endpoint.
+//!
+//! [`Discovery`] is the interface the runtime uses (register, unregister, list, watch).
+//! [`KvDiscovery`] implements it over any [`KvStore`], with the reference's key layout
+//! `v1/instances/{ns}/{component}/{endpoint}/{instance_id:x}` and the [`Instance`] as its
+//! JSON value. Two stores exist today:
+//!
+//! * [`mem::MemStore`]: process-wide, for one process (tests, benchmarks, in-process
+//!   frontends);
+//! * [`file::FileStore`]: a directory of leased files shared by the processes of one
+//!   machine (`DYN_FILE_KV`).
+//!
+//! An etcd store (lease = instance id, keep-alive) fits the same trait: `changes()` is fed
+//! by the etcd watch stream.
+
+pub mod file;
+pub mod mem;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::names::EndpointId;
+
+/// Period of the safety-net re-list of every watch (see [`Discovery::watch`]).
+pub const RELIST_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A boxed, sendable future (the traits here must be object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// How to reach an instance. Serialized as the reference's tagged form,
+/// `{"tcp": "host:port/ns/comp/ep"}` or `{"nats_tcp": "<subject>"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TransportAddress {
+    /// The TCP request plane: `host:port/endpoint-path`.
+    Tcp(String),
+    /// The NATS request plane: the instance's subject.
+    NatsTcp(String),
+}
+
+impl TransportAddress {
+    /// `"tcp"` or `"nats_tcp"`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TransportAddress::Tcp(_) => "tcp",
+            TransportAddress::NatsTcp(_) => "nats_tcp",
+        }
+    }
+
+    /// The address string.
+    pub fn address(&self) -> &str {
+        match self {
+            TransportAddress::Tcp(a) | TransportAddress::NatsTcp(a) => a,
+        }
+    }
+}
+
+/// One process serving one endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Instance {
+    /// Namespace of the endpoint.
+    pub namespace: String,
+    /// Component of the endpoint.
+    pub component: String,
+    /// Endpoint name.
+    pub endpoint: String,
+    /// The serving process's discovery id.
+    pub instance_id: u64,
+    /// How to reach it.
+    pub transport: TransportAddress,
+    /// `"cpu"`, `"cuda"` or absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_type: Option<String>,
+}
+
+impl Instance {
+    /// The discovery key of this instance.
+    pub fn key(&self) -> String {
+        format!(
+            "v1/instances/{}/{}/{}/{:x}",
+            self.namespace, self.component, self.endpoint, self.instance_id
+        )
+    }
+}
+
+/// A key-value store with ownership: keys put by a store handle belong to its process and
+/// disappear when the process stops (deleted on shutdown, or expired by a lease/TTL when
+/// the process dies).
+pub trait KvStore: Send + Sync + 'static {
+    /// Create or replace an owned key.
+    fn put(&self, key: &str, value: &str) -> BoxFuture<'_, Result<()>>;
+    /// Delete a key (owned or not; deleting an absent key is not an error).
+    fn delete(&self, key: &str) -> BoxFuture<'_, Result<()>>;
+    /// All live `(key, value)` pairs under `prefix`, sorted by key.
+    fn list(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<(String, String)>>>;
+    /// A counter that changes whenever any key may have changed; watchers re-list.
+    fn changes(&self) -> watch::Receiver<u64>;
+    /// Delete the owned keys and stop background work.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Discovery of endpoint instances.
+pub trait Discovery: Send + Sync + 'static {
+    /// This process's instance id (the lease id in etcd, random for file and mem).
+    fn instance_id(&self) -> u64;
+    /// Publish an instance.
+    fn register(&self, instance: &Instance) -> BoxFuture<'_, Result<()>>;
+    /// Withdraw an instance.
+    fn unregister(&self, instance: &Instance) -> BoxFuture<'_, Result<()>>;
+    /// The current instances of an endpoint, sorted by instance id.
+    fn list(&self, endpoint: &EndpointId) -> BoxFuture<'_, Result<Vec<Instance>>>;
+    /// A live view of the instances of an endpoint. Must be called inside the tokio runtime.
+    fn watch(&self, endpoint: &EndpointId) -> watch::Receiver<Arc<Vec<Instance>>>;
+    /// Withdraw everything this process registered and stop background work.
+    fn shutdown(&self) -> BoxFuture<'_, ()>;
+}
+
+/// [`Discovery`] over a [`KvStore`].
+pub struct KvDiscovery {
+    store: Arc<dyn KvStore>,
+    instance_id: u64,
+}
+
+impl KvDiscovery {
+    /// Discovery over `store`, identifying this process as `instance_id`.
+    pub fn new(store: Arc<dyn KvStore>, instance_id: u64) -> Self {
+        Self { store, instance_id }
+    }
+}
+
+async fn list_instances(store: &dyn KvStore, prefix: &str) -> Result<Vec<Instance>> {
+    let mut out: Vec<Instance> = store
+        .list(prefix)
+        .await?
+        .into_iter()
+        .filter_map(|(key, value)| match serde_json::from_str(&value) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                tracing::warn!(%key, error = %e, "ignoring malformed discovery entry");
+                None
+            }
+        })
+        .collect();
+    out.sort_by_key(|i| i.instance_id);
+    Ok(out)
+}
+
+impl Discovery for KvDiscovery {
+    fn instance_id(&self) -> u64 {
+        self.instance_id
+    }
+
+    fn register(&self, instance: &Instance) -> BoxFuture<'_, Result<()>> {
+        let key = instance.key();
+        let value = serde_json::to_string(instance).map_err(|e| Error::Discovery(e.to_string()));
+        Box::pin(async move { self.store.put(&key, &value?).await })
+    }
+
+    fn unregister(&self, instance: &Instance) -> BoxFuture<'_, Result<()>> {
+        let key = instance.key();
+        Box::pin(async move { self.store.delete(&key).await })
+    }
+
+    fn list(&self, endpoint: &EndpointId) -> BoxFuture<'_, Result<Vec<Instance>>> {
+        let prefix = endpoint.instances_prefix();
+        Box::pin(async move { list_instances(self.store.as_ref(), &prefix).await })
+    }
+
+    fn watch(&self, endpoint: &EndpointId) -> watch::Receiver<Arc<Vec<Instance>>> {
+        let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+        let store = Arc::clone(&self.store);
+        let prefix = endpoint.instances_prefix();
+        let mut changes = store.changes();
+        tokio::spawn(async move {
+            loop {
+                changes.mark_unchanged();
+                match list_instances(store.as_ref(), &prefix).await {
+                    Ok(list) => {
+                        tx.send_if_modified(|cur| {
+                            if **cur == list {
+                                false
+                            } else {
+                                *cur = Arc::new(list);
+                                true
+                            }
+                        });
+                    }
+                    Err(e) => tracing::warn!(error = %e, "discovery list failed"),
+                }
+                // The periodic re-list is a safety net: a backend that misses a change
+                // notification costs at most this much staleness.
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { break },
+                    () = tx.closed() => break,
+                    () = tokio::time::sleep(RELIST_INTERVAL) => {}
+                }
+            }
+        });
+        rx
+    }
+
+    fn shutdown(&self) -> BoxFuture<'_, ()> {
+        self.store.shutdown()
+    }
+}
+
+/// A random, non-zero instance id that is exact in JSON numbers (53 bits).
+pub fn random_instance_id() -> u64 {
+    loop {
+        let id = fastrand::u64(..) & ((1 << 53) - 1);
+        if id != 0 {
+            return id;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::discovery::file::FileStore;
+
+    fn instance(ep: &EndpointId, id: u64) -> Instance {
+        Instance {
+            namespace: ep.namespace.clone(),
+            component: ep.component.clone(),
+            endpoint: ep.name.clone(),
+            instance_id: id,
+            transport: TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
+            device_type: None,
+        }
+    }
+
+    async fn until(rx: &mut watch::Receiver<Arc<Vec<Instance>>>, ids: &[u64]) {
+        let deadline = Duration::from_millis(700); // well under the 1 s safety-net re-list
+        tokio::time::timeout(deadline, async {
+            loop {
+                let now: Vec<u64> = rx.borrow().iter().map(|i| i.instance_id).collect();
+                if now == ids {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("watch did not reach {ids:?}"));
+    }
+
+    #[tokio::test]
+    async fn file_watchers_see_joins_and_quick_leaves_across_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let ttl = Duration::from_secs(10);
+        let a = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 1);
+        let ep = EndpointId::parse("ns.comp.ep").unwrap();
+        for _ in 0..3 {
+            // A fresh store whose poller has not scanned yet: its watcher's first list sees
+            // the entry, and the removal right after must still be noticed.
+            let b = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 2);
+            a.register(&instance(&ep, 1)).await.unwrap();
+            let mut rx = b.watch(&ep);
+            until(&mut rx, &[1]).await;
+            a.unregister(&instance(&ep, 1)).await.unwrap();
+            until(&mut rx, &[]).await;
+            b.shutdown().await;
+        }
+        let b = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 2);
+        let mut rx = b.watch(&ep);
+        b.register(&instance(&ep, 2)).await.unwrap();
+        a.register(&instance(&ep, 1)).await.unwrap();
+        until(&mut rx, &[1, 2]).await;
+        assert_eq!(b.list(&ep).await.unwrap().len(), 2);
+        a.shutdown().await;
+        until(&mut rx, &[2]).await;
+    }
+}

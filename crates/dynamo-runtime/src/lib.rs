@@ -1,0 +1,64 @@
+//! The distributed runtime of dynamo-rs: endpoints, discovery, the TCP request plane,
+//! per-request contexts with cancellation, and graceful shutdown.
+//!
+//! Main types:
+//! * [`DistributedRuntime`]: one per process (or several in one process with `mem`
+//!   discovery); serves endpoints and creates clients.
+//! * [`EndpointId`]: the name `namespace.component.endpoint`.
+//! * [`discovery`]: the [`discovery::Discovery`] and [`discovery::KvStore`] traits with
+//!   the `mem` and `file` stores.
+//! * [`transport`]: the TCP request plane (frames, server, pooled client connections).
+//! * [`Client`]: round-robin / random / direct routing over live instances.
+//! * [`Context`]: request id, stop/kill, metadata.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use dynamo_runtime::transport::server::{Handler, Request, Responder};
+//! use dynamo_runtime::{Context, DistributedRuntime, EndpointId, Route, RuntimeConfig};
+//! use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
+//!
+//! struct Echo;
+//! impl Handler for Echo {
+//!     fn start(&self, request: Request, mut out: Responder) {
+//!         out.accept();
+//!         let _ = out.send(&request.body);
+//!         out.finish();
+//!     }
+//! }
+//!
+//! let rt = dynamo_runtime::tokio_runtime().unwrap();
+//! rt.block_on(async {
+//!     let drt = DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp,
+//!                                       RuntimeConfig::default()).unwrap();
+//!     let ep = EndpointId::parse("doc.echo.generate").unwrap();
+//!     let server = drt.clone();
+//!     let ep2 = ep.clone();
+//!     tokio::spawn(async move { server.serve_endpoint(&ep2, Arc::new(Echo), true).await });
+//!     let client = drt.client(&ep);
+//!     client.wait_for_instances().await.unwrap();
+//!     let mut stream = client
+//!         .generate("\"hi\"".into(), Route::RoundRobin, Context::default(), None)
+//!         .await
+//!         .unwrap();
+//!     assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"\"hi\"");
+//!     assert!(stream.next().await.is_none());
+//!     drt.shutdown();
+//!     drt.stopped().await;
+//! });
+//! ```
+
+pub mod config;
+pub mod context;
+pub mod discovery;
+pub mod error;
+pub mod names;
+pub mod router;
+pub mod runtime;
+pub mod transport;
+
+pub use config::RuntimeConfig;
+pub use context::Context;
+pub use error::{Error, Result};
+pub use names::EndpointId;
+pub use router::{Client, Route};
+pub use runtime::{DistributedRuntime, tokio_runtime};

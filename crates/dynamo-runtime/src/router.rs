@@ -1,0 +1,234 @@
+//! [`Client`]: routes requests of one endpoint over its live instances.
+//!
+//! The routable set is the discovered instances minus those this client saw fail
+//! (connection refused or lost, worker unavailable), which stay excluded for
+//! `inhibited_duration` or until discovery drops them. If every discovered instance is
+//! excluded, all of them are tried again rather than failing outright.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+
+use crate::context::{Context, lock};
+use crate::discovery::{Instance, TransportAddress};
+use crate::error::{Error, Result};
+use crate::names::EndpointId;
+use crate::runtime::DistributedRuntime;
+use crate::transport::ErrorKind;
+use crate::transport::client::ResponseStream;
+
+/// How a request picks its instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The next instance in turn.
+    RoundRobin,
+    /// A uniformly random instance.
+    Random,
+    /// This instance.
+    Direct(u64),
+}
+
+struct ClientInner {
+    runtime: DistributedRuntime,
+    endpoint: EndpointId,
+    instances: watch::Receiver<Arc<Vec<Instance>>>,
+    next: AtomicUsize,
+    down: Mutex<HashMap<u64, Instant>>,
+}
+
+/// A client of one endpoint (cheap to clone).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+fn split_address(t: &TransportAddress) -> Result<(&str, &str)> {
+    match t {
+        TransportAddress::Tcp(a) => {
+            let a = a.strip_prefix("tcp://").unwrap_or(a);
+            a.split_once('/')
+                .ok_or_else(|| Error::Discovery(format!("invalid TCP address {a:?}")))
+        }
+        TransportAddress::NatsTcp(s) => Err(Error::Discovery(format!(
+            "instance is served on the NATS request plane ({s}), which this build cannot reach"
+        ))),
+    }
+}
+
+impl Client {
+    pub(crate) fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Self {
+        let instances = runtime.discovery().watch(&endpoint);
+        Self {
+            inner: Arc::new(ClientInner {
+                runtime,
+                endpoint,
+                instances,
+                next: AtomicUsize::new(0),
+                down: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The endpoint.
+    pub fn endpoint(&self) -> &EndpointId {
+        &self.inner.endpoint
+    }
+
+    /// The discovered instances, sorted by id.
+    pub fn instances(&self) -> Vec<Instance> {
+        self.inner.instances.borrow().as_ref().clone()
+    }
+
+    /// The discovered instance ids, sorted.
+    pub fn instance_ids(&self) -> Vec<u64> {
+        self.inner
+            .instances
+            .borrow()
+            .iter()
+            .map(|i| i.instance_id)
+            .collect()
+    }
+
+    /// Resolves with the instance ids once at least one instance exists.
+    pub async fn wait_for_instances(&self) -> Result<Vec<u64>> {
+        let mut rx = self.inner.instances.clone();
+        loop {
+            let ids = self.instance_ids();
+            if !ids.is_empty() {
+                return Ok(ids);
+            }
+            tokio::select! {
+                r = rx.changed() => if r.is_err() { return Err(Error::ShuttingDown) },
+                () = self.inner.runtime.inner.primary.cancelled() => return Err(Error::ShuttingDown),
+            }
+        }
+    }
+
+    /// Exclude an instance from routing for the inhibited duration.
+    pub fn report_instance_down(&self, instance_id: u64) {
+        inhibit(&self.inner, instance_id);
+    }
+
+    fn routable(&self) -> Vec<Instance> {
+        let all = self.inner.instances.borrow().clone();
+        let mut down = lock(&self.inner.down);
+        let ttl = self.inner.runtime.config().inhibited_duration;
+        down.retain(|id, at| at.elapsed() < ttl && all.iter().any(|i| i.instance_id == *id));
+        let up: Vec<Instance> = all
+            .iter()
+            .filter(|i| !down.contains_key(&i.instance_id))
+            .cloned()
+            .collect();
+        if up.is_empty() {
+            all.as_ref().clone()
+        } else {
+            up
+        }
+    }
+
+    /// Send `body` (JSON) to an instance chosen by `route` and return its response stream
+    /// once the worker accepted the request. With `input`, the call is bidirectional.
+    /// Round-robin and random retry on another instance when one cannot be reached or is
+    /// not accepting work (not bidirectional calls: their input is consumed by the first
+    /// attempt).
+    pub async fn generate(
+        &self,
+        body: Bytes,
+        route: Route,
+        context: Context,
+        input: Option<mpsc::UnboundedReceiver<Bytes>>,
+    ) -> Result<ResponseStream> {
+        let max = self.inner.runtime.inner.pool.max_message();
+        if body.len() > max {
+            return Err(Error::MessageTooLarge {
+                size: body.len(),
+                max,
+            });
+        }
+        let bidirectional = input.is_some();
+        let mut input = input;
+        let mut tried: Vec<u64> = Vec::new();
+        loop {
+            let instance = self.pick(route, &tried)?;
+            tried.push(instance.instance_id);
+            let (address, path) = split_address(&instance.transport)?;
+            let attempt = async {
+                let conn = self.inner.runtime.inner.pool.get(address).await?;
+                // The input can only be consumed once: a retry after it was handed over is
+                // impossible, so bidirectional calls are not retried past this point.
+                ResponseStream::open(
+                    conn,
+                    path,
+                    &body,
+                    context.clone(),
+                    input.take(),
+                    self.inner.runtime.config().request_timeout,
+                )
+                .await
+            };
+            match attempt.await {
+                Ok(mut stream) => {
+                    let weak: Weak<ClientInner> = Arc::downgrade(&self.inner);
+                    let id = instance.instance_id;
+                    stream.set_on_disconnect(Box::new(move || {
+                        if let Some(inner) = weak.upgrade() {
+                            inhibit(&inner, id);
+                        }
+                    }));
+                    return Ok(stream);
+                }
+                Err(e) => {
+                    let retryable =
+                        matches!(&e, Error::CannotConnect { .. } | Error::Disconnected(_))
+                            || matches!(&e, Error::Remote(w) if w.kind == ErrorKind::Unavailable);
+                    if retryable {
+                        inhibit(&self.inner, instance.instance_id);
+                    }
+                    let more = self.instance_ids().iter().any(|id| !tried.contains(id));
+                    if !retryable || matches!(route, Route::Direct(_)) || !more || bidirectional {
+                        return Err(e);
+                    }
+                    tracing::debug!(instance_id = instance.instance_id, error = %e, "retrying on another instance");
+                }
+            }
+        }
+    }
+
+    fn pick(&self, route: Route, tried: &[u64]) -> Result<Instance> {
+        let endpoint = || self.inner.endpoint.to_string();
+        match route {
+            Route::Direct(id) => self
+                .inner
+                .instances
+                .borrow()
+                .iter()
+                .find(|i| i.instance_id == id)
+                .cloned()
+                .ok_or_else(|| Error::UnknownInstance {
+                    endpoint: endpoint(),
+                    instance_id: id,
+                }),
+            Route::RoundRobin | Route::Random => {
+                let mut candidates = self.routable();
+                candidates.retain(|i| !tried.contains(&i.instance_id));
+                if candidates.is_empty() {
+                    return Err(Error::NoInstances(endpoint()));
+                }
+                let idx = if route == Route::RoundRobin {
+                    self.inner.next.fetch_add(1, Ordering::Relaxed) % candidates.len()
+                } else {
+                    fastrand::usize(..candidates.len())
+                };
+                Ok(candidates.swap_remove(idx))
+            }
+        }
+    }
+}
+
+fn inhibit(inner: &ClientInner, instance_id: u64) {
+    lock(&inner.down).insert(instance_id, Instant::now());
+}

@@ -1,0 +1,484 @@
+//! The caller side of the TCP request plane: a pool of persistent, multiplexed
+//! connections (one per worker address) and the response streams read from them.
+//!
+//! Invariants:
+//! * A stream ends exactly once: with `END`, an `ERROR`, or — when the connection drops
+//!   first — with [`Error::Disconnected`] (or quietly, if the caller had stopped it).
+//! * Dropping a [`ResponseStream`] before its end sends `STOP` so the worker's handler sees
+//!   the cancellation.
+//! * A connection that failed is never reused: the next request dials again.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::io::BufReader;
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::frame::{self, Read};
+use super::server::write_loop;
+use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
+use crate::context::{Context, lock};
+use crate::error::{Error, Result};
+
+/// What a connection's reader delivers to one stream.
+#[derive(Debug)]
+pub enum Event {
+    /// The worker accepted the request.
+    Ack,
+    /// One response item.
+    Data(Bytes),
+    /// The stream completed.
+    End,
+    /// The stream ended with an error.
+    Error(WireError),
+    /// The connection was lost.
+    Disconnected(String),
+}
+
+/// One multiplexed connection to a worker.
+pub struct Connection {
+    address: String,
+    writer: mpsc::UnboundedSender<Bytes>,
+    streams: Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>,
+    next_stream: AtomicU64,
+    closed: AtomicBool,
+    max_message: usize,
+}
+
+impl Connection {
+    async fn connect(address: &str, max_message: usize, timeout: Duration) -> Result<Arc<Self>> {
+        let cannot = |reason: String| Error::CannotConnect {
+            address: address.to_owned(),
+            reason,
+        };
+        let sock = tokio::time::timeout(timeout, TcpStream::connect(address))
+            .await
+            .map_err(|_| cannot(format!("timed out after {timeout:?}")))?
+            .map_err(|e| cannot(e.to_string()))?;
+        let _ = sock.set_nodelay(true);
+        let (r, w) = sock.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = Arc::new(Self {
+            address: address.to_owned(),
+            writer: tx,
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            max_message,
+        });
+        tokio::spawn(write_loop(w, rx));
+        let reader_conn = Arc::clone(&conn);
+        tokio::spawn(async move {
+            let mut reader = BufReader::with_capacity(64 * 1024, r);
+            let reason = loop {
+                match frame::read_frame(&mut reader, usize::MAX).await {
+                    Ok(Read::Frame(f)) => reader_conn.deliver(f),
+                    Ok(Read::TooLarge { .. }) => {}
+                    Ok(Read::Eof) => break "connection closed by the worker".to_owned(),
+                    Err(e) => break format!("connection to the worker failed: {e}"),
+                }
+            };
+            reader_conn.close(&reason);
+        });
+        Ok(conn)
+    }
+
+    fn deliver(&self, f: frame::Frame) {
+        let event = match f.kind {
+            frame::ACK => Event::Ack,
+            frame::DATA => Event::Data(f.payload),
+            frame::END => Event::End,
+            frame::ERROR => Event::Error(serde_json::from_slice(&f.payload).unwrap_or_else(|e| {
+                WireError::new(
+                    ErrorKind::Unknown,
+                    format!("malformed error frame: {e}"),
+                    false,
+                )
+            })),
+            _ => return,
+        };
+        let terminal = matches!(event, Event::End | Event::Error(_));
+        let mut streams = lock(&self.streams);
+        if let Some(tx) = streams.get(&f.stream) {
+            let _ = tx.send(event);
+        }
+        if terminal {
+            streams.remove(&f.stream);
+        }
+    }
+
+    fn close(&self, reason: &str) {
+        self.closed.store(true, Ordering::Release);
+        let streams: Vec<_> = lock(&self.streams).drain().map(|(_, tx)| tx).collect();
+        for tx in streams {
+            let _ = tx.send(Event::Disconnected(format!(
+                "Stream ended before generation completed: {reason} ({})",
+                self.address
+            )));
+        }
+    }
+
+    /// Whether the connection is unusable.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn send(&self, frame: Bytes) -> Result<()> {
+        if self.is_closed() {
+            return Err(Error::Disconnected(format!(
+                "connection to {} is closed",
+                self.address
+            )));
+        }
+        self.writer
+            .send(frame)
+            .map_err(|_| Error::Disconnected(format!("connection to {} is closed", self.address)))
+    }
+
+    fn check_size(&self, size: usize) -> Result<()> {
+        if size > self.max_message {
+            return Err(Error::MessageTooLarge {
+                size,
+                max: self.max_message,
+            });
+        }
+        Ok(())
+    }
+
+    /// Send a request; returns the stream id and its event receiver.
+    fn open(
+        &self,
+        path: &str,
+        header: &RequestHeader,
+        body: &[u8],
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Event>)> {
+        let header =
+            serde_json::to_vec(header).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let prefix = frame::request_prefix(path, &header);
+        self.check_size(prefix.len() + body.len())?;
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::unbounded_channel();
+        lock(&self.streams).insert(id, tx);
+        if let Err(e) = self.send(frame::encode(frame::REQUEST, id, &[&prefix, body])) {
+            lock(&self.streams).remove(&id);
+            return Err(e);
+        }
+        // The reader may have closed the connection between the check and the insert.
+        if self.is_closed() {
+            lock(&self.streams).remove(&id);
+            return Err(Error::Disconnected(format!(
+                "connection to {} is closed",
+                self.address
+            )));
+        }
+        Ok((id, rx))
+    }
+
+    fn control(&self, stream: u64, kind: u8) {
+        let _ = self.send(frame::encode(kind, stream, &[]));
+    }
+}
+
+/// Per-address connections, shared by every client of a runtime.
+pub struct ConnectionPool {
+    conns: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
+    max_message: usize,
+    connect_timeout: Duration,
+}
+
+impl ConnectionPool {
+    /// An empty pool.
+    pub fn new(max_message: usize, connect_timeout: Duration) -> Self {
+        Self {
+            conns: tokio::sync::Mutex::new(HashMap::new()),
+            max_message,
+            connect_timeout,
+        }
+    }
+
+    /// The maximum message size of this pool's connections.
+    pub fn max_message(&self) -> usize {
+        self.max_message
+    }
+
+    /// A live connection to `address` (`host:port`), dialling if needed.
+    pub async fn get(&self, address: &str) -> Result<Arc<Connection>> {
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(address).filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(c));
+        }
+        let c = Connection::connect(address, self.max_message, self.connect_timeout).await?;
+        conns.insert(address.to_owned(), Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// Close every connection (their streams end with `Disconnected`).
+    pub async fn close_all(&self) {
+        let conns: Vec<_> = self.conns.lock().await.drain().map(|(_, c)| c).collect();
+        for c in conns {
+            c.close("the caller's runtime shut down");
+        }
+    }
+}
+
+/// The caller's side of one response stream.
+pub struct ResponseStream {
+    conn: Arc<Connection>,
+    stream: u64,
+    rx: mpsc::UnboundedReceiver<Event>,
+    context: Context,
+    consumed: u32,
+    finished: bool,
+    done: CancellationToken,
+    on_disconnect: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl ResponseStream {
+    /// Send a request on `conn` and wait (up to `ack_timeout`) for the worker to accept it.
+    /// With `input`, the call is bidirectional: each received item is sent as a request
+    /// item, and the end of `input` ends the request stream.
+    pub async fn open(
+        conn: Arc<Connection>,
+        path: &str,
+        body: &[u8],
+        context: Context,
+        input: Option<mpsc::UnboundedReceiver<Bytes>>,
+        ack_timeout: Duration,
+    ) -> Result<Self> {
+        let header = RequestHeader {
+            id: context.id().to_owned(),
+            metadata: context.metadata_snapshot(),
+            streaming: input.is_some(),
+        };
+        let (stream, rx) = conn.open(path, &header, body)?;
+        let mut s = Self {
+            conn,
+            stream,
+            rx,
+            context,
+            consumed: 0,
+            finished: false,
+            done: CancellationToken::new(),
+            on_disconnect: None,
+        };
+        match tokio::time::timeout(ack_timeout, s.rx.recv()).await {
+            Err(_) => {
+                return Err(Error::ConnectionTimeout(format!(
+                    "no acknowledgement from {} within {ack_timeout:?}",
+                    s.conn.address
+                )));
+            }
+            Ok(Some(Event::Ack)) => {}
+            Ok(Some(Event::Error(e))) => {
+                s.finished = true;
+                return Err(Error::Remote(e));
+            }
+            Ok(Some(Event::Disconnected(m))) => {
+                s.finished = true;
+                return Err(Error::Disconnected(m));
+            }
+            Ok(Some(other)) => {
+                s.finished = true;
+                return Err(Error::Remote(WireError::new(
+                    ErrorKind::Unknown,
+                    format!("protocol error: expected an acknowledgement, got {other:?}"),
+                    false,
+                )));
+            }
+            Ok(None) => {
+                s.finished = true;
+                return Err(Error::Disconnected("connection closed".into()));
+            }
+        }
+        if let Some(input) = input {
+            tokio::spawn(forward_input(
+                Arc::clone(&s.conn),
+                s.stream,
+                input,
+                s.done.clone(),
+            ));
+        }
+        s.watch_context();
+        Ok(s)
+    }
+
+    /// Call `f` when the stream breaks because the connection was lost (used to report the
+    /// instance down).
+    pub fn set_on_disconnect(&mut self, f: Box<dyn Fn() + Send + Sync>) {
+        self.on_disconnect = Some(f);
+    }
+
+    /// Forward the caller context's stop/kill to the worker while the stream is open.
+    fn watch_context(&self) {
+        let ctx = self.context.clone();
+        if ctx.is_stopped() {
+            self.conn.control(
+                self.stream,
+                if ctx.is_killed() {
+                    frame::KILL
+                } else {
+                    frame::STOP
+                },
+            );
+            return;
+        }
+        let conn = Arc::clone(&self.conn);
+        let stream = self.stream;
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = ctx.stopped() => {
+                    conn.control(stream, if ctx.is_killed() { frame::KILL } else { frame::STOP });
+                    tokio::select! {
+                        () = ctx.killed() => conn.control(stream, frame::KILL),
+                        () = done.cancelled() => {}
+                    }
+                }
+                () = done.cancelled() => {}
+            }
+        });
+    }
+
+    /// The stream's context.
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
+    fn on_event(&mut self, event: Option<Event>) -> Option<Result<Bytes>> {
+        match event {
+            Some(Event::Data(b)) => {
+                self.consumed += 1;
+                if self.consumed >= STREAM_WINDOW / 2 {
+                    let n = self.consumed;
+                    self.consumed = 0;
+                    let _ = self.conn.send(frame::encode(
+                        frame::CREDIT,
+                        self.stream,
+                        &[&n.to_be_bytes()],
+                    ));
+                }
+                Some(Ok(b))
+            }
+            Some(Event::Ack) => None,
+            Some(Event::End) | None => {
+                self.finish();
+                None
+            }
+            Some(Event::Error(e)) => {
+                self.finish();
+                Some(Err(Error::Remote(e)))
+            }
+            Some(Event::Disconnected(m)) => {
+                self.finish();
+                if self.context.is_stopped() {
+                    None
+                } else {
+                    if let Some(f) = &self.on_disconnect {
+                        f();
+                    }
+                    Some(Err(Error::Disconnected(m)))
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        self.finished = true;
+        self.done.cancel();
+    }
+
+    /// The next item without waiting: `Ok(Some(item))`, `Ok(None)` at the end, or
+    /// `Err(())` when nothing has arrived yet.
+    #[expect(clippy::result_unit_err, reason = "a three-state poll, not an error")]
+    pub fn try_next(&mut self) -> Result<Option<Result<Bytes>>, ()> {
+        loop {
+            if self.finished {
+                return Ok(None);
+            }
+            let event = match self.rx.try_recv() {
+                Ok(e) => Some(e),
+                Err(mpsc::error::TryRecvError::Empty) => return Err(()),
+                Err(mpsc::error::TryRecvError::Disconnected) => None,
+            };
+            let is_ack = matches!(event, Some(Event::Ack));
+            let out = self.on_event(event);
+            if out.is_some() || !is_ack {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// The next item: `Some(Ok(item))`, `Some(Err(e))` (the stream then ends), or `None`
+    /// at the end.
+    pub async fn next(&mut self) -> Option<Result<Bytes>> {
+        loop {
+            if self.finished {
+                return None;
+            }
+            let event = self.rx.recv().await;
+            let is_ack = matches!(event, Some(Event::Ack));
+            let out = self.on_event(event);
+            if out.is_some() || !is_ack {
+                return out;
+            }
+        }
+    }
+
+    /// Whether the stream has ended.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.context.stop_generating();
+            self.conn.control(self.stream, frame::STOP);
+            lock(&self.conn.streams).remove(&self.stream);
+        }
+        self.done.cancel();
+    }
+}
+
+async fn forward_input(
+    conn: Arc<Connection>,
+    stream: u64,
+    mut input: mpsc::UnboundedReceiver<Bytes>,
+    done: CancellationToken,
+) {
+    loop {
+        let item = tokio::select! {
+            i = input.recv() => i,
+            () = done.cancelled() => return,
+        };
+        match item {
+            Some(b) => {
+                if b.len() > conn.max_message {
+                    // The worker would reject it; end the request stream instead.
+                    tracing::warn!(
+                        size = b.len(),
+                        "request item over the maximum message size dropped"
+                    );
+                    conn.control(stream, frame::KILL);
+                    return;
+                }
+                if conn
+                    .send(frame::encode(frame::ITEM, stream, &[&b]))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            None => {
+                conn.control(stream, frame::INPUT_END);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,588 @@
+//! The worker side of the TCP request plane.
+//!
+//! One [`Server`] per process listens on `DYN_TCP_RPC_HOST:DYN_TCP_RPC_PORT` and serves
+//! every endpoint the process registers, dispatching requests by endpoint path. Each
+//! connection has a reader task (decodes frames, dispatches them) and a writer task (drains
+//! a queue of encoded frames, coalescing them into large writes).
+//!
+//! Invariants:
+//! * Every accepted request ends with exactly one `END` or `ERROR` frame, unless the
+//!   connection is gone (then nobody is listening).
+//! * When a connection drops, every stream it carried is killed (its context is killed), as
+//!   the reference treats a dropped response socket.
+//! * A request frame over the size limit gets an `ERROR` for its stream; the connection and
+//!   the worker carry on.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use super::frame::{self, Read};
+use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
+use crate::context::{Context, lock};
+use crate::error::{Error, Result};
+
+/// One request as a handler sees it.
+pub struct Request {
+    /// The request body (JSON).
+    pub body: Bytes,
+    /// The request's context (id and metadata from the caller; stop/kill from the caller).
+    pub context: Context,
+    /// For bidirectional calls: the request items, ending when the caller sends
+    /// `INPUT_END` or disconnects.
+    pub input: Option<mpsc::UnboundedReceiver<Bytes>>,
+}
+
+/// Something that serves an endpoint. `start` must not block: it hands the request to
+/// whatever runs it (a task, an event loop) and returns.
+pub trait Handler: Send + Sync + 'static {
+    /// Start handling `request`, answering through `responder`.
+    fn start(&self, request: Request, responder: Responder);
+}
+
+/// A served endpoint in the server's registry.
+pub struct EndpointEntry {
+    handler: Arc<dyn Handler>,
+    accepting: AtomicBool,
+    inflight: AtomicUsize,
+    idle: Notify,
+}
+
+impl EndpointEntry {
+    /// A new entry that accepts requests.
+    pub fn new(handler: Arc<dyn Handler>) -> Arc<Self> {
+        Arc::new(Self {
+            handler,
+            accepting: AtomicBool::new(true),
+            inflight: AtomicUsize::new(0),
+            idle: Notify::new(),
+        })
+    }
+
+    /// Start or stop accepting new requests (in-flight ones carry on).
+    pub fn set_accepting(&self, accepting: bool) {
+        self.accepting.store(accepting, Ordering::Release);
+    }
+
+    /// Number of streams in flight.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Acquire)
+    }
+
+    /// Resolves when no stream is in flight.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.inflight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Decrements the endpoint's in-flight count when a stream ends.
+struct InflightGuard(Arc<EndpointEntry>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+struct StreamState {
+    context: Context,
+    credits: AtomicI64,
+    credit_notify: Notify,
+}
+
+struct StreamEntry {
+    state: Arc<StreamState>,
+    input: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
+}
+
+struct Conn {
+    writer: mpsc::UnboundedSender<Bytes>,
+    streams: Mutex<HashMap<u64, Arc<StreamEntry>>>,
+    closed: CancellationToken,
+    max_message: usize,
+}
+
+impl Conn {
+    fn send(&self, frame: Bytes) {
+        // A closed writer means the connection is gone; the reader kills the streams.
+        let _ = self.writer.send(frame);
+    }
+
+    fn send_error(&self, stream: u64, err: &WireError) {
+        let json = serde_json::to_vec(err).unwrap_or_default();
+        self.send(frame::encode(frame::ERROR, stream, &[&json]));
+    }
+}
+
+/// What [`Responder::send`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendStatus {
+    /// Sent (or buffered, when corked); send the next one when ready.
+    Ready,
+    /// Sent, but the caller's window is exhausted: await [`Responder::credit`] before
+    /// sending more. Buffered frames were flushed.
+    Wait,
+    /// Not sent: the caller stopped the stream (or went away). Finish the stream.
+    Stopped,
+}
+
+/// The worker's handle on one response stream.
+///
+/// A corked responder ([`Responder::set_corked`]) buffers its frames until
+/// [`Responder::flush`] (or the end of the stream): a handler that produces several items
+/// in one go then costs one write, and the acknowledgement travels with the first items.
+pub struct Responder {
+    conn: Arc<Conn>,
+    stream: u64,
+    state: Arc<StreamState>,
+    done: bool,
+    accepted: bool,
+    corked: bool,
+    pending: BytesMut,
+    _guard: InflightGuard,
+}
+
+impl Responder {
+    /// The request's context.
+    pub fn context(&self) -> &Context {
+        &self.state.context
+    }
+
+    /// Buffer frames until [`Responder::flush`] while `corked`.
+    pub fn set_corked(&mut self, corked: bool) {
+        self.corked = corked;
+        if !corked {
+            self.flush();
+        }
+    }
+
+    fn push(&mut self, kind: u8, payload: &[u8]) {
+        frame::encode_into(&mut self.pending, kind, self.stream, payload);
+        if !self.corked {
+            self.flush();
+        }
+    }
+
+    /// Send the buffered frames.
+    pub fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            let frames = self.pending.split().freeze();
+            self.conn.send(frames);
+        }
+    }
+
+    /// Whether frames are waiting for [`Responder::flush`].
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Tell the caller the request was accepted (its `generate()` call resolves). Implied
+    /// by the first item or the end of the stream; idempotent.
+    pub fn accept(&mut self) {
+        if !self.accepted {
+            self.accepted = true;
+            self.push(frame::ACK, &[]);
+        }
+    }
+
+    /// Send one response item (JSON).
+    pub fn send(&mut self, item: &[u8]) -> Result<SendStatus> {
+        if self.state.context.is_stopped() || self.conn.closed.is_cancelled() {
+            return Ok(SendStatus::Stopped);
+        }
+        if item.len() > self.conn.max_message {
+            return Err(Error::MessageTooLarge {
+                size: item.len(),
+                max: self.conn.max_message,
+            });
+        }
+        self.accept();
+        self.push(frame::DATA, item);
+        if self.state.credits.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.flush();
+            Ok(SendStatus::Wait)
+        } else {
+            Ok(SendStatus::Ready)
+        }
+    }
+
+    /// Resolves when the caller granted more credit, stopped the stream or went away.
+    pub async fn credit(&self) {
+        self.credit_waiter().await;
+    }
+
+    /// A future that resolves like [`Responder::credit`], independent of this handle's
+    /// lifetime.
+    pub fn credit_waiter(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let state = Arc::clone(&self.state);
+        let closed = self.conn.closed.clone();
+        async move {
+            loop {
+                let notified = state.credit_notify.notified();
+                if state.credits.load(Ordering::Acquire) > 0 || state.context.is_stopped() {
+                    return;
+                }
+                tokio::select! {
+                    () = notified => {}
+                    () = state.context.stopped() => return,
+                    () = closed.cancelled() => return,
+                }
+            }
+        }
+    }
+
+    /// End the stream successfully (the explicit final frame).
+    pub fn finish(mut self) {
+        self.done = true;
+        self.accept();
+        self.push(frame::END, &[]);
+        self.flush();
+    }
+
+    /// End the stream with an error.
+    pub fn fail(mut self, err: WireError) {
+        self.done = true;
+        let json = serde_json::to_vec(&err).unwrap_or_default();
+        self.push(frame::ERROR, &json);
+        self.flush();
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        if !self.done {
+            let err = WireError::new(
+                ErrorKind::StreamIncomplete,
+                "the handler ended without completing the stream",
+                true,
+            );
+            let json = serde_json::to_vec(&err).unwrap_or_default();
+            self.push(frame::ERROR, &json);
+        }
+        self.flush();
+        lock(&self.conn.streams).remove(&self.stream);
+    }
+}
+
+/// The process's request-plane listener.
+pub struct Server {
+    address: SocketAddr,
+    endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
+    cancel: CancellationToken,
+    live: Arc<LiveConnections>,
+}
+
+/// Count of connection tasks still running (to let the last frames flush at shutdown).
+#[derive(Default)]
+struct LiveConnections {
+    count: AtomicUsize,
+    idle: Notify,
+}
+
+struct LiveGuard(Arc<LiveConnections>);
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Server {
+    /// Bind `host:port` (port 0: OS-assigned) and start accepting.
+    pub async fn bind(host: &str, port: u16, max_message: usize) -> Result<Arc<Self>> {
+        let listener = TcpListener::bind((host, port)).await?;
+        let address = listener.local_addr()?;
+        let server = Arc::new(Self {
+            address,
+            endpoints: Arc::new(Mutex::new(HashMap::new())),
+            cancel: CancellationToken::new(),
+            live: Arc::new(LiveConnections::default()),
+        });
+        let endpoints = Arc::clone(&server.endpoints);
+        let cancel = server.cancel.clone();
+        let live = Arc::clone(&server.live);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    r = listener.accept() => r,
+                    () = cancel.cancelled() => break,
+                };
+                match accepted {
+                    Ok((sock, _)) => {
+                        let endpoints = Arc::clone(&endpoints);
+                        let cancel = cancel.clone();
+                        live.count.fetch_add(1, Ordering::AcqRel);
+                        let guard = LiveGuard(Arc::clone(&live));
+                        tokio::spawn(async move {
+                            serve_connection(sock, endpoints, max_message, cancel).await;
+                            drop(guard);
+                        });
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "request plane: accept failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        });
+        Ok(server)
+    }
+
+    /// The bound address.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Serve `path` with `entry` (replacing a previous entry of the same path).
+    pub fn add_endpoint(&self, path: String, entry: Arc<EndpointEntry>) {
+        lock(&self.endpoints).insert(path, entry);
+    }
+
+    /// Stop serving `path` (new requests get `Unknown endpoint`).
+    pub fn remove_endpoint(&self, path: &str) {
+        lock(&self.endpoints).remove(path);
+    }
+
+    /// Close the listener and every connection.
+    pub fn close(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Resolves when every connection task has flushed its last frames and ended (or after
+    /// `timeout`).
+    pub async fn flushed(&self, timeout: std::time::Duration) {
+        let wait = async {
+            loop {
+                let notified = self.live.idle.notified();
+                if self.live.count.load(Ordering::Acquire) == 0 {
+                    return;
+                }
+                notified.await;
+            }
+        };
+        let _ = tokio::time::timeout(timeout, wait).await;
+    }
+}
+
+pub(crate) async fn write_loop(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+    // Coalesce queued frames into one write: under load many small frames are ready at
+    // once, and one syscall for all of them is what makes small items cheap.
+    const MAX_BATCH: usize = 256 * 1024;
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    while let Some(first) = rx.recv().await {
+        if first.len() >= MAX_BATCH {
+            if w.write_all(&first).await.is_err() {
+                break;
+            }
+            continue;
+        }
+        buf.extend_from_slice(&first);
+        while buf.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(f) => buf.extend_from_slice(&f),
+                Err(_) => break,
+            }
+        }
+        if w.write_all(&buf).await.is_err() {
+            break;
+        }
+        buf.clear();
+    }
+    let _ = w.shutdown().await;
+}
+
+async fn serve_connection(
+    sock: TcpStream,
+    endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
+    max_message: usize,
+    cancel: CancellationToken,
+) {
+    let _ = sock.set_nodelay(true);
+    let (r, w) = sock.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let conn = Arc::new(Conn {
+        writer: tx,
+        streams: Mutex::new(HashMap::new()),
+        closed: CancellationToken::new(),
+        max_message,
+    });
+    let writer = tokio::spawn(write_loop(w, rx));
+    let mut reader = BufReader::with_capacity(64 * 1024, r);
+    loop {
+        let read = tokio::select! {
+            r = frame::read_frame(&mut reader, max_message) => r,
+            () = cancel.cancelled() => break,
+        };
+        match read {
+            Ok(Read::Frame(f)) => dispatch(&conn, &endpoints, f),
+            Ok(Read::TooLarge { kind, stream, size }) => {
+                if kind == frame::REQUEST || kind == frame::ITEM {
+                    conn.send_error(
+                        stream,
+                        &WireError::new(
+                            ErrorKind::InvalidArgument,
+                            format!(
+                                "Request too large: {size} bytes exceeds the maximum message \
+                                 size of {max_message} bytes"
+                            ),
+                            false,
+                        ),
+                    );
+                    let streams = lock(&conn.streams);
+                    if let (frame::ITEM, Some(s)) = (kind, streams.get(&stream)) {
+                        s.state.context.kill();
+                    }
+                }
+            }
+            Ok(Read::Eof) => break,
+            Err(e) => {
+                tracing::debug!(error = %e, "request plane: connection error");
+                break;
+            }
+        }
+    }
+    conn.closed.cancel();
+    let streams: Vec<_> = lock(&conn.streams).drain().map(|(_, s)| s).collect();
+    for s in streams {
+        s.state.context.kill();
+        lock(&s.input).take();
+        s.state.credit_notify.notify_waiters();
+    }
+    drop(conn);
+    // The writer ends once every responder (each holds the connection) is gone; give it a
+    // moment to flush the final frames.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
+}
+
+fn dispatch(
+    conn: &Arc<Conn>,
+    endpoints: &Mutex<HashMap<String, Arc<EndpointEntry>>>,
+    f: frame::Frame,
+) {
+    match f.kind {
+        frame::REQUEST => start_request(conn, endpoints, f.stream, &f.payload),
+        frame::ITEM => {
+            let streams = lock(&conn.streams);
+            if let Some(tx) = streams.get(&f.stream).and_then(|s| lock(&s.input).clone()) {
+                let _ = tx.send(f.payload);
+            }
+        }
+        frame::INPUT_END => {
+            if let Some(s) = lock(&conn.streams).get(&f.stream) {
+                lock(&s.input).take();
+            }
+        }
+        frame::STOP | frame::KILL => {
+            if let Some(s) = lock(&conn.streams).get(&f.stream) {
+                if f.kind == frame::KILL {
+                    s.state.context.kill();
+                } else {
+                    s.state.context.stop_generating();
+                }
+                lock(&s.input).take();
+                s.state.credit_notify.notify_waiters();
+            }
+        }
+        frame::CREDIT => {
+            let n = f
+                .payload
+                .get(0..4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_be_bytes)
+                .unwrap_or(0);
+            if let Some(s) = lock(&conn.streams).get(&f.stream) {
+                s.state.credits.fetch_add(i64::from(n), Ordering::AcqRel);
+                s.state.credit_notify.notify_waiters();
+            }
+        }
+        other => tracing::debug!(kind = other, "request plane: ignoring unexpected frame"),
+    }
+}
+
+fn start_request(
+    conn: &Arc<Conn>,
+    endpoints: &Mutex<HashMap<String, Arc<EndpointEntry>>>,
+    stream: u64,
+    payload: &Bytes,
+) {
+    let reject = |kind, msg: String| conn.send_error(stream, &WireError::new(kind, msg, false));
+    let Some((path, header, body)) = frame::split_request(payload) else {
+        return reject(ErrorKind::InvalidArgument, "malformed request frame".into());
+    };
+    let header: RequestHeader = match serde_json::from_slice(&header) {
+        Ok(h) => h,
+        Err(e) => {
+            return reject(
+                ErrorKind::InvalidArgument,
+                format!("malformed request header: {e}"),
+            );
+        }
+    };
+    let entry = lock(endpoints).get(&path).cloned();
+    let Some(entry) = entry else {
+        return reject(ErrorKind::NotFound, format!("Unknown endpoint: {path}"));
+    };
+    if !entry.accepting.load(Ordering::Acquire) {
+        return reject(
+            ErrorKind::Unavailable,
+            format!("Server unavailable: endpoint {path} is not accepting requests"),
+        );
+    }
+    entry.inflight.fetch_add(1, Ordering::AcqRel);
+    let guard = InflightGuard(Arc::clone(&entry));
+    let context = Context::new(Some(header.id), header.metadata);
+    let state = Arc::new(StreamState {
+        context: context.clone(),
+        credits: AtomicI64::new(i64::from(STREAM_WINDOW)),
+        credit_notify: Notify::new(),
+    });
+    let (input_tx, input) = if header.streaming {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    lock(&conn.streams).insert(
+        stream,
+        Arc::new(StreamEntry {
+            state: Arc::clone(&state),
+            input: Mutex::new(input_tx),
+        }),
+    );
+    let responder = Responder {
+        conn: Arc::clone(conn),
+        stream,
+        state,
+        done: false,
+        accepted: false,
+        corked: false,
+        pending: BytesMut::new(),
+        _guard: guard,
+    };
+    entry.handler.start(
+        Request {
+            body,
+            context,
+            input,
+        },
+        responder,
+    );
+}
