@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 
-import dynamo.runtime as rt_mod
 import pytest
+from pydantic import BaseModel
+from runtime_util import collect, local_runtime, unique_ns
+
+import dynamo.runtime as rt_mod
 from dynamo._core import Context, ContextMetadata, SpanProxy, log_message
 from dynamo.runtime import dynamo_endpoint, dynamo_worker
 from dynamo.runtime import logging as dlog
-from pydantic import BaseModel
-from runtime_util import collect, local_runtime, unique_ns
 
 
 def test_context_basics_and_cancellation() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from runtime_util import collect, local_runtime, unique_ns, wait_until
+
 from dynamo._core import (
     CannotConnect,
     Context,
@@ -15,7 +17,6 @@ from dynamo._core import (
     StreamIncomplete,
     TransportType,
 )
-from runtime_util import collect, local_runtime, unique_ns, wait_until
 
 
 async def counting(request):

@@ -10,8 +10,9 @@ import os
 from collections import Counter
 
 import pytest
-from dynamo._core import Disconnected, EngineShutdown
 from runtime_util import Worker, collect, local_runtime, unique_ns, wait_until
+
+from dynamo._core import Disconnected, EngineShutdown
 
 
 @pytest.fixture

@@ -303,7 +303,6 @@ pub fn layer_tensor(layout: &BlockLayout, block: usize, layer: usize) -> Result<
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
     use super::*;
     use dynamo_kv_router::hashing::{

@@ -259,7 +259,6 @@ pub unsafe fn release_unconsumed(ptr: *mut c_void, versioned: bool) {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
     use super::*;
     use crate::dtype::DType;

@@ -228,7 +228,6 @@ impl Drop for RegistrationHandle {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
     use super::*;
 

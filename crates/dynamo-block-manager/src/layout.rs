@@ -400,5 +400,4 @@ impl BlockLayout {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests;

@@ -317,7 +317,6 @@ impl Drop for Storage {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests {
     use super::*;
 

@@ -2,8 +2,6 @@
 //! deadlock (blocks return inside `Drop` while other threads hold handles), balanced books,
 //! and KV events that add up to what is still cached.
 
-#![expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
-
 use std::collections::HashMap;
 use std::sync::Arc;
 

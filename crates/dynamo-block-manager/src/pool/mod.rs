@@ -620,5 +620,4 @@ impl Drop for ImmutableInner {
 }
 
 #[cfg(test)]
-#[expect(clippy::unwrap_used, reason = "a failing unwrap is a failing test")]
 mod tests;
