@@ -9,11 +9,13 @@
 //! * [`kv`]: block hashing (and, later, the KV indexer classes).
 //! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
 //! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
+//! * [`aio`]: Rust futures as asyncio futures (completed on the loop thread).
 //! * [`engine`]: the bridge between the request plane and Python handlers and streams.
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 
 use pyo3::prelude::*;
 
+mod aio;
 mod context;
 mod convert;
 mod engine;
