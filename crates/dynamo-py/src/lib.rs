@@ -8,12 +8,15 @@
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`router`]: router configuration classes.
 //! * [`kv`]: block hashing, the `RadixTree` indexer and `OverlapScores`.
+//! * [`llm`]: model types, runtime config, model deployment card, `MockEngineArgs`,
+//!   `lora_name_to_id`, `fetch_model`.
 
 use pyo3::prelude::*;
 
 mod convert;
 mod errors;
 mod kv;
+mod llm;
 mod router;
 
 /// The extension module. Each area registers its own classes and functions.
@@ -23,5 +26,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     kv::register(m)?;
     router::register(m)?;
+    llm::register(m)?;
     Ok(())
 }

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("path", help="directory to write (created if missing)")
     args = parser.parse_args(argv)
     out = write_tiny_model(args.path)
-    print(out)  # noqa: T201 - the CLI's output is the path
+    print(out)
 
 
 if __name__ == "__main__":
