@@ -14,8 +14,11 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Sequence,
     Set,
     Tuple,
+    TypedDict,
+    Union,
     final,
 )
 
@@ -603,6 +606,214 @@ class AicPerfConfig:
         aic_kv_cache_dtype: Optional[str] = None,
         aic_comm_dtype: Optional[str] = None,
     ) -> AicPerfConfig: ...
+
+# ---------------------------------------------------------------------------------------
+# KV routing between processes
+# ---------------------------------------------------------------------------------------
+
+class KvStoredEventInput(TypedDict, total=False):
+    """A ``stored`` item of :meth:`KvEventPublisher.publish_batch` (``type="stored"``;
+    ``token_ids``, ``num_block_tokens`` and ``block_hashes`` are required). Hashes are
+    signed 64-bit engine hashes. Unknown keys are rejected."""
+
+    type: str
+    token_ids: List[int]
+    num_block_tokens: List[int]
+    block_hashes: List[int]
+    parent_hash: Optional[int]
+    block_mm_infos: Optional[List[Optional[Dict[str, Any]]]]
+    lora_name: Optional[str]
+    is_eagle: Optional[bool]
+    cache_salt: Optional[str]
+
+class KvRemovedEventInput(TypedDict, total=False):
+    """A ``removed`` item of :meth:`KvEventPublisher.publish_batch` (``type="removed"``)."""
+
+    type: str
+    block_hashes: List[int]
+
+@final
+class KvEventPublisher:
+    """Publishes one worker rank's KV-cache events for the routers of the endpoint's
+    component (channel ``kv_events``). Event ids are assigned internally from 0.
+
+    With ``enable_local_indexer=True`` the worker keeps its own index and a replay buffer of
+    its last 1024 events, served on ``worker_kv_indexer_query_dp{dp_rank}``: a router that
+    missed events recovers from it. ``zmq_endpoint`` (relay from an engine's ZMQ socket) is
+    not available in this build (``NotImplementedError``).
+    """
+
+    def __new__(
+        cls,
+        endpoint: Endpoint,
+        worker_id: Optional[int] = None,
+        kv_block_size: int = 0,
+        dp_rank: int = 0,
+        enable_local_indexer: bool = False,
+        zmq_endpoint: Optional[str] = None,
+        zmq_topic: Optional[str] = None,
+        batching_timeout_ms: Optional[int] = None,
+        image_token_id: Optional[int] = None,
+        kv_state_endpoint: Optional[str] = None,
+    ) -> KvEventPublisher:
+        """Raises ``ValueError`` when ``kv_block_size`` is 0 or ``batching_timeout_ms`` >
+        15000. ``worker_id=None`` uses the endpoint's connection id."""
+
+    @property
+    def kv_block_size(self) -> int: ...
+    def publish_stored(
+        self,
+        token_ids: List[int],
+        num_block_tokens: List[int],
+        block_hashes: List[int],
+        parent_hash: Optional[int] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        is_eagle: Optional[bool] = None,
+        cache_salt: Optional[str] = None,
+    ) -> None:
+        """Publish stored blocks (``tokens_hash`` recomputed from ``token_ids``).
+        Blocks whose size is not ``kv_block_size`` are dropped."""
+
+    def publish_removed(self, block_hashes: List[int]) -> None:
+        """Publish removed blocks (engine hashes)."""
+
+    def publish_batch(
+        self, events: Sequence[Union[KvStoredEventInput, KvRemovedEventInput]]
+    ) -> None:
+        """Validate the whole list (``ValueError("invalid KV event batch: ...")``, nothing
+        published), then publish it in order, coalescing compatible neighbours."""
+
+    def shutdown(self) -> None:
+        """Stop serving the replay endpoint."""
+
+    def _subscriber_count(self) -> int: ...
+    def _disconnect_subscribers(self) -> None: ...
+
+@final
+class WorkerMetricsPublisher:
+    """Publishes a worker's load (channel ``kv_metrics``) for router load balancing."""
+
+    def __new__(cls) -> WorkerMetricsPublisher: ...
+    def create_endpoint(self, endpoint: Endpoint) -> Awaitable[None]:
+        """Bind to the endpoint's component; ``publish`` has no effect before."""
+
+    def publish(
+        self,
+        dp_rank: Optional[int] = None,
+        active_decode_blocks: Optional[int] = None,
+        kv_used_blocks: Optional[int] = None,
+    ) -> None:
+        """Publish one rank's load (``dp_rank=None`` means 0)."""
+
+@final
+class KvIndexer:
+    """A KV index fed by the KV events of the endpoint's component, with gap detection and
+    recovery from the workers' local indexers. Workers that leave are removed."""
+
+    def __new__(cls, endpoint: Endpoint, block_size: int) -> KvIndexer: ...
+    def find_matches(self, sequence: List[int]) -> OverlapScores:
+        """Match local block hashes."""
+
+    def find_matches_for_request(
+        self, token_ids: List[int], lora_name: Optional[str] = None, is_eagle: Optional[bool] = None
+    ) -> OverlapScores:
+        """Hash ``token_ids`` with the indexer's block size, then match."""
+
+    def block_size(self) -> int: ...
+
+@final
+class ApproxKvIndexer:
+    """An index without KV events: routing decisions count as cached for a TTL."""
+
+    def __new__(
+        cls, endpoint: Endpoint, kv_block_size: int, router_ttl_secs: float = 120.0
+    ) -> ApproxKvIndexer: ...
+    def find_matches_for_request(
+        self, token_ids: List[int], lora_name: Optional[str] = None, is_eagle: Optional[bool] = None
+    ) -> OverlapScores: ...
+    def block_size(self) -> int: ...
+    def process_routing_decision_for_request(
+        self, tokens: List[int], worker_id: int, dp_rank: int = 0
+    ) -> Awaitable[None]:
+        """Mark the blocks of ``tokens`` as cached on ``(worker_id, dp_rank)``."""
+
+@final
+class KvRouter:
+    """A KV-aware router over an endpoint's workers: index (KV events or approximate),
+    load tracking, router queue and dispatch."""
+
+    def __new__(
+        cls,
+        endpoint: Endpoint,
+        block_size: int,
+        kv_router_config: KvRouterConfig,
+        aic_perf_config: Optional[AicPerfConfig] = None,
+    ) -> KvRouter: ...
+    def generate(
+        self,
+        token_ids: List[int],
+        model: str,
+        stop_conditions: Optional[Any] = None,
+        sampling_options: Optional[Any] = None,
+        output_options: Optional[Any] = None,
+        router_config_override: Optional[Any] = None,
+        worker_id: Optional[int] = None,
+        dp_rank: Optional[int] = None,
+        extra_args: Optional[Any] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        multi_modal_data: Optional[Any] = None,
+        mm_routing_info: Optional[Any] = None,
+        routing_constraints: Optional[RoutingConstraints] = None,
+        response_buffer_size: int = 100,
+    ) -> Awaitable[AsyncIterator[Any]]:
+        """Route the request and stream the chosen worker's response items (plain data).
+        Prefill is marked complete at the first item; the request is freed at the end,
+        on error or when the stream is dropped."""
+
+    def generate_from_request(
+        self, request: Any, response_buffer_size: int = 100
+    ) -> Awaitable[AsyncIterator[Any]]:
+        """:meth:`generate` for a ``PreprocessedRequest`` dict."""
+
+    def best_worker(
+        self,
+        token_ids: List[int],
+        router_config_override: Optional[Any] = None,
+        request_id: Optional[str] = None,
+        update_indexer: bool = False,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        routing_constraints: Optional[RoutingConstraints] = None,
+        strict_priority: int = 0,
+        policy_class: Optional[str] = None,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[Tuple[int, int, int]]:
+        """``(worker_id, dp_rank, overlap_blocks)``; with ``request_id`` the request is
+        booked (call :meth:`mark_prefill_complete` and :meth:`free` later)."""
+
+    def get_potential_loads(
+        self,
+        token_ids: List[int],
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[List[Dict[str, int]]]: ...
+    def get_overlap_scores(
+        self,
+        token_ids: List[int],
+        router_config_override: Optional[Any] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        include_shared: bool = True,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[Dict[str, Any]]: ...
+    def dump_events(self) -> Awaitable[str]:
+        """The index as a JSON list of ``RouterEvent`` objects."""
+
+    def mark_prefill_complete(self, request_id: str) -> Awaitable[None]: ...
+    def free(self, request_id: str) -> Awaitable[None]: ...
+    def _workers(self) -> List[Tuple[int, int]]: ...
 
 # ---------------------------------------------------------------------------------------
 # Block manager

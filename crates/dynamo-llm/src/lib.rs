@@ -4,6 +4,8 @@
 //!   with prefix reuse and LRU eviction, chunked prefill, a timing model) that emits real KV
 //!   events, so routing, load balancing and the whole serving path can run and be measured
 //!   on any machine.
+//! * [`kv_routing`]: KV-aware routing between processes: event and metrics publishers,
+//!   recovery, and the async `KvRouter` used by the frontend.
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -20,6 +22,7 @@
 //! ```
 
 pub mod error;
+pub mod kv_routing;
 pub mod mocker;
 
 pub use error::{Error, Result};

@@ -123,8 +123,8 @@ fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
 /// One named endpoint.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct Endpoint {
-    runtime: dynamo_runtime::DistributedRuntime,
-    id: EndpointId,
+    pub(crate) runtime: dynamo_runtime::DistributedRuntime,
+    pub(crate) id: EndpointId,
     event_loop: Py<PyAny>,
 }
 

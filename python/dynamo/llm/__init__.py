@@ -4,28 +4,41 @@ Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
 from dynamo._core import AicPerfConfig as AicPerfConfig
+from dynamo._core import ApproxKvIndexer as ApproxKvIndexer
 from dynamo._core import Block as Block
 from dynamo._core import BlockList as BlockList
 from dynamo._core import BlockManager as BlockManager
 from dynamo._core import KvbmRequest as KvbmRequest
+from dynamo._core import KvEventPublisher as KvEventPublisher
+from dynamo._core import KvIndexer as KvIndexer
+from dynamo._core import KvRemovedEventInput as KvRemovedEventInput
+from dynamo._core import KvRouter as KvRouter
 from dynamo._core import KvRouterConfig as KvRouterConfig
+from dynamo._core import KvStoredEventInput as KvStoredEventInput
 from dynamo._core import Layer as Layer
 from dynamo._core import OverlapScores as OverlapScores
 from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
 from dynamo._core import RoutingConstraints as RoutingConstraints
+from dynamo._core import WorkerMetricsPublisher as WorkerMetricsPublisher
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
 
 __all__ = [
     "AicPerfConfig",
+    "ApproxKvIndexer",
     "Block",
     "BlockList",
     "BlockManager",
     "HttpError",
+    "KvEventPublisher",
+    "KvIndexer",
+    "KvRemovedEventInput",
+    "KvRouter",
     "KvRouterConfig",
+    "KvStoredEventInput",
     "KvbmRequest",
     "Layer",
     "OverlapScores",
@@ -34,5 +47,6 @@ __all__ = [
     "RouterMode",
     "RouterQueueLimitExceeded",
     "RoutingConstraints",
+    "WorkerMetricsPublisher",
     "compute_block_hash_for_seq",
 ]
