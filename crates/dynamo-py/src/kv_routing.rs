@@ -857,6 +857,11 @@ impl KvRouter {
         )
     }
 
+    /// Set a worker's taints (as its model registration would; tests).
+    fn _set_worker_taints(&self, worker_id: u64, taints: std::collections::BTreeSet<String>) {
+        self.inner.set_worker_taints(worker_id, taints);
+    }
+
     /// Registered worker ranks as `(worker_id, dp_rank)` (diagnostics and tests).
     fn _workers(&self) -> Vec<(u64, u32)> {
         self.inner

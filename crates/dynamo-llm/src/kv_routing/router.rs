@@ -336,6 +336,24 @@ impl KvRouter {
         })
     }
 
+    /// Set a worker's taints (all its registered ranks; rank 0 when none is registered
+    /// yet), as its model registration would.
+    pub fn set_worker_taints(&self, worker_id: u64, taints: BTreeSet<String>) {
+        let mut ranks: Vec<WorkerWithDpRank> = lock(&self.shared.ranks)
+            .iter()
+            .filter(|r| r.worker_id == worker_id)
+            .copied()
+            .collect();
+        if ranks.is_empty() {
+            ranks.push(WorkerWithDpRank::new(worker_id, 0));
+        }
+        for rank in ranks {
+            self.shared
+                .core
+                .upsert_worker(rank, taints.clone(), WorkerCapacity::default());
+        }
+    }
+
     /// Stop the background tasks.
     pub fn shutdown(&self) {
         self.stop.cancel();

@@ -1,0 +1,201 @@
+"""KV routing between runtimes of one process (``mem`` discovery): publishers, indexers,
+the router's dispatch, load accounting, recovery after lost events, worker removal."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from kv_cluster import Cluster
+from runtime_util import local_runtime, unique_ns, wait_until
+
+from dynamo._core import (
+    ApproxKvIndexer,
+    KvEventPublisher,
+    KvIndexer,
+    KvRouter,
+    KvRouterConfig,
+    KvStoredEventInput,
+    WorkerMetricsPublisher,
+)
+
+
+async def test_publisher_argument_validation() -> None:
+    async with local_runtime() as rt:
+        ep = rt.endpoint(f"{unique_ns()}.backend.generate")
+        with pytest.raises(ValueError, match="kv_block_size cannot be 0"):
+            KvEventPublisher(ep)
+        with pytest.raises(ValueError, match="batching_timeout_ms"):
+            KvEventPublisher(ep, kv_block_size=4, batching_timeout_ms=20_000)
+        with pytest.raises(NotImplementedError, match="ZMQ"):
+            KvEventPublisher(ep, kv_block_size=4, zmq_endpoint="tcp://127.0.0.1:5557")
+        pub = KvEventPublisher(ep, kv_block_size=4)
+        assert pub.kv_block_size == 4
+        with pytest.raises(ValueError, match="invalid KV event batch"):
+            pub.publish_batch([{"type": "stored", "token_ids": [1, 2, 3, 4], "bogus": 1}])
+        with pytest.raises(ValueError, match="invalid KV event batch"):
+            pub.publish_batch([{"type": "moved", "block_hashes": [1]}])
+        assert set(KvStoredEventInput.__optional_keys__) >= {"token_ids", "block_hashes"}
+        pub.shutdown()
+
+
+async def test_routes_to_prefix_holder_and_tracks_load() -> None:
+    c = await Cluster(3).start()
+    try:
+        prompt = c.prompt(8)
+        await c.store(1, prompt, 8)
+        wid, rank, overlap = await c.router.best_worker(prompt)
+        assert (wid, rank, overlap) == (c.ids[1], 0, 8)
+
+        def active(loads):
+            return {x["worker_id"]: x["active_requests"] for x in loads}
+
+        before = active(await c.router.get_potential_loads(prompt))
+        assert before[c.ids[1]] == 0
+        await c.router.best_worker(prompt, request_id="r1")
+        await c.router.best_worker(prompt, request_id="r2")
+        during = active(await c.router.get_potential_loads(prompt))
+        assert sum(during.values()) == 2
+        loads = {x["worker_id"]: x for x in await c.router.get_potential_loads(prompt)}
+        await c.router.mark_prefill_complete("r1")
+        after_prefill = {x["worker_id"]: x for x in await c.router.get_potential_loads(prompt)}
+        assert sum(x["potential_prefill_tokens"] for x in after_prefill.values()) <= sum(
+            x["potential_prefill_tokens"] for x in loads.values()
+        )
+        await c.router.free("r1")
+        await c.router.free("r2")
+        assert active(await c.router.get_potential_loads(prompt)) == before
+
+        # generate: routed to the holder, booked while streaming, freed at the end.
+        stream = await c.router.generate(prompt, "m", extra_args={"n": 3})
+        items = [item async for item in stream]
+        assert items == [{"i": 0}, {"i": 1}]
+        assert sum(active(await c.router.get_potential_loads(prompt)).values()) == 0
+        # Pinned generate goes to the pinned worker.
+        stream = await c.router.generate(prompt, "m", worker_id=c.ids[2])
+        assert len([i async for i in stream]) == 2
+
+        events = json.loads(await c.router.dump_events())
+        assert len(events) == 8 and {e["worker_id"] for e in events} == {c.ids[1]}
+
+        # Overrides apply to their request only.
+        other = c.prompt(4)
+        await c.store(0, other, 4)
+        assert (await c.router.best_worker(other))[0] == c.ids[0]
+        w, _, _ = await c.router.best_worker(
+            other, router_config_override={"overlap_score_credit": 0.0}
+        )
+        assert w in c.ids
+        assert (await c.router.best_worker(other))[0] == c.ids[0]
+        with pytest.raises(ValueError):
+            await c.router.best_worker(other, router_config_override={"nope": 1})
+    finally:
+        await c.stop()
+
+
+async def test_lost_events_are_recovered_from_the_local_indexer() -> None:
+    c = await Cluster(2).start()
+    try:
+        first = c.prompt(4)
+        await c.store(0, first, 4)
+        # Break the router's connection: what is published meanwhile never reaches it.
+        c.pubs[0]._disconnect_subscribers()
+        lost = c.prompt(6)
+        bs = c.block_size
+        c.pubs[0].publish_stored(lost[: 6 * bs], [bs] * 6, list(range(100, 106)))
+        await wait_until(lambda: c.pubs[0]._subscriber_count() >= 1)
+        # The next event reveals the gap; the router replays the lost one.
+        later = c.prompt(2)
+        c.pubs[0].publish_stored(later[: 2 * bs], [bs] * 2, [7, 8])
+        for _ in range(300):
+            if (await c.overlaps(lost)).get(c.ids[0]) == 6:
+                break
+            await asyncio.sleep(0.01)
+        assert (await c.overlaps(lost)).get(c.ids[0]) == 6
+        assert (await c.overlaps(later)).get(c.ids[0]) == 2
+        # Removal events flow too.
+        c.pubs[0].publish_removed(list(range(100, 106)))
+        for _ in range(300):
+            if (await c.overlaps(lost)).get(c.ids[0], 0) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (await c.overlaps(lost)).get(c.ids[0], 0) == 0
+    finally:
+        await c.stop()
+
+
+async def test_removed_worker_vanishes_from_scores() -> None:
+    c = await Cluster(2).start()
+    try:
+        prompt = c.prompt(4)
+        await c.store(1, prompt, 4)
+        assert (await c.overlaps(prompt)).get(c.ids[1]) == 4
+        c.runtimes[1].shutdown()
+        await wait_until(lambda: len(c.router._workers()) == 1)
+        for _ in range(300):
+            if not await c.overlaps(prompt):
+                break
+            await asyncio.sleep(0.01)
+        assert await c.overlaps(prompt) == {}
+        wid, _, overlap = await c.router.best_worker(prompt)
+        assert (wid, overlap) == (c.ids[0], 0)
+    finally:
+        await c.stop()
+
+
+async def test_kv_indexer_and_metrics() -> None:
+    c = await Cluster(2).start()
+    try:
+        path = f"{c.ns}.backend.generate"
+        indexer = KvIndexer(c.router_rt.endpoint(path), c.block_size)
+        assert indexer.block_size() == c.block_size
+        await wait_until(lambda: all(p._subscriber_count() >= 2 for p in c.pubs))
+        prompt = c.prompt(3)
+        await c.store(0, prompt, 3)
+        for _ in range(300):
+            if indexer.find_matches_for_request(prompt).scores:
+                break
+            await asyncio.sleep(0.01)
+        assert indexer.find_matches_for_request(prompt).scores == {(c.ids[0], 0): 3}
+        assert indexer.find_matches_for_request(prompt, lora_name="x").scores == {}
+
+        metrics = WorkerMetricsPublisher()
+        metrics.publish(kv_used_blocks=1)  # before create_endpoint: no effect, no error
+        await metrics.create_endpoint(c.endpoints[0])
+        metrics.publish(dp_rank=0, active_decode_blocks=3, kv_used_blocks=3)
+    finally:
+        await c.stop()
+
+
+async def test_approx_indexer_records_decisions() -> None:
+    async with local_runtime() as rt:
+        ep = rt.endpoint(f"{unique_ns()}.backend.generate")
+        approx = ApproxKvIndexer(ep, 4, router_ttl_secs=60.0)
+        tokens = list(range(16))
+        assert approx.find_matches_for_request(tokens).scores == {}
+        await approx.process_routing_decision_for_request(tokens, 42, 1)
+        assert approx.find_matches_for_request(tokens).scores == {(42, 1): 4}
+        assert approx.block_size() == 4
+
+
+async def test_router_in_approximate_mode_learns_from_its_decisions() -> None:
+    c = await Cluster(2, config=KvRouterConfig(use_kv_events=False), events=False).start()
+    try:
+        prompt = c.prompt(4)
+        wid, _, overlap = await c.router.best_worker(prompt, update_indexer=True)
+        assert overlap == 0
+        wid2, _, overlap2 = await c.router.best_worker(prompt)
+        assert (wid2, overlap2) == (wid, 4)
+    finally:
+        await c.stop()
+
+
+async def test_kv_router_rejects_bad_arguments() -> None:
+    async with local_runtime() as rt:
+        ep = rt.endpoint(f"{unique_ns()}.backend.generate")
+        with pytest.raises(ValueError):
+            KvRouter(ep, 0, KvRouterConfig())
+        router = KvRouter(ep, 4, KvRouterConfig())
+        with pytest.raises(ValueError):
+            await router.generate([1, 2, 3], "m", response_buffer_size=-1)
