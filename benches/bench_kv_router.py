@@ -129,7 +129,8 @@ def main() -> None:
     lines = [
         "# KvRouter.best_worker from Python (one worker, approximate index)",
         "",
-        f"Machine: {machine()} (shared with other builds, load average about 5.69 at the time of the run; medians are the figure to read).",
+        f"Machine: {machine()} (shared with other builds, load average "
+        f"{os.getloadavg()[0]:.1f} at the end of the run; medians are the figure to read).",
         "Discovery `file`, request plane `tcp`, one process, one worker endpoint,",
         f"`KvRouterConfig(use_kv_events=False)`, block size {BLOCK_SIZE}; the prompt is fully",
         "cached (recorded once with `update_indexer=True`). Each call is awaited in turn on the",
