@@ -297,6 +297,19 @@ impl KvEventPublisher {
         Ok(())
     }
 
+    /// A mocker event sink ([`crate::mocker::runner::EventSink`]) that numbers and
+    /// publishes each step's events through this (raw) publisher.
+    pub fn event_sink(self: &Arc<Self>) -> crate::mocker::runner::EventSink {
+        let me = Arc::clone(self);
+        Box::new(move |data| {
+            if !data.is_empty()
+                && let Err(e) = me.publish_raw(data)
+            {
+                tracing::warn!(error = %e, "KV events not published");
+            }
+        })
+    }
+
     /// Stop serving the replay endpoint (the topic stops with the last publisher).
     pub fn shutdown(&self) {
         self.stop.cancel();
@@ -373,6 +386,33 @@ impl WorkerMetricsPublisher {
     /// Routers currently connected.
     pub fn subscriber_count(&self) -> usize {
         self.topic.subscriber_count()
+    }
+
+    /// Publish a mocker's `kv_used_blocks` for `dp_rank` after every engine step that
+    /// changed it, until the engine stops. Must be called inside the tokio runtime.
+    pub fn follow_mocker(
+        &self,
+        dp_rank: u32,
+        mut metrics: tokio::sync::watch::Receiver<crate::mocker::MockerMetrics>,
+    ) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let m = *metrics.borrow_and_update();
+                if last != Some(m.kv_used_blocks) {
+                    last = Some(m.kv_used_blocks);
+                    me.publish(
+                        dp_rank,
+                        Some(m.kv_active_blocks as u64),
+                        Some(m.kv_used_blocks as u64),
+                    );
+                }
+                if metrics.changed().await.is_err() {
+                    break;
+                }
+            }
+        });
     }
 }
 
