@@ -199,3 +199,49 @@ async def test_kv_router_rejects_bad_arguments() -> None:
         router = KvRouter(ep, 4, KvRouterConfig())
         with pytest.raises(ValueError):
             await router.generate([1, 2, 3], "m", response_buffer_size=-1)
+
+
+async def test_router_queue_holds_requests_until_capacity_frees() -> None:
+    from dynamo._core import KvRouterConfig as Cfg
+
+    c = await Cluster(1, config=Cfg(router_queue_threshold=1.0, router_queue_policy="fcfs")).start()
+    try:
+        metrics = WorkerMetricsPublisher()
+        await metrics.create_endpoint(c.endpoints[0])
+        # Report a 32-token batch capacity until the router has it (it connects in the
+        # background).
+        for _ in range(500):
+            metrics.publish(kv_used_blocks=0, total_kv_blocks=1000, max_num_batched_tokens=32)
+            await asyncio.sleep(0.01)
+            if c.router._capacity(c.ids[0]) == (1000, 32):
+                break
+        assert c.router._capacity(c.ids[0]) == (1000, 32)
+        first = c.prompt(12)  # 48 uncached prompt tokens > 1.0 x 32: saturates the worker
+        await c.router.best_worker(first, request_id="a")
+
+        async def eventually_queued(n: int) -> None:
+            for _ in range(300):
+                if c.router._queued() == n:
+                    return
+                await asyncio.sleep(0.01)
+            assert c.router._queued() == n
+
+        # The worker is saturated: the next requests wait.
+        b = asyncio.ensure_future(c.router.best_worker(c.prompt(12), request_id="b"))
+        await eventually_queued(1)
+        d = asyncio.ensure_future(c.router.best_worker(c.prompt(12), request_id="d"))
+        await eventually_queued(2)
+        await asyncio.sleep(0.1)
+        assert not b.done() and not d.done()
+        # Prefill of "a" done: its tokens stop counting, "b" (first in) goes, "d" still waits.
+        await c.router.mark_prefill_complete("a")
+        await asyncio.wait_for(b, 5)
+        await eventually_queued(1)
+        assert not d.done()
+        await c.router.free("b")
+        await asyncio.wait_for(d, 5)
+        assert c.router._queued() == 0
+        for rid in ("a", "d"):
+            await c.router.free(rid)
+    finally:
+        await c.stop()

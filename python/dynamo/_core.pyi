@@ -703,8 +703,13 @@ class WorkerMetricsPublisher:
         dp_rank: Optional[int] = None,
         active_decode_blocks: Optional[int] = None,
         kv_used_blocks: Optional[int] = None,
+        *,
+        total_kv_blocks: Optional[int] = None,
+        max_num_batched_tokens: Optional[int] = None,
     ) -> None:
-        """Publish one rank's load (``dp_rank=None`` means 0)."""
+        """Publish one rank's load (``dp_rank=None`` means 0). ``total_kv_blocks`` and
+        ``max_num_batched_tokens`` (extensions) report the rank's capacity, which the busy
+        thresholds and the router queue (``router_queue_threshold``) need."""
 
 @final
 class KvIndexer:
@@ -814,6 +819,10 @@ class KvRouter:
     def mark_prefill_complete(self, request_id: str) -> Awaitable[None]: ...
     def free(self, request_id: str) -> Awaitable[None]: ...
     def _workers(self) -> List[Tuple[int, int]]: ...
+    def _queued(self) -> int: ...
+    def _capacity(
+        self, worker_id: int, dp_rank: int = 0
+    ) -> Optional[Tuple[Optional[int], Optional[int]]]: ...
     def _set_worker_taints(self, worker_id: int, taints: Set[str]) -> None: ...
 
 # ---------------------------------------------------------------------------------------

@@ -318,12 +318,14 @@ impl WorkerMetricsPublisher {
         )
     }
 
-    #[pyo3(signature = (dp_rank=None, active_decode_blocks=None, kv_used_blocks=None))]
+    #[pyo3(signature = (dp_rank=None, active_decode_blocks=None, kv_used_blocks=None, *, total_kv_blocks=None, max_num_batched_tokens=None))]
     fn publish(
         &self,
         dp_rank: Option<u32>,
         active_decode_blocks: Option<u64>,
         kv_used_blocks: Option<u64>,
+        total_kv_blocks: Option<u64>,
+        max_num_batched_tokens: Option<u64>,
     ) {
         if let Some(p) = self
             .inner
@@ -331,7 +333,14 @@ impl WorkerMetricsPublisher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
         {
-            p.publish(dp_rank.unwrap_or(0), active_decode_blocks, kv_used_blocks);
+            p.publish_load(&kvr::ActiveLoad {
+                worker_id: 0,
+                dp_rank: dp_rank.unwrap_or(0),
+                active_decode_blocks,
+                kv_used_blocks,
+                total_kv_blocks,
+                max_num_batched_tokens,
+            });
         }
     }
 }
@@ -515,6 +524,7 @@ fn route_options(
         block_mm_infos: mm_infos(block_mm_infos)?,
         pinned: None,
         update_indexer: false,
+        strict_priority: 0,
     })
 }
 
@@ -703,8 +713,9 @@ impl KvRouter {
         policy_class: Option<String>,
         cache_namespace: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let _ = (strict_priority, policy_class);
+        let _ = policy_class;
         let tokens = convert::tokens(token_ids)?;
+        let strict_priority = u32::try_from(strict_priority.max(0)).unwrap_or(u32::MAX);
         let mut opts = route_options(
             router_config_override,
             request_id,
@@ -714,6 +725,7 @@ impl KvRouter {
             cache_namespace,
         )?;
         opts.update_indexer = update_indexer;
+        opts.strict_priority = strict_priority;
         let router = Arc::clone(&self.inner);
         py_future(
             py,
@@ -860,6 +872,20 @@ impl KvRouter {
     /// Set a worker's taints (as its model registration would; tests).
     fn _set_worker_taints(&self, worker_id: u64, taints: std::collections::BTreeSet<String>) {
         self.inner.set_worker_taints(worker_id, taints);
+    }
+
+    /// `(total_kv_blocks, max_num_batched_tokens)` a rank reported, `None` before its first
+    /// capacity report (diagnostics and tests).
+    #[pyo3(signature = (worker_id, dp_rank=0))]
+    fn _capacity(&self, worker_id: u64, dp_rank: u32) -> Option<(Option<u64>, Option<u64>)> {
+        self.inner
+            .capacity(WorkerWithDpRank::new(worker_id, dp_rank))
+            .map(|c| (c.total_kv_blocks, c.max_num_batched_tokens))
+    }
+
+    /// Requests waiting in the router queue (diagnostics and tests).
+    fn _queued(&self) -> usize {
+        self.inner.queued()
     }
 
     /// Registered worker ranks as `(worker_id, dp_rank)` (diagnostics and tests).

@@ -336,6 +336,14 @@ pub struct ActiveLoad {
     /// KV blocks in use (authoritative).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_used_blocks: Option<u64>,
+    /// The rank's KV capacity in blocks (extension: the reference takes it from the model
+    /// card's runtime config; busy thresholds need it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_kv_blocks: Option<u64>,
+    /// The engine's largest token batch (extension, as `total_kv_blocks`; the router queue
+    /// needs it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_num_batched_tokens: Option<u64>,
 }
 
 /// Publishes a worker's load metrics on the component's `kv_metrics` topic.
@@ -372,11 +380,21 @@ impl WorkerMetricsPublisher {
         active_decode_blocks: Option<u64>,
         kv_used_blocks: Option<u64>,
     ) {
-        let load = ActiveLoad {
+        self.publish_load(&ActiveLoad {
             worker_id: self.worker_id,
             dp_rank,
             active_decode_blocks,
             kv_used_blocks,
+            ..ActiveLoad::default()
+        });
+    }
+
+    /// Publish a full load report (including capacity). `load.worker_id` is replaced by
+    /// this publisher's worker.
+    pub fn publish_load(&self, load: &ActiveLoad) {
+        let load = ActiveLoad {
+            worker_id: self.worker_id,
+            ..*load
         };
         if let Ok(bytes) = serde_json::to_vec(&load) {
             self.topic.publish(Bytes::from(bytes));
@@ -402,11 +420,14 @@ impl WorkerMetricsPublisher {
                 let m = *metrics.borrow_and_update();
                 if last != Some(m.kv_used_blocks) {
                     last = Some(m.kv_used_blocks);
-                    me.publish(
+                    me.publish_load(&ActiveLoad {
+                        worker_id: 0,
                         dp_rank,
-                        Some(m.kv_active_blocks as u64),
-                        Some(m.kv_used_blocks as u64),
-                    );
+                        active_decode_blocks: Some(m.kv_active_blocks as u64),
+                        kv_used_blocks: Some(m.kv_used_blocks as u64),
+                        total_kv_blocks: Some(m.kv_total_blocks as u64),
+                        max_num_batched_tokens: None,
+                    });
                 }
                 if metrics.changed().await.is_err() {
                     break;

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use dynamo_kv_router::hashing::BlockExtraInfo;
@@ -12,10 +12,11 @@ use dynamo_kv_router::protocols::{RouterEvent, WorkerWithDpRank, decode_json_rou
 use dynamo_kv_router::recovery::WorkerKvQueryResponse;
 use dynamo_kv_router::scheduling::Selection;
 use dynamo_kv_router::scheduling::config::{KvRouterConfig, RouterConfigOverride};
+use dynamo_kv_router::scheduling::queue::{QueueEntryInfo, RouterQueue};
 use dynamo_kv_router::scheduling::selector::{LoadThresholds, RoutingConstraints, WorkerCapacity};
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::{Context, DistributedRuntime, EndpointId, Route};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bus::{self, TopicMessage};
@@ -46,6 +47,8 @@ pub struct RouteOptions {
     pub pinned: Option<WorkerWithDpRank>,
     /// Record the decision in the approximate index.
     pub update_indexer: bool,
+    /// Router-queue priority tier (higher first).
+    pub strict_priority: u32,
 }
 
 impl RouteOptions {
@@ -72,6 +75,14 @@ struct Shared {
     instances: Mutex<HashSet<u64>>,
     /// Ranks registered with the scheduler.
     ranks: Mutex<HashSet<WorkerWithDpRank>>,
+    /// Taints per worker (all its ranks).
+    taints: Mutex<HashMap<u64, BTreeSet<String>>>,
+    /// Reported capacity per rank.
+    capacity: Mutex<HashMap<WorkerWithDpRank, WorkerCapacity>>,
+    /// Requests waiting for capacity (`router_queue_threshold`), in policy order.
+    queue: Mutex<RouterQueue<oneshot::Sender<()>>>,
+    /// Epoch of the queue's arrival offsets.
+    epoch: Instant,
 }
 
 impl Shared {
@@ -80,16 +91,51 @@ impl Shared {
             return;
         }
         if lock(&self.ranks).insert(worker) {
-            self.core
-                .upsert_worker(worker, BTreeSet::new(), WorkerCapacity::default());
+            self.register(worker);
             self.changed.notify_waiters();
         }
+    }
+
+    /// (Re-)register a rank with its taints and capacity.
+    fn register(&self, worker: WorkerWithDpRank) {
+        let taints = lock(&self.taints)
+            .get(&worker.worker_id)
+            .cloned()
+            .unwrap_or_default();
+        let capacity = lock(&self.capacity)
+            .get(&worker)
+            .copied()
+            .unwrap_or_default();
+        self.core.upsert_worker(worker, taints, capacity);
     }
 
     fn remove_worker(&self, worker_id: u64) {
         lock(&self.instances).remove(&worker_id);
         lock(&self.ranks).retain(|r| r.worker_id != worker_id);
+        lock(&self.taints).remove(&worker_id);
+        lock(&self.capacity).retain(|r, _| r.worker_id != worker_id);
         self.core.remove_worker(worker_id);
+    }
+
+    fn apply_load(&self, load: &ActiveLoad) {
+        let rank = WorkerWithDpRank::new(load.worker_id, load.dp_rank);
+        if load.total_kv_blocks.is_some() || load.max_num_batched_tokens.is_some() {
+            let changed = {
+                let mut caps = lock(&self.capacity);
+                let cap = caps.entry(rank).or_default();
+                let before = *cap;
+                cap.total_kv_blocks = load.total_kv_blocks.or(cap.total_kv_blocks);
+                cap.max_num_batched_tokens =
+                    load.max_num_batched_tokens.or(cap.max_num_batched_tokens);
+                *cap != before
+            };
+            if changed && lock(&self.ranks).contains(&rank) {
+                self.register(rank);
+            }
+        }
+        self.ensure_rank(rank);
+        self.core.set_kv_used_blocks(rank, load.kv_used_blocks);
+        self.changed.notify_waiters();
     }
 }
 
@@ -128,12 +174,18 @@ impl KvRouter {
         thresholds: LoadThresholds,
     ) -> Result<Arc<Self>> {
         let use_events = config.use_kv_events;
+        let policy = config.router_queue_policy;
+        let queued = config.router_queue_threshold.is_some();
         let core = KvRouterCore::new(block_size, config, thresholds)?;
         let shared = Arc::new(Shared {
             core,
             changed: Notify::new(),
             instances: Mutex::new(HashSet::new()),
             ranks: Mutex::new(HashSet::new()),
+            taints: Mutex::new(HashMap::new()),
+            capacity: Mutex::new(HashMap::new()),
+            queue: Mutex::new(RouterQueue::new(policy)),
+            epoch: Instant::now(),
         });
         let stop = CancellationToken::new();
         let ns = endpoint.namespace.clone();
@@ -187,14 +239,15 @@ impl KvRouter {
                     if let TopicMessage::Payload { payload, .. } = msg
                         && let Ok(load) = serde_json::from_slice::<ActiveLoad>(&payload)
                     {
-                        let rank = WorkerWithDpRank::new(load.worker_id, load.dp_rank);
-                        shared.ensure_rank(rank);
-                        shared.core.set_kv_used_blocks(rank, load.kv_used_blocks);
-                        shared.changed.notify_waiters();
+                        shared.apply_load(&load);
                     }
                 }
             }
         });
+
+        if queued {
+            tokio::spawn(dispatch_queue(Arc::clone(&shared), stop.clone()));
+        }
 
         Ok(Arc::new(Self {
             shared,
@@ -248,20 +301,48 @@ impl KvRouter {
             self.wait_for_workers(self.runtime.config().request_timeout)
                 .await;
         }
-        if opts.pinned.is_none() && self.shared.core.config().router_queue_threshold.is_some() {
-            loop {
-                let notified = self.shared.changed.notified();
-                if !self.shared.core.must_queue(opts.constraints.as_ref()) {
-                    break;
-                }
-                tokio::select! {
-                    () = notified => {}
-                    () = tokio::time::sleep(QUEUE_POLL) => {}
-                    () = self.stop.cancelled() => break,
-                }
-            }
+        if opts.pinned.is_none()
+            && self.shared.core.config().router_queue_threshold.is_some()
+            && (!lock(&self.shared.queue).is_empty()
+                || self.shared.core.must_queue(opts.constraints.as_ref()))
+        {
+            self.wait_in_queue(tokens, opts).await?;
         }
         Ok(self.shared.core.best_worker(&opts.request(tokens))?)
+    }
+
+    /// Park the request in the router queue until the dispatcher lets it through.
+    async fn wait_in_queue(&self, tokens: &[u32], opts: &RouteOptions) -> Result<()> {
+        let best_cached_tokens = {
+            let (local, _) = self.shared.core.hash_request(&opts.request(tokens))?;
+            let scores = self.shared.core.find_matches(&local);
+            let best = scores.scores.iter().map(|(_, n)| *n).max().unwrap_or(0);
+            u64::from(best) * u64::from(self.block_size())
+        };
+        let info = QueueEntryInfo {
+            strict_priority: opts.strict_priority,
+            priority_jump: 0.0,
+            arrival_offset_secs: self.shared.epoch.elapsed().as_secs_f64(),
+            isl_tokens: tokens.len() as u64,
+            best_cached_tokens,
+        };
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared.queue).push(tx, &info);
+        self.shared.changed.notify_waiters();
+        tokio::select! {
+            _ = rx => Ok(()),
+            () = self.stop.cancelled() => Err(super::Error::InvalidArgument("the router stopped".into())),
+        }
+    }
+
+    /// The capacity a rank reported on `kv_metrics` (`None` before its first report).
+    pub fn capacity(&self, worker: WorkerWithDpRank) -> Option<WorkerCapacity> {
+        lock(&self.shared.capacity).get(&worker).copied()
+    }
+
+    /// Requests waiting in the router queue.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.queue).len()
     }
 
     /// The load each rank would have with this request.
@@ -339,6 +420,7 @@ impl KvRouter {
     /// Set a worker's taints (all its registered ranks; rank 0 when none is registered
     /// yet), as its model registration would.
     pub fn set_worker_taints(&self, worker_id: u64, taints: BTreeSet<String>) {
+        lock(&self.shared.taints).insert(worker_id, taints);
         let mut ranks: Vec<WorkerWithDpRank> = lock(&self.shared.ranks)
             .iter()
             .filter(|r| r.worker_id == worker_id)
@@ -348,9 +430,7 @@ impl KvRouter {
             ranks.push(WorkerWithDpRank::new(worker_id, 0));
         }
         for rank in ranks {
-            self.shared
-                .core
-                .upsert_worker(rank, taints.clone(), WorkerCapacity::default());
+            self.shared.register(rank);
         }
     }
 
@@ -420,6 +500,33 @@ impl RoutedStream {
         let item = self.stream.next().await;
         self.seen(item.as_ref());
         item
+    }
+}
+
+/// Let queued requests through, one at a time in policy order, while some eligible rank
+/// has capacity. Each released request books itself before the next check.
+async fn dispatch_queue(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let notified = shared.changed.notified();
+        loop {
+            if shared.core.must_queue(None) {
+                break;
+            }
+            let Some(waiter) = lock(&shared.queue).pop() else {
+                break;
+            };
+            if waiter.send(()).is_err() {
+                continue; // the caller gave up
+            }
+            // Give the released request time to book before looking again.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(QUEUE_POLL) => {}
+            () = stop.cancelled() => return,
+        }
     }
 }
 
