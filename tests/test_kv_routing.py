@@ -28,8 +28,6 @@ async def test_publisher_argument_validation() -> None:
             KvEventPublisher(ep)
         with pytest.raises(ValueError, match="batching_timeout_ms"):
             KvEventPublisher(ep, kv_block_size=4, batching_timeout_ms=20_000)
-        with pytest.raises(NotImplementedError, match="ZMQ"):
-            KvEventPublisher(ep, kv_block_size=4, zmq_endpoint="tcp://127.0.0.1:5557")
         pub = KvEventPublisher(ep, kv_block_size=4)
         assert pub.kv_block_size == 4
         with pytest.raises(ValueError, match="invalid KV event batch"):

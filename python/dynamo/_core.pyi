@@ -639,8 +639,9 @@ class KvEventPublisher:
 
     With ``enable_local_indexer=True`` the worker keeps its own index and a replay buffer of
     its last 1024 events, served on ``worker_kv_indexer_query_dp{dp_rank}``: a router that
-    missed events recovers from it. ``zmq_endpoint`` (relay from an engine's ZMQ socket) is
-    not available in this build (``NotImplementedError``).
+    missed events recovers from it. With ``zmq_endpoint`` (``tcp://host:port``) the
+    publisher relays the engine's KV events from its ZMQ PUB socket (vLLM/SGLang msgpack
+    format; messages whose topic starts with ``zmq_topic``, default all).
     """
 
     def __new__(

@@ -10,7 +10,7 @@ use dynamo_kv_router::publisher::{PublishInput, StoredInput};
 use dynamo_kv_router::scheduling::config::{KvRouterConfig, RouterConfigOverride};
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_llm::kv_routing::{self as kvr, RouteOptions};
-use pyo3::exceptions::{PyNotImplementedError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -62,7 +62,7 @@ fn mm_infos(
 /// Publishes a worker's KV-cache events for routers.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct KvEventPublisher {
-    inner: kvr::KvEventPublisher,
+    inner: Arc<kvr::KvEventPublisher>,
     block_size: usize,
 }
 
@@ -180,7 +180,7 @@ impl KvEventPublisher {
         image_token_id: Option<u32>,
         kv_state_endpoint: Option<String>,
     ) -> PyResult<Self> {
-        let _ = (zmq_topic, image_token_id, kv_state_endpoint);
+        let _ = (image_token_id, kv_state_endpoint);
         if kv_block_size == 0 {
             return Err(PyValueError::new_err("kv_block_size cannot be 0"));
         }
@@ -188,12 +188,6 @@ impl KvEventPublisher {
             return Err(PyValueError::new_err(format!(
                 "batching_timeout_ms must be at most {MAX_BATCHING_TIMEOUT_MS}"
             )));
-        }
-        if zmq_endpoint.is_some() {
-            return Err(PyNotImplementedError::new_err(
-                "ZMQ relay mode (zmq_endpoint) is not available in this build; publish with \
-                 publish_stored/publish_removed/publish_batch",
-            ));
         }
         let worker = WorkerWithDpRank::new(
             worker_id.unwrap_or_else(|| endpoint.runtime.connection_id()),
@@ -208,6 +202,10 @@ impl KvEventPublisher {
             enable_local_indexer,
         )
         .map_err(err)?;
+        let inner = Arc::new(inner);
+        if let Some(zmq) = zmq_endpoint {
+            inner.start_zmq_relay(&zmq, zmq_topic.as_deref().unwrap_or(""));
+        }
         Ok(Self {
             inner,
             block_size: kv_block_size,

@@ -36,6 +36,7 @@
 pub mod bus;
 mod publisher;
 mod router;
+mod zmq;
 
 use std::sync::{Mutex, MutexGuard};
 

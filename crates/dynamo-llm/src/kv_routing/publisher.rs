@@ -297,6 +297,19 @@ impl KvEventPublisher {
         Ok(())
     }
 
+    /// Relay mode: read the engine's KV events from its ZMQ PUB socket at `zmq_endpoint`
+    /// (`tcp://host:port`, messages whose topic starts with `zmq_topic`) and publish them
+    /// (engine reports: `tokens_hash` is recomputed). Runs until [`KvEventPublisher::shutdown`]
+    /// or the last handle is dropped. Must be called inside the tokio runtime.
+    pub fn start_zmq_relay(self: &Arc<Self>, zmq_endpoint: &str, zmq_topic: &str) {
+        tokio::spawn(super::zmq::relay(
+            zmq_endpoint.to_owned(),
+            zmq_topic.to_owned(),
+            Arc::downgrade(self),
+            self.stop.clone(),
+        ));
+    }
+
     /// A mocker event sink ([`crate::mocker::runner::EventSink`]) that numbers and
     /// publishes each step's events through this (raw) publisher.
     pub fn event_sink(self: &Arc<Self>) -> crate::mocker::runner::EventSink {
