@@ -12,9 +12,13 @@ from runtime_util import unique_ns, wait_until
 from dynamo._core import DistributedRuntime, KvEventPublisher, KvRouter, KvRouterConfig
 
 
-async def _handler(request):
-    for i in range(int(request.get("n", 2)) if isinstance(request, dict) else 2):
-        yield {"i": i}
+def _handler(worker: int):
+    async def handler(request):
+        extra = (request.get("extra_args") or {}) if isinstance(request, dict) else {}
+        for i in range(int(extra.get("n", 2))):
+            yield {"i": i, "worker": worker}
+
+    return handler
 
 
 class Cluster:
@@ -39,8 +43,11 @@ class Cluster:
         path = f"{self.ns}.backend.generate"
         self.runtimes = [DistributedRuntime(loop, "mem", "tcp") for _ in range(self.n)]
         self.endpoints = [rt.endpoint(path) for rt in self.runtimes]
-        self.tasks = [asyncio.ensure_future(ep.serve_endpoint(_handler)) for ep in self.endpoints]
         self.ids = [ep.connection_id() for ep in self.endpoints]
+        self.tasks = [
+            asyncio.ensure_future(ep.serve_endpoint(_handler(wid)))
+            for ep, wid in zip(self.endpoints, self.ids, strict=True)
+        ]
         self.pubs = [
             KvEventPublisher(ep, kv_block_size=self.block_size, enable_local_indexer=True)
             for ep in self.endpoints

@@ -68,11 +68,11 @@ async def test_routes_to_prefix_holder_and_tracks_load() -> None:
         # generate: routed to the holder, booked while streaming, freed at the end.
         stream = await c.router.generate(prompt, "m", extra_args={"n": 3})
         items = [item async for item in stream]
-        assert items == [{"i": 0}, {"i": 1}]
+        assert items == [{"i": i, "worker": c.ids[1]} for i in range(3)]
         assert sum(active(await c.router.get_potential_loads(prompt)).values()) == 0
         # Pinned generate goes to the pinned worker.
         stream = await c.router.generate(prompt, "m", worker_id=c.ids[2])
-        assert len([i async for i in stream]) == 2
+        assert {i["worker"] async for i in stream} == {c.ids[2]}
 
         events = json.loads(await c.router.dump_events())
         assert len(events) == 8 and {e["worker_id"] for e in events} == {c.ids[1]}
@@ -241,5 +241,38 @@ async def test_router_queue_holds_requests_until_capacity_frees() -> None:
         assert c.router._queued() == 0
         for rid in ("a", "d"):
             await c.router.free(rid)
+    finally:
+        await c.stop()
+
+
+async def test_endpoint_client_in_kv_mode(monkeypatch) -> None:
+    from dynamo._core import RouterMode
+
+    monkeypatch.setenv("DYN_KV_BLOCK_SIZE", "4")
+    c = await Cluster(3).start()
+    try:
+        client = await c.router_rt.endpoint(f"{c.ns}.backend.generate").client(
+            router_mode=RouterMode.KV
+        )
+        await client.wait_for_instances()
+        await wait_until(lambda: all(p._subscriber_count() >= 2 for p in c.pubs))
+        prompt = c.prompt(5)
+        await c.store(2, prompt, 5)
+        # The client's own router learns the events in the background: wait for the first
+        # hit, then every request must go to the holder (random routing: 3^-10).
+        for _ in range(300):
+            stream = await client.generate({"token_ids": prompt}, annotated=False)
+            if {item["worker"] async for item in stream} == {c.ids[2]}:
+                break
+            await asyncio.sleep(0.01)
+        for _ in range(10):
+            stream = await client.generate({"token_ids": prompt}, annotated=False)
+            assert {item["worker"] async for item in stream} == {c.ids[2]}
+        with pytest.raises(ValueError, match="token_ids"):
+            await client.generate({"prompt": "no tokens"})
+        with pytest.raises(ValueError, match="router_mode"):
+            await c.router_rt.endpoint(f"{c.ns}.backend.generate").client(
+                router_mode=RouterMode.LeastLoaded
+            )
     finally:
         await c.stop()

@@ -161,7 +161,12 @@ class Endpoint:
         """
 
     async def client(self, router_mode: Optional[Any] = None) -> Client:
-        """A client over this endpoint's live instances (default mode round-robin)."""
+        """A client over this endpoint's live instances (default mode round-robin).
+
+        ``router_mode``: ``RouterMode.RoundRobin``, ``RouterMode.Random`` or ``RouterMode.KV``.
+        In KV mode ``generate`` routes each request (a dict with ``token_ids``) with a
+        :class:`KvRouter` of block size ``DYN_KV_BLOCK_SIZE`` (default 16) and the default
+        :class:`KvRouterConfig`; other modes raise ``ValueError``."""
 
     def connection_id(self) -> int:
         """This process's discovery instance id."""

@@ -220,15 +220,37 @@ impl Endpoint {
         py: Python<'py>,
         router_mode: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let default_route = parse_router_mode(router_mode)?;
+        let mode = parse_router_mode(router_mode)?;
+        let block_size = match mode {
+            ClientMode::Kv => Some(kv_client_block_size()?),
+            _ => None,
+        };
+        let default_route = match mode {
+            ClientMode::Route(r) => Some(r),
+            _ => None,
+        };
         let runtime = self.runtime.clone();
         let id = self.id.clone();
         py_future(
             py,
             async move {
+                let kv = match block_size {
+                    Some(bs) => Some(
+                        dynamo_llm::kv_routing::KvRouter::new(
+                            &runtime,
+                            &id,
+                            bs,
+                            dynamo_kv_router::scheduling::config::KvRouterConfig::default(),
+                            dynamo_kv_router::scheduling::selector::LoadThresholds::default(),
+                        )
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    ),
+                    None => None,
+                };
                 Ok(Client {
                     inner: runtime.client(&id),
                     default_route,
+                    kv,
                 })
             },
             true,
@@ -282,9 +304,16 @@ impl Endpoint {
 
 /// `None` → round-robin; `"random"` / `"round_robin"` (or a `RouterMode`-like object whose
 /// name says so).
-fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Route>> {
+/// What `Endpoint.client(router_mode=...)` asked for.
+enum ClientMode {
+    Default,
+    Route(Route),
+    Kv,
+}
+
+fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<ClientMode> {
     let Some(mode) = mode.filter(|m| !m.is_none()) else {
-        return Ok(None);
+        return Ok(ClientMode::Default);
     };
     let text = mode
         .str()?
@@ -292,14 +321,28 @@ fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Route>>
         .to_ascii_lowercase()
         .replace(['-', '_'], "");
     if text.ends_with("roundrobin") {
-        Ok(Some(Route::RoundRobin))
+        Ok(ClientMode::Route(Route::RoundRobin))
     } else if text.ends_with("random") {
-        Ok(Some(Route::Random))
+        Ok(ClientMode::Route(Route::Random))
+    } else if text.ends_with(".kv") || text == "kv" {
+        Ok(ClientMode::Kv)
     } else {
         Err(PyValueError::new_err(format!(
-            "unsupported router_mode {text:?} for Endpoint.client: use RoundRobin or Random \
-             (KV routing goes through KvRouter)"
+            "unsupported router_mode {text:?} for Endpoint.client: use RoundRobin, Random or KV"
         )))
+    }
+}
+
+/// Block size of a KV-mode client (`DYN_KV_BLOCK_SIZE`, default 16: no model card here).
+fn kv_client_block_size() -> PyResult<u32> {
+    match std::env::var("DYN_KV_BLOCK_SIZE") {
+        Ok(v) => v
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| PyValueError::new_err(format!("invalid DYN_KV_BLOCK_SIZE {v:?}"))),
+        Err(_) => Ok(16),
     }
 }
 
@@ -392,6 +435,8 @@ impl Instance {
 pub(crate) struct Client {
     inner: dynamo_runtime::Client,
     default_route: Option<Route>,
+    /// `router_mode=RouterMode.KV`: `generate` routes by the request's `token_ids`.
+    kv: Option<Arc<dynamo_llm::kv_routing::KvRouter>>,
 }
 
 impl Client {
@@ -512,7 +557,55 @@ impl Client {
         annotated: Option<bool>,
         context: Option<PyRef<'py, PyContext>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(kv) = &self.kv {
+            return kv_generate(py, kv, request, annotated, context);
+        }
         let route = self.default_route.unwrap_or(Route::Random);
         self.call(py, request, route, annotated, context)
     }
+}
+
+/// `Client.generate` in KV mode: route by the request's `token_ids`; the booking lives as
+/// long as the response stream.
+fn kv_generate<'py>(
+    py: Python<'py>,
+    kv: &Arc<dynamo_llm::kv_routing::KvRouter>,
+    request: &Bound<'py, PyAny>,
+    annotated: Option<bool>,
+    context: Option<PyRef<'py, PyContext>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let tokens = request
+        .cast::<PyDict>()
+        .ok()
+        .and_then(|d| d.get_item("token_ids").ok().flatten())
+        .ok_or_else(|| {
+            PyValueError::new_err("a KV-routed request must be a dict with \"token_ids\"")
+        })?;
+    let tokens = crate::convert::tokens(&tokens)?;
+    let body = Bytes::from(to_json(request)?);
+    let ctx = match context {
+        Some(c) => c.inner.child(),
+        None => dynamo_runtime::Context::default(),
+    };
+    let annotated = annotated.unwrap_or(false);
+    let kv = Arc::clone(kv);
+    py_future(
+        py,
+        async move {
+            let stream = kv
+                .generate(
+                    &tokens,
+                    body,
+                    dynamo_llm::kv_routing::RouteOptions::default(),
+                    ctx,
+                )
+                .await
+                .map_err(|e| match e {
+                    dynamo_llm::kv_routing::Error::Runtime(e) => runtime_error(e),
+                    other => PyValueError::new_err(other.to_string()),
+                })?;
+            Ok(AsyncResponseStream::routed(stream, annotated))
+        },
+        false,
+    )
 }
