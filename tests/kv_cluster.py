@@ -17,6 +17,8 @@ def _handler(worker: int):
         extra = (request.get("extra_args") or {}) if isinstance(request, dict) else {}
         for i in range(int(extra.get("n", 2))):
             yield {"i": i, "worker": worker}
+            if extra.get("delay"):
+                await asyncio.sleep(float(extra["delay"]))
 
     return handler
 

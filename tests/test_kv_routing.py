@@ -276,3 +276,49 @@ async def test_endpoint_client_in_kv_mode(monkeypatch) -> None:
             )
     finally:
         await c.stop()
+
+
+async def test_generate_from_request_routes_and_pins() -> None:
+    c = await Cluster(2).start()
+    try:
+        prompt = c.prompt(4)
+        await c.store(0, prompt, 4)
+        request = {"token_ids": prompt, "model": "m", "extra_args": {"n": 3}}
+        stream = await c.router.generate_from_request(request)
+        assert [x async for x in stream] == [{"i": i, "worker": c.ids[0]} for i in range(3)]
+        pinned = dict(request, routing={"backend_instance_id": c.ids[1], "dp_rank": 0})
+        stream = await c.router.generate_from_request(pinned)
+        assert {x["worker"] async for x in stream} == {c.ids[1]}
+        loads = await c.router.get_potential_loads(prompt)
+        assert sum(x["active_requests"] for x in loads) == 0
+        with pytest.raises(ValueError, match="token_ids"):
+            await c.router.generate_from_request({"model": "m"})
+        with pytest.raises(ValueError):
+            await c.router.generate_from_request(request, response_buffer_size=-1)
+    finally:
+        await c.stop()
+
+
+async def test_dropping_a_routed_stream_frees_its_booking() -> None:
+    import gc
+
+    c = await Cluster(1).start()
+    try:
+        prompt = c.prompt(2)
+
+        async def active() -> int:
+            return sum(x["active_requests"] for x in await c.router.get_potential_loads(prompt))
+
+        stream = await c.router.generate(prompt, "m", extra_args={"n": 1000, "delay": 0.01})
+        first = await stream.__anext__()
+        assert first["i"] == 0
+        assert await active() == 1
+        del stream
+        gc.collect()
+        for _ in range(300):
+            if await active() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert await active() == 0
+    finally:
+        await c.stop()
