@@ -400,6 +400,12 @@ impl KvRouter {
             router: Arc::clone(self),
             request_id,
             prefilled: false,
+            output_tokens: self
+                .shared
+                .core
+                .config()
+                .router_track_output_blocks
+                .then_some(0),
         };
         let stream = self
             .client
@@ -445,6 +451,8 @@ struct RequestGuard {
     router: Arc<KvRouter>,
     request_id: String,
     prefilled: bool,
+    /// Output tokens seen, when output blocks are tracked.
+    output_tokens: Option<usize>,
 }
 
 impl Drop for RequestGuard {
@@ -472,6 +480,9 @@ impl RoutedStream {
     }
 
     fn seen(&mut self, item: Option<&dynamo_runtime::Result<Bytes>>) {
+        if let (Some(Ok(bytes)), Some(_)) = (item, self.guard.output_tokens) {
+            self.count_output(bytes);
+        }
         match item {
             Some(Ok(_)) if !self.guard.prefilled => {
                 self.guard.prefilled = true;
@@ -484,6 +495,36 @@ impl RoutedStream {
             Some(Err(_)) | None => {
                 let _ = self.guard.router.free(&self.guard.request_id);
             }
+        }
+    }
+
+    /// Output-block tracking: count the item's `token_ids` (in its `data`, as an
+    /// `LLMEngineOutput`) and book one block per `block_size` tokens generated.
+    fn count_output(&mut self, bytes: &[u8]) {
+        #[derive(serde::Deserialize)]
+        struct Output {
+            #[serde(default)]
+            token_ids: Vec<serde::de::IgnoredAny>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            data: Option<Output>,
+        }
+        let Ok(Envelope { data: Some(out) }) = serde_json::from_slice::<Envelope>(bytes) else {
+            return;
+        };
+        let block = self.guard.router.block_size().max(1) as usize;
+        let Some(seen) = self.guard.output_tokens.as_mut() else {
+            return;
+        };
+        let before = *seen / block;
+        *seen += out.token_ids.len();
+        for _ in before..*seen / block {
+            let _ = self
+                .guard
+                .router
+                .core()
+                .add_output_block(&self.guard.request_id);
         }
     }
 

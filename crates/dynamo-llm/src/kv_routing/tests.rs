@@ -251,3 +251,60 @@ fn mocker_events_reach_the_router() {
         }
     });
 }
+
+struct Tokens;
+impl Handler for Tokens {
+    fn start(&self, _request: Request, mut out: Responder) {
+        for _ in 0..3 {
+            let _ = out.send(br#"{"data":{"token_ids":[1,2,3,4,5,6]}}"#);
+        }
+        out.finish();
+    }
+}
+
+#[test]
+fn output_blocks_are_tracked_while_streaming() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("kvo{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let worker = runtime();
+        let (w, ep2) = (worker.clone(), ep.clone());
+        tokio::spawn(async move { w.serve_endpoint(&ep2, Arc::new(Tokens), false).await });
+        let router_rt = runtime();
+        let config = KvRouterConfig {
+            router_track_output_blocks: true,
+            ..KvRouterConfig::default()
+        };
+        let router = KvRouter::new(&router_rt, &ep, 4, config, LoadThresholds::default()).unwrap();
+        assert!(router.wait_for_workers(Duration::from_secs(2)).await);
+        let prompt: Vec<u32> = (0..8).collect();
+        let decode_blocks = |r: &KvRouter| {
+            r.potential_loads(&(100..104).collect::<Vec<u32>>(), &RouteOptions::default())
+                .unwrap()[0]
+                .potential_decode_blocks
+        };
+        let idle = decode_blocks(&router);
+        let mut stream = router
+            .generate(
+                &prompt,
+                "{}".into(),
+                RouteOptions::default(),
+                Context::default(),
+            )
+            .await
+            .unwrap();
+        let booked = decode_blocks(&router);
+        assert_eq!(booked, idle + 2, "two prompt blocks booked");
+        for _ in 0..3 {
+            stream.next().await.unwrap().unwrap();
+        }
+        // 18 output tokens: four more full blocks of 4.
+        assert_eq!(decode_blocks(&router), booked + 4);
+        assert!(stream.next().await.is_none());
+        assert_eq!(decode_blocks(&router), idle);
+        router.shutdown();
+        worker.shutdown();
+        router_rt.shutdown();
+    });
+}
