@@ -124,6 +124,19 @@ class DistributedRuntime:
     def event_loop(self) -> Any:
         """The event loop given at construction."""
 
+    def set_health_status(self, ready: bool) -> None:
+        """Set the health flag reported by the system status server (``/health``)."""
+
+    def register_engine_route(
+        self, route_name: str, callback: Callable[[Dict[str, Any]], Awaitable[Dict[str, Any]]]
+    ) -> None:
+        """Mount ``/engine/{route_name}`` on the system status server.
+
+        The request's JSON body (``{}`` when empty) is passed to the async ``callback``; the
+        dict it returns is the JSON response (500 with ``{"error": ...}`` if it raises).
+        Must be called while an asyncio loop is running: the callback runs on it.
+        """
+
 @final
 class Endpoint:
     """One named endpoint (``namespace/component/endpoint``)."""
@@ -171,11 +184,23 @@ class Endpoint:
     def connection_id(self) -> int:
         """This process's discovery instance id."""
 
+    @property
+    def metrics(self) -> RuntimeMetrics:
+        """Metrics hooks of this endpoint (``/metrics`` of the system status server)."""
+
     async def unregister_endpoint_instance(self) -> None:
         """Withdraw this instance from discovery ("sleep")."""
 
     async def register_endpoint_instance(self) -> None:
         """Publish this instance again ("wake")."""
+
+@final
+class RuntimeMetrics:
+    """Metrics hooks of one endpoint."""
+
+    def register_prometheus_expfmt_callback(self, callback: Callable[[], str]) -> None:
+        """Append the Prometheus text exposition returned by ``callback()`` to every
+        ``/metrics`` scrape (a callback that raises is logged and skipped)."""
 
 @final
 class PyAsyncRequestStream:

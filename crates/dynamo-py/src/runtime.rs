@@ -4,7 +4,10 @@
 use std::sync::{Arc, Once};
 
 use bytes::Bytes;
-use dynamo_runtime::config::{DiscoveryBackend, RequestPlane, parse_event_plane};
+use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, parse_event_plane};
+use dynamo_runtime::metrics::ExpfmtCallback;
+use dynamo_runtime::runtime::ServeOptions;
+use dynamo_runtime::system::EngineRoute;
 use dynamo_runtime::{EndpointId, Route, RuntimeConfig};
 use pyo3::exceptions::{PyDeprecationWarning, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -16,12 +19,13 @@ use crate::aio::py_future;
 use crate::context::{ContextMetadata, PyContext, SpanProxy};
 use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
-use crate::json::to_json;
+use crate::json::{from_value, to_json};
 
 /// Register the runtime classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DistributedRuntime>()?;
     m.add_class::<Endpoint>()?;
+    m.add_class::<RuntimeMetrics>()?;
     m.add_class::<Client>()?;
     m.add_class::<Instance>()?;
     m.add_class::<TransportType>()?;
@@ -72,9 +76,12 @@ impl DistributedRuntime {
         }
         let discovery = DiscoveryBackend::parse(discovery_backend).map_err(runtime_error)?;
         let plane = RequestPlane::parse(request_plane).map_err(runtime_error)?;
-        parse_event_plane(event_plane).map_err(runtime_error)?;
+        let event_plane = parse_event_plane(event_plane).map_err(runtime_error)?;
         tokio_runtime()?;
-        let config = RuntimeConfig::from_env().map_err(runtime_error)?;
+        let mut config = RuntimeConfig::from_env().map_err(runtime_error)?;
+        if let Some(p) = event_plane {
+            config.event_plane = Some(EventPlane::parse(p).map_err(runtime_error)?);
+        }
         let inner = py
             .detach(|| dynamo_runtime::DistributedRuntime::new(discovery, plane, config))
             .map_err(runtime_error)?;
@@ -106,18 +113,89 @@ impl DistributedRuntime {
     fn event_loop(&self, py: Python<'_>) -> Py<PyAny> {
         self.event_loop.clone_ref(py)
     }
+
+    /// Set the health flag reported by the system status server's `/health`.
+    #[pyo3(signature = (ready))]
+    fn set_health_status(&self, ready: bool) {
+        self.inner.set_health_status(ready);
+    }
+
+    /// Mount `/engine/{route_name}` on the system status server: the request's JSON body
+    /// (`{}` when empty) is passed to the async `callback`, whose result is the response.
+    /// Must be called with an asyncio loop running (the callback runs on it).
+    #[pyo3(signature = (route_name, callback))]
+    fn register_engine_route(
+        &self,
+        py: Python<'_>,
+        route_name: &str,
+        callback: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err("callback must be callable"));
+        }
+        let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+        let callback = Arc::new(callback.unbind());
+        let route: EngineRoute = Arc::new(move |input: serde_json::Value| {
+            let callback = Arc::clone(&callback);
+            let locals = locals.clone();
+            Box::pin(async move {
+                let call = Python::attach(|py| {
+                    let arg = from_value(py, &input)?;
+                    let coro = callback.bind(py).call1((arg,))?;
+                    pyo3_async_runtimes::into_future_with_locals(&locals, coro)
+                })
+                .map_err(|e| e.to_string())?;
+                let out = call.await.map_err(|e| e.to_string())?;
+                let bytes =
+                    Python::attach(|py| to_json(out.bind(py))).map_err(|e| e.to_string())?;
+                serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+            })
+        });
+        self.inner
+            .register_engine_route(route_name, route)
+            .map_err(runtime_error)
+    }
 }
 
-fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-    let Some(labels) = labels.filter(|l| !l.is_none()) else {
-        return Ok(());
-    };
-    for item in labels.try_iter()? {
-        item?.extract::<(String, String)>().map_err(|_| {
-            PyTypeError::new_err("metrics_labels must be a list of (name, value) string pairs")
-        })?;
+/// Metrics hooks of one endpoint (`endpoint.metrics`).
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct RuntimeMetrics {
+    runtime: dynamo_runtime::DistributedRuntime,
+    owner: String,
+}
+
+#[pymethods]
+impl RuntimeMetrics {
+    /// Append the Prometheus text returned by `callback()` to every `/metrics` scrape.
+    #[pyo3(signature = (callback))]
+    fn register_prometheus_expfmt_callback(&self, callback: Bound<'_, PyAny>) -> PyResult<()> {
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err("callback must be callable"));
+        }
+        let callback = callback.unbind();
+        let cb: ExpfmtCallback = Arc::new(move || {
+            Python::attach(|py| callback.call0(py)?.extract::<String>(py))
+                .map_err(|e| e.to_string())
+        });
+        self.runtime
+            .metrics()
+            .register_expfmt_callback(self.owner.clone(), cb);
+        Ok(())
     }
-    Ok(())
+}
+
+fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, String)>> {
+    let Some(labels) = labels.filter(|l| !l.is_none()) else {
+        return Ok(Vec::new());
+    };
+    labels
+        .try_iter()?
+        .map(|item| {
+            item?.extract::<(String, String)>().map_err(|_| {
+                PyTypeError::new_err("metrics_labels must be a list of (name, value) string pairs")
+            })
+        })
+        .collect()
 }
 
 /// One named endpoint.
@@ -135,6 +213,8 @@ impl Endpoint {
         handler: &Bound<'py, PyAny>,
         graceful_shutdown: bool,
         bidirectional: bool,
+        metrics_labels: Vec<(String, String)>,
+        health_check_payload: Option<Bytes>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if !handler.is_callable() {
             return Err(PyTypeError::new_err("handler must be callable"));
@@ -159,8 +239,13 @@ impl Endpoint {
         let task = tokio_runtime()?.spawn({
             let stop = stop.clone();
             async move {
+                let options = ServeOptions {
+                    graceful: graceful_shutdown,
+                    metrics_labels,
+                    health_check_payload,
+                };
                 let result = runtime
-                    .serve_endpoint_until(&id, Arc::new(engine), graceful_shutdown, stop)
+                    .serve_endpoint_with(&id, Arc::new(engine), options, stop)
                     .await;
                 closed.cancel();
                 result
@@ -193,11 +278,15 @@ impl Endpoint {
         metrics_labels: Option<&Bound<'py, PyAny>>,
         health_check_payload: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        check_metrics_labels(metrics_labels)?;
-        if health_check_payload.is_some_and(|p| !p.is_none() && !p.is_instance_of::<PyDict>()) {
-            return Err(PyTypeError::new_err("health_check_payload must be a dict"));
-        }
-        self.serve(py, handler, graceful_shutdown, false)
+        let labels = check_metrics_labels(metrics_labels)?;
+        let payload = match health_check_payload.filter(|p| !p.is_none()) {
+            Some(p) if !p.is_instance_of::<PyDict>() => {
+                return Err(PyTypeError::new_err("health_check_payload must be a dict"));
+            }
+            Some(p) => Some(Bytes::from(to_json(p)?)),
+            None => None,
+        };
+        self.serve(py, handler, graceful_shutdown, false, labels, payload)
     }
 
     /// Serve a streaming-in, streaming-out handler (it receives a `PyAsyncRequestStream`).
@@ -209,8 +298,8 @@ impl Endpoint {
         graceful_shutdown: bool,
         metrics_labels: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        check_metrics_labels(metrics_labels)?;
-        self.serve(py, handler, graceful_shutdown, true)
+        let labels = check_metrics_labels(metrics_labels)?;
+        self.serve(py, handler, graceful_shutdown, true, labels, None)
     }
 
     /// A client over this endpoint's live instances.
@@ -255,6 +344,15 @@ impl Endpoint {
             },
             true,
         )
+    }
+
+    /// Metrics hooks of this endpoint.
+    #[getter]
+    fn metrics(&self) -> RuntimeMetrics {
+        RuntimeMetrics {
+            runtime: self.runtime.clone(),
+            owner: self.id.to_string(),
+        }
     }
 
     /// This process's discovery instance id.
