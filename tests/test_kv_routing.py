@@ -97,12 +97,11 @@ async def test_lost_events_are_recovered_from_the_local_indexer() -> None:
     try:
         first = c.prompt(4)
         await c.store(0, first, 4)
-        # Break the router's connection: what is published meanwhile never reaches it.
-        c.pubs[0]._disconnect_subscribers()
+        # The next event is numbered but never sent: the router sees an id gap.
+        c.pubs[0]._drop_next_events(1)
         lost = c.prompt(6)
         bs = c.block_size
         c.pubs[0].publish_stored(lost[: 6 * bs], [bs] * 6, list(range(100, 106)))
-        await wait_until(lambda: c.pubs[0]._subscriber_count() >= 1)
         # The next event reveals the gap; the router replays the lost one.
         later = c.prompt(2)
         c.pubs[0].publish_stored(later[: 2 * bs], [bs] * 2, [7, 8])

@@ -4,8 +4,8 @@ with a worker-local indexer. Commands arrive as JSON lines on stdin; each is ans
 
 * ``{"op": "store", "tokens": [...], "hashes": [...], "block_size": B}``
 * ``{"op": "remove", "hashes": [...]}``
-* ``{"op": "disconnect"}``: drop the routers' event connections (they reconnect; events
-  published meanwhile are lost for them)
+* ``{"op": "drop", "n": N}``: number the next N events but do not send them (routers see
+  an id gap and recover from this worker's local indexer)
 * ``{"op": "subscribers"}``: answers ``OK <n>``
 * ``{"op": "exit"}``
 
@@ -55,8 +55,8 @@ async def main(runtime: DistributedRuntime, ns: str) -> None:
                 )
             elif op == "remove":
                 publisher.publish_removed(cmd["hashes"])
-            elif op == "disconnect":
-                publisher._disconnect_subscribers()
+            elif op == "drop":
+                publisher._drop_next_events(cmd["n"])
             elif op == "subscribers":
                 reply = f"OK {publisher._subscriber_count()}"
             elif op == "exit":

@@ -271,10 +271,10 @@ impl KvEventPublisher {
         self.inner.subscriber_count()
     }
 
-    /// Drop every router's connection: they reconnect, and what is published meanwhile
-    /// is lost for them (fault injection for recovery tests).
-    fn _disconnect_subscribers(&self) {
-        self.inner.disconnect_subscribers();
+    /// Number the next `n` events but do not send them (fault injection: routers see an
+    /// id gap and recover from the local indexer).
+    fn _drop_next_events(&self, n: u64) {
+        self.inner.drop_next_events(n);
     }
 }
 

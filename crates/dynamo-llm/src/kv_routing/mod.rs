@@ -10,14 +10,14 @@
 //!
 //! Channels (all scoped to the worker endpoint's `namespace.component`):
 //!
-//! | name | direction | payload |
+//! | name | kind | payload |
 //! |---|---|---|
-//! | `kv_events` | worker → routers | one JSON `RouterEvent` per item |
-//! | `kv_metrics` | worker → routers | JSON [`ActiveLoad`] |
-//! | `worker_kv_indexer_query_dp{rank}` | router → worker (request/response) | `WorkerKvQueryRequest` → `WorkerKvQueryResponse` |
+//! | `kv-events` | event plane, worker → routers | one JSON `RouterEvent` per event |
+//! | `kv_metrics` | event plane, worker → routers | JSON [`ActiveLoad`] |
+//! | `worker_kv_indexer_query_dp{rank}` | request plane (request/response) | `WorkerKvQueryRequest` → `WorkerKvQueryResponse` |
 //!
-//! The two topics ride on [`bus`], a pub/sub over the request plane that stands in for the
-//! runtime's event plane until that lands; only [`bus`] changes when it does.
+//! The topics go through [`bus`], a thin synchronous front of the runtime's event plane
+//! (brokerless TCP or NATS). See `docs/kv_routing.md`.
 //!
 //! Frontend use:
 //!
@@ -43,8 +43,8 @@ use std::sync::{Mutex, MutexGuard};
 pub use publisher::{ActiveLoad, KvEventPublisher, WorkerMetricsPublisher};
 pub use router::{KvRouter, RouteOptions, RoutedStream};
 
-/// KV events topic (an endpoint name: `[a-z0-9_-]`).
-pub const KV_EVENTS_TOPIC: &str = "kv_events";
+/// KV events topic.
+pub const KV_EVENTS_TOPIC: &str = "kv-events";
 /// Load metrics topic.
 pub const KV_METRICS_TOPIC: &str = "kv_metrics";
 

@@ -194,10 +194,10 @@ impl KvEventPublisher {
         self.topic.subscriber_count()
     }
 
-    /// Drop every router's connection (they reconnect; events meanwhile are lost for them
-    /// and recovered from the local indexer). A fault-injection hook for tests.
-    pub fn disconnect_subscribers(&self) {
-        self.topic.disconnect_subscribers();
+    /// Number the next `n` events but do not send them: routers see an id gap and
+    /// recover from the local indexer. A fault-injection hook for tests.
+    pub fn drop_next_events(&self, n: u64) {
+        self.topic.drop_next(n);
     }
 
     fn send(&self, events: &[RouterEvent]) {

@@ -236,9 +236,8 @@ impl KvRouter {
             let shared = Arc::clone(&shared);
             async move {
                 while let Some(msg) = metrics.recv().await {
-                    if let TopicMessage::Payload { payload, .. } = msg
-                        && let Ok(load) = serde_json::from_slice::<ActiveLoad>(&payload)
-                    {
+                    let TopicMessage::Payload { payload, .. } = msg;
+                    if let Ok(load) = serde_json::from_slice::<ActiveLoad>(&payload) {
                         shared.apply_load(&load);
                     }
                 }
@@ -620,10 +619,6 @@ async fn event_loop(
                         Ok(event) => handle(event, &mut recovering),
                         Err(e) => tracing::debug!(error = %e, "malformed KV event"),
                     }
-                }
-                Some(TopicMessage::Left { instance_id }) => {
-                    recovering.retain(|w, _| w.worker_id != instance_id);
-                    shared.remove_worker(instance_id);
                 }
             },
             Some((worker, res)) = rec_rx.recv() => {
