@@ -21,3 +21,20 @@ build_extension() {
   # Release build of dynamo._core installed (editable) into the venv.
   VIRTUAL_ENV="$VENV" PATH="$VENV/bin:$PATH" "$VENV/bin/maturin" develop --release -q "$@"
 }
+
+ensure_system_packages() {
+  # Debian packages, given as command:package pairs, installed with apt-get when the command
+  # is missing (`apt-get update` runs once, only then). Used for protoc (the etcd-client
+  # crate compiles etcd's .proto files at build time) and, for the tests, real etcd,
+  # etcdctl and nats-server (the fixtures start their own on free loopback ports).
+  local missing=() pair
+  for pair in "$@"; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}"
+  fi
+}

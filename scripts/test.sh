@@ -3,9 +3,14 @@
 # Rust tests, Python tests, stub check, formatting and lint. Exits non-zero on any failure.
 source "$(dirname "$0")/_env.sh"
 
+echo "==> services for the distributed tests (etcd, nats-server) and protoc (etcd-client build)"
+ensure_system_packages protoc:protobuf-compiler etcd:etcd-server etcdctl:etcd-client \
+  nats-server:nats-server
+
 echo "==> python environment"
 ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" "ruff>=0.6" \
-  "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20"
+  "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20" "prometheus-client>=0.20" \
+  "pyzmq>=25" "msgpack>=1"
 
 echo "==> build dynamo._core (release)"
 build_extension

@@ -410,7 +410,7 @@ async def test_bad_endpoint_paths(path: str) -> None:
         rt.shutdown()
 
 
-async def test_constructor_validation() -> None:
+async def test_constructor_validation(monkeypatch) -> None:
     loop = asyncio.get_running_loop()
     with pytest.raises(ValueError, match="discovery backend"):
         DistributedRuntime(loop, "zookeeper", "tcp")
@@ -419,6 +419,10 @@ async def test_constructor_validation() -> None:
     with pytest.raises(ValueError, match="event_plane"):
         DistributedRuntime(loop, "mem", "tcp", event_plane="kafka")
     with pytest.raises(ValueError, match="not available"):
+        DistributedRuntime(loop, "kubernetes", "tcp")
+    # Nothing listens on port 1: a clear error naming the variable, not a hang.
+    monkeypatch.setenv("ETCD_ENDPOINTS", "http://127.0.0.1:1")
+    with pytest.raises(CannotConnect, match="ETCD_ENDPOINTS"):
         DistributedRuntime(loop, "etcd", "tcp")
     with pytest.warns(DeprecationWarning):
         rt = DistributedRuntime(loop, "mem", "tcp", True, event_plane="zmq")

@@ -1,5 +1,6 @@
-"""Runtime behaviour across processes: worker subprocesses, discovery ``file`` in a temp
-directory (lease TTL 2 s), request plane ``tcp`` on 127.0.0.1."""
+"""Runtime behaviour across processes: worker subprocesses, request plane ``tcp`` on
+127.0.0.1, discovery ``file`` in a temp directory or a real etcd (tests/services.py), lease
+TTL 2 s either way."""
 
 from __future__ import annotations
 
@@ -23,17 +24,34 @@ def kv_dir(tmp_path, monkeypatch):
     return d
 
 
+@pytest.fixture(params=["file", "etcd"])
+def backend(request, monkeypatch) -> dict[str, str]:
+    """Discovery for the test and its workers: ``file``, or etcd with a 2 s lease."""
+    if request.param == "file":
+        return {"DYN_DISCOVERY_BACKEND": "file"}
+    etcd = request.getfixturevalue("etcd_server")
+    env = {
+        "DYN_DISCOVERY_BACKEND": "etcd",
+        "ETCD_ENDPOINTS": etcd.endpoint,
+        "ETCD_LEASE_TTL": "2",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
 @pytest.fixture
-def workers(kv_dir):
+def workers(kv_dir, backend):
     started: list[Worker] = []
     ns = unique_ns()
 
     def start(**env: str) -> Worker:
-        w = Worker(kv_dir, ns, **env)
+        w = Worker(kv_dir, ns, **{**backend, **env})
         started.append(w)
         return w
 
     start.ns = ns  # type: ignore[attr-defined]
+    start.backend = backend["DYN_DISCOVERY_BACKEND"]  # type: ignore[attr-defined]
     yield start
     for w in started:
         w.kill()
@@ -51,7 +69,7 @@ def fd_count(pid: int | str = "self") -> int:
 
 async def test_round_robin_direct_and_random_over_two_workers(workers) -> None:
     a, b = workers(), workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id, b.instance_id})
 
         async def who(stream) -> int:
@@ -77,7 +95,7 @@ async def test_round_robin_direct_and_random_over_two_workers(workers) -> None:
 
 async def test_errors_cross_the_process_boundary(workers) -> None:
     a = workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id})
         with pytest.raises(EngineShutdown, match="migrate"):
             await collect(await client.round_robin({"raise": "shutdown"}, annotated=False))
@@ -88,7 +106,7 @@ async def test_errors_cross_the_process_boundary(workers) -> None:
 
 async def test_workers_joining_and_leaving_while_a_client_runs(workers) -> None:
     a = workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id})
         served: Counter = Counter()
         errors: list[BaseException] = []
@@ -119,7 +137,7 @@ async def test_workers_joining_and_leaving_while_a_client_runs(workers) -> None:
 
 async def test_worker_killed_mid_stream(workers) -> None:
     a, b = workers(), workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id, b.instance_id})
         stream = await client.direct({"n": 10_000, "delay": 0.01}, a.instance_id, annotated=False)
         assert (await stream.__anext__())["worker"] == a.instance_id
@@ -135,7 +153,7 @@ async def test_worker_killed_mid_stream(workers) -> None:
 
 async def test_sigterm_drains_in_flight_streams(workers) -> None:
     a = workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id})
         stream = await client.round_robin({"n": 10, "delay": 0.05}, annotated=False)
         assert (await stream.__anext__())["i"] == 0
@@ -150,7 +168,7 @@ async def test_sigterm_drains_in_flight_streams(workers) -> None:
 @pytest.mark.slow
 async def test_ten_thousand_concurrent_streams_without_errors_or_leaks(workers) -> None:
     a, b = workers(), workers()
-    async with local_runtime("file") as rt:
+    async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id, b.instance_id})
         # Warm up: one pooled connection per worker.
         for _ in range(2):

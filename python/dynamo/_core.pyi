@@ -15,8 +15,11 @@ from typing import (
     Iterator,
     List,
     Optional,
+    Sequence,
     Set,
     Tuple,
+    TypedDict,
+    Union,
     final,
 )
 
@@ -122,6 +125,19 @@ class DistributedRuntime:
     def event_loop(self) -> Any:
         """The event loop given at construction."""
 
+    def set_health_status(self, ready: bool) -> None:
+        """Set the health flag reported by the system status server (``/health``)."""
+
+    def register_engine_route(
+        self, route_name: str, callback: Callable[[Dict[str, Any]], Awaitable[Dict[str, Any]]]
+    ) -> None:
+        """Mount ``/engine/{route_name}`` on the system status server.
+
+        The request's JSON body (``{}`` when empty) is passed to the async ``callback``; the
+        dict it returns is the JSON response (500 with ``{"error": ...}`` if it raises).
+        Must be called while an asyncio loop is running: the callback runs on it.
+        """
+
 @final
 class Endpoint:
     """One named endpoint (``namespace/component/endpoint``)."""
@@ -159,16 +175,33 @@ class Endpoint:
         """
 
     async def client(self, router_mode: Optional[Any] = None) -> Client:
-        """A client over this endpoint's live instances (default mode round-robin)."""
+        """A client over this endpoint's live instances (default mode round-robin).
+
+        ``router_mode``: ``RouterMode.RoundRobin``, ``RouterMode.Random`` or ``RouterMode.KV``.
+        In KV mode ``generate`` routes each request (a dict with ``token_ids``) with a
+        :class:`KvRouter` of block size ``DYN_KV_BLOCK_SIZE`` (default 16) and the default
+        :class:`KvRouterConfig`; other modes raise ``ValueError``."""
 
     def connection_id(self) -> int:
         """This process's discovery instance id."""
+
+    @property
+    def metrics(self) -> RuntimeMetrics:
+        """Metrics hooks of this endpoint (``/metrics`` of the system status server)."""
 
     async def unregister_endpoint_instance(self) -> None:
         """Withdraw this instance from discovery ("sleep")."""
 
     async def register_endpoint_instance(self) -> None:
         """Publish this instance again ("wake")."""
+
+@final
+class RuntimeMetrics:
+    """Metrics hooks of one endpoint."""
+
+    def register_prometheus_expfmt_callback(self, callback: Callable[[], str]) -> None:
+        """Append the Prometheus text exposition returned by ``callback()`` to every
+        ``/metrics`` scrape (a callback that raises is logged and skipped)."""
 
 @final
 class PyAsyncRequestStream:
@@ -604,6 +637,225 @@ class AicPerfConfig:
         aic_kv_cache_dtype: Optional[str] = None,
         aic_comm_dtype: Optional[str] = None,
     ) -> AicPerfConfig: ...
+
+# ---------------------------------------------------------------------------------------
+# KV routing between processes
+# ---------------------------------------------------------------------------------------
+
+class KvStoredEventInput(TypedDict, total=False):
+    """A ``stored`` item of :meth:`KvEventPublisher.publish_batch` (``type="stored"``;
+    ``token_ids``, ``num_block_tokens`` and ``block_hashes`` are required). Hashes are
+    signed 64-bit engine hashes. Unknown keys are rejected."""
+
+    type: str
+    token_ids: List[int]
+    num_block_tokens: List[int]
+    block_hashes: List[int]
+    parent_hash: Optional[int]
+    block_mm_infos: Optional[List[Optional[Dict[str, Any]]]]
+    lora_name: Optional[str]
+    is_eagle: Optional[bool]
+    cache_salt: Optional[str]
+
+class KvRemovedEventInput(TypedDict, total=False):
+    """A ``removed`` item of :meth:`KvEventPublisher.publish_batch` (``type="removed"``)."""
+
+    type: str
+    block_hashes: List[int]
+
+@final
+class KvEventPublisher:
+    """Publishes one worker rank's KV-cache events for the routers of the endpoint's
+    component (channel ``kv_events``). Event ids are assigned internally from 0.
+
+    With ``enable_local_indexer=True`` the worker keeps its own index and a replay buffer of
+    its last 1024 events, served on ``worker_kv_indexer_query_dp{dp_rank}``: a router that
+    missed events recovers from it. With ``zmq_endpoint`` (``tcp://host:port``) the
+    publisher relays the engine's KV events from its ZMQ PUB socket (vLLM/SGLang msgpack
+    format; messages whose topic starts with ``zmq_topic``, default all).
+    """
+
+    def __new__(
+        cls,
+        endpoint: Endpoint,
+        worker_id: Optional[int] = None,
+        kv_block_size: int = 0,
+        dp_rank: int = 0,
+        enable_local_indexer: bool = False,
+        zmq_endpoint: Optional[str] = None,
+        zmq_topic: Optional[str] = None,
+        batching_timeout_ms: Optional[int] = None,
+        image_token_id: Optional[int] = None,
+        kv_state_endpoint: Optional[str] = None,
+    ) -> KvEventPublisher:
+        """Raises ``ValueError`` when ``kv_block_size`` is 0 or ``batching_timeout_ms`` >
+        15000. ``worker_id=None`` uses the endpoint's connection id."""
+
+    @property
+    def kv_block_size(self) -> int: ...
+    def publish_stored(
+        self,
+        token_ids: List[int],
+        num_block_tokens: List[int],
+        block_hashes: List[int],
+        parent_hash: Optional[int] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        is_eagle: Optional[bool] = None,
+        cache_salt: Optional[str] = None,
+    ) -> None:
+        """Publish stored blocks (``tokens_hash`` recomputed from ``token_ids``).
+        Blocks whose size is not ``kv_block_size`` are dropped."""
+
+    def publish_removed(self, block_hashes: List[int]) -> None:
+        """Publish removed blocks (engine hashes)."""
+
+    def publish_batch(
+        self, events: Sequence[Union[KvStoredEventInput, KvRemovedEventInput]]
+    ) -> None:
+        """Validate the whole list (``ValueError("invalid KV event batch: ...")``, nothing
+        published), then publish it in order, coalescing compatible neighbours."""
+
+    def shutdown(self) -> None:
+        """Stop serving the replay endpoint."""
+
+    def _subscriber_count(self) -> int: ...
+    def _drop_next_events(self, n: int) -> None: ...
+
+@final
+class WorkerMetricsPublisher:
+    """Publishes a worker's load (channel ``kv_metrics``) for router load balancing."""
+
+    def __new__(cls) -> WorkerMetricsPublisher: ...
+    def create_endpoint(self, endpoint: Endpoint) -> Awaitable[None]:
+        """Bind to the endpoint's component; ``publish`` has no effect before."""
+
+    def publish(
+        self,
+        dp_rank: Optional[int] = None,
+        active_decode_blocks: Optional[int] = None,
+        kv_used_blocks: Optional[int] = None,
+        *,
+        total_kv_blocks: Optional[int] = None,
+        max_num_batched_tokens: Optional[int] = None,
+    ) -> None:
+        """Publish one rank's load (``dp_rank=None`` means 0). ``total_kv_blocks`` and
+        ``max_num_batched_tokens`` (extensions) report the rank's capacity, which the busy
+        thresholds and the router queue (``router_queue_threshold``) need."""
+
+@final
+class KvIndexer:
+    """A KV index fed by the KV events of the endpoint's component, with gap detection and
+    recovery from the workers' local indexers. Workers that leave are removed."""
+
+    def __new__(cls, endpoint: Endpoint, block_size: int) -> KvIndexer: ...
+    def find_matches(self, sequence: List[int]) -> OverlapScores:
+        """Match local block hashes."""
+
+    def find_matches_for_request(
+        self, token_ids: List[int], lora_name: Optional[str] = None, is_eagle: Optional[bool] = None
+    ) -> OverlapScores:
+        """Hash ``token_ids`` with the indexer's block size, then match."""
+
+    def block_size(self) -> int: ...
+
+@final
+class ApproxKvIndexer:
+    """An index without KV events: routing decisions count as cached for a TTL."""
+
+    def __new__(
+        cls, endpoint: Endpoint, kv_block_size: int, router_ttl_secs: float = 120.0
+    ) -> ApproxKvIndexer: ...
+    def find_matches_for_request(
+        self, token_ids: List[int], lora_name: Optional[str] = None, is_eagle: Optional[bool] = None
+    ) -> OverlapScores: ...
+    def block_size(self) -> int: ...
+    def process_routing_decision_for_request(
+        self, tokens: List[int], worker_id: int, dp_rank: int = 0
+    ) -> Awaitable[None]:
+        """Mark the blocks of ``tokens`` as cached on ``(worker_id, dp_rank)``."""
+
+@final
+class KvRouter:
+    """A KV-aware router over an endpoint's workers: index (KV events or approximate),
+    load tracking, router queue and dispatch."""
+
+    def __new__(
+        cls,
+        endpoint: Endpoint,
+        block_size: int,
+        kv_router_config: KvRouterConfig,
+        aic_perf_config: Optional[AicPerfConfig] = None,
+    ) -> KvRouter: ...
+    def generate(
+        self,
+        token_ids: List[int],
+        model: str,
+        stop_conditions: Optional[Any] = None,
+        sampling_options: Optional[Any] = None,
+        output_options: Optional[Any] = None,
+        router_config_override: Optional[Any] = None,
+        worker_id: Optional[int] = None,
+        dp_rank: Optional[int] = None,
+        extra_args: Optional[Any] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        multi_modal_data: Optional[Any] = None,
+        mm_routing_info: Optional[Any] = None,
+        routing_constraints: Optional[RoutingConstraints] = None,
+        response_buffer_size: int = 100,
+    ) -> Awaitable[AsyncIterator[Any]]:
+        """Route the request and stream the chosen worker's response items (plain data).
+        Prefill is marked complete at the first item; the request is freed at the end,
+        on error or when the stream is dropped."""
+
+    def generate_from_request(
+        self, request: Any, response_buffer_size: int = 100
+    ) -> Awaitable[AsyncIterator[Any]]:
+        """:meth:`generate` for a ``PreprocessedRequest`` dict."""
+
+    def best_worker(
+        self,
+        token_ids: List[int],
+        router_config_override: Optional[Any] = None,
+        request_id: Optional[str] = None,
+        update_indexer: bool = False,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        routing_constraints: Optional[RoutingConstraints] = None,
+        strict_priority: int = 0,
+        policy_class: Optional[str] = None,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[Tuple[int, int, int]]:
+        """``(worker_id, dp_rank, overlap_blocks)``; with ``request_id`` the request is
+        booked (call :meth:`mark_prefill_complete` and :meth:`free` later)."""
+
+    def get_potential_loads(
+        self,
+        token_ids: List[int],
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[List[Dict[str, int]]]: ...
+    def get_overlap_scores(
+        self,
+        token_ids: List[int],
+        router_config_override: Optional[Any] = None,
+        block_mm_infos: Optional[List[Optional[Dict[str, Any]]]] = None,
+        lora_name: Optional[str] = None,
+        include_shared: bool = True,
+        cache_namespace: Optional[str] = None,
+    ) -> Awaitable[Dict[str, Any]]: ...
+    def dump_events(self) -> Awaitable[str]:
+        """The index as a JSON list of ``RouterEvent`` objects."""
+
+    def mark_prefill_complete(self, request_id: str) -> Awaitable[None]: ...
+    def free(self, request_id: str) -> Awaitable[None]: ...
+    def _workers(self) -> List[Tuple[int, int]]: ...
+    def _queued(self) -> int: ...
+    def _capacity(
+        self, worker_id: int, dp_rank: int = 0
+    ) -> Optional[Tuple[Optional[int], Optional[int]]]: ...
+    def _set_worker_taints(self, worker_id: int, taints: Set[str]) -> None: ...
 
 # ---------------------------------------------------------------------------------------
 # Block manager

@@ -8,6 +8,8 @@
 //!   argument rules of `register_model`, and offline model resolution (`fetch_model`).
 //! * [`preprocessor`]: OpenAI request/response types, chat templates, tokenization, the
 //!   request sent to workers and the stop conditions / detokenization of their output.
+//! * [`kv_routing`]: KV-aware routing between processes: event and metrics publishers,
+//!   recovery, and the async `KvRouter` used by the frontend.
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -24,6 +26,7 @@
 //! ```
 
 pub mod error;
+pub mod kv_routing;
 pub mod mocker;
 pub mod model_card;
 pub mod preprocessor;

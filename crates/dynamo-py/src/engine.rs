@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use dynamo_llm::kv_routing::RoutedStream;
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
 use dynamo_runtime::transport::{ErrorKind, WireError};
@@ -545,14 +546,52 @@ fn item_to_py(py: Python<'_>, item: Item, annotated: bool) -> PyResult<Py<PyAny>
 /// A response stream as a Python async iterator.
 #[pyclass(module = "dynamo._core", name = "AsyncResponseStream")]
 pub(crate) struct AsyncResponseStream {
-    stream: Arc<tokio::sync::Mutex<ResponseStream>>,
+    stream: Arc<tokio::sync::Mutex<AnyStream>>,
     annotated: bool,
+}
+
+/// A plain response stream, or one routed by the KV router (which tracks the request's
+/// progress as items arrive and releases its booking when dropped).
+enum AnyStream {
+    Plain(ResponseStream),
+    Routed(RoutedStream),
+}
+
+impl AnyStream {
+    fn try_next(&mut self) -> Result<Option<dynamo_runtime::Result<Bytes>>, ()> {
+        match self {
+            Self::Plain(s) => s.try_next(),
+            Self::Routed(s) => s.try_next(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<dynamo_runtime::Result<Bytes>> {
+        match self {
+            Self::Plain(s) => s.next().await,
+            Self::Routed(s) => s.next().await,
+        }
+    }
+
+    fn context(&self) -> &dynamo_runtime::Context {
+        match self {
+            Self::Plain(s) => s.context(),
+            Self::Routed(s) => s.context(),
+        }
+    }
 }
 
 impl AsyncResponseStream {
     pub(crate) fn new(stream: ResponseStream, annotated: bool) -> Self {
         Self {
-            stream: Arc::new(tokio::sync::Mutex::new(stream)),
+            stream: Arc::new(tokio::sync::Mutex::new(AnyStream::Plain(stream))),
+            annotated,
+        }
+    }
+
+    /// A stream routed by a `KvRouter`.
+    pub(crate) fn routed(stream: RoutedStream, annotated: bool) -> Self {
+        Self {
+            stream: Arc::new(tokio::sync::Mutex::new(AnyStream::Routed(stream))),
             annotated,
         }
     }

@@ -143,9 +143,13 @@ pub(crate) fn runtime_error(err: dynamo_runtime::Error) -> PyErr {
     use dynamo_runtime::Error as E;
     let msg = err.to_string();
     match err {
-        E::InvalidName(_) | E::InvalidArgument(_) | E::MessageTooLarge { .. } => {
-            PyValueError::new_err(msg)
-        }
+        E::InvalidName(_)
+        | E::InvalidArgument(_)
+        | E::MessageTooLarge { .. }
+        | E::NatsPayloadTooLarge { .. }
+        | E::Codec(_) => PyValueError::new_err(msg),
+        // etcd or NATS unreachable (or failing).
+        E::Discovery(_) | E::Nats(_) => CannotConnect::new_err(msg),
         E::UnknownInstance { .. } => PyValueError::new_err(msg),
         E::CannotConnect { .. } | E::NoInstances(_) => CannotConnect::new_err(msg),
         E::Disconnected(_) => Disconnected::new_err(msg),

@@ -52,7 +52,7 @@ pub(crate) fn compute_block_hash_for_seq(
 /// Result of a prefix match: matched blocks per `(worker_id, dp_rank)`.
 #[pyclass(module = "dynamo._core", name = "OverlapScores", frozen)]
 pub(crate) struct OverlapScores {
-    inner: indexer::OverlapScores,
+    pub(crate) inner: indexer::OverlapScores,
 }
 
 #[pymethods]

@@ -8,6 +8,7 @@
 //! * [`convert`]: fast, validated conversions of Python arguments.
 //! * [`kv`]: block hashing, the `RadixTree` indexer and `OverlapScores`.
 //! * [`router`]: router configuration classes.
+//! * [`kv_routing`]: KV event/metrics publishers, KV indexers and `KvRouter`.
 //! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
 //! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
 //! * [`aio`]: Rust futures as asyncio futures (completed on the loop thread).
@@ -29,6 +30,7 @@ mod engine;
 mod errors;
 mod json;
 mod kv;
+mod kv_routing;
 mod llm;
 mod logging;
 mod router;
@@ -41,6 +43,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     kv::register(m)?;
     router::register(m)?;
+    kv_routing::register(m)?;
     runtime::register(m)?;
     logging::register(m)?;
     block_manager::register(m)?;

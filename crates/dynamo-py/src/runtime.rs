@@ -4,7 +4,10 @@
 use std::sync::{Arc, Once};
 
 use bytes::Bytes;
-use dynamo_runtime::config::{DiscoveryBackend, RequestPlane, parse_event_plane};
+use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane, parse_event_plane};
+use dynamo_runtime::metrics::ExpfmtCallback;
+use dynamo_runtime::runtime::ServeOptions;
+use dynamo_runtime::system::EngineRoute;
 use dynamo_runtime::{EndpointId, Route, RuntimeConfig};
 use pyo3::exceptions::{PyDeprecationWarning, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -16,12 +19,13 @@ use crate::aio::py_future;
 use crate::context::{ContextMetadata, PyContext, SpanProxy};
 use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
-use crate::json::to_json;
+use crate::json::{from_value, to_json};
 
 /// Register the runtime classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<DistributedRuntime>()?;
     m.add_class::<Endpoint>()?;
+    m.add_class::<RuntimeMetrics>()?;
     m.add_class::<Client>()?;
     m.add_class::<Instance>()?;
     m.add_class::<TransportType>()?;
@@ -72,9 +76,12 @@ impl DistributedRuntime {
         }
         let discovery = DiscoveryBackend::parse(discovery_backend).map_err(runtime_error)?;
         let plane = RequestPlane::parse(request_plane).map_err(runtime_error)?;
-        parse_event_plane(event_plane).map_err(runtime_error)?;
+        let event_plane = parse_event_plane(event_plane).map_err(runtime_error)?;
         tokio_runtime()?;
-        let config = RuntimeConfig::from_env().map_err(runtime_error)?;
+        let mut config = RuntimeConfig::from_env().map_err(runtime_error)?;
+        if let Some(p) = event_plane {
+            config.event_plane = Some(EventPlane::parse(p).map_err(runtime_error)?);
+        }
         let inner = py
             .detach(|| dynamo_runtime::DistributedRuntime::new(discovery, plane, config))
             .map_err(runtime_error)?;
@@ -106,25 +113,96 @@ impl DistributedRuntime {
     fn event_loop(&self, py: Python<'_>) -> Py<PyAny> {
         self.event_loop.clone_ref(py)
     }
+
+    /// Set the health flag reported by the system status server's `/health`.
+    #[pyo3(signature = (ready))]
+    fn set_health_status(&self, ready: bool) {
+        self.inner.set_health_status(ready);
+    }
+
+    /// Mount `/engine/{route_name}` on the system status server: the request's JSON body
+    /// (`{}` when empty) is passed to the async `callback`, whose result is the response.
+    /// Must be called with an asyncio loop running (the callback runs on it).
+    #[pyo3(signature = (route_name, callback))]
+    fn register_engine_route(
+        &self,
+        py: Python<'_>,
+        route_name: &str,
+        callback: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err("callback must be callable"));
+        }
+        let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+        let callback = Arc::new(callback.unbind());
+        let route: EngineRoute = Arc::new(move |input: serde_json::Value| {
+            let callback = Arc::clone(&callback);
+            let locals = locals.clone();
+            Box::pin(async move {
+                let call = Python::attach(|py| {
+                    let arg = from_value(py, &input)?;
+                    let coro = callback.bind(py).call1((arg,))?;
+                    pyo3_async_runtimes::into_future_with_locals(&locals, coro)
+                })
+                .map_err(|e| e.to_string())?;
+                let out = call.await.map_err(|e| e.to_string())?;
+                let bytes =
+                    Python::attach(|py| to_json(out.bind(py))).map_err(|e| e.to_string())?;
+                serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+            })
+        });
+        self.inner
+            .register_engine_route(route_name, route)
+            .map_err(runtime_error)
+    }
 }
 
-fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
-    let Some(labels) = labels.filter(|l| !l.is_none()) else {
-        return Ok(());
-    };
-    for item in labels.try_iter()? {
-        item?.extract::<(String, String)>().map_err(|_| {
-            PyTypeError::new_err("metrics_labels must be a list of (name, value) string pairs")
-        })?;
+/// Metrics hooks of one endpoint (`endpoint.metrics`).
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct RuntimeMetrics {
+    runtime: dynamo_runtime::DistributedRuntime,
+    owner: String,
+}
+
+#[pymethods]
+impl RuntimeMetrics {
+    /// Append the Prometheus text returned by `callback()` to every `/metrics` scrape.
+    #[pyo3(signature = (callback))]
+    fn register_prometheus_expfmt_callback(&self, callback: Bound<'_, PyAny>) -> PyResult<()> {
+        if !callback.is_callable() {
+            return Err(PyTypeError::new_err("callback must be callable"));
+        }
+        let callback = callback.unbind();
+        let cb: ExpfmtCallback = Arc::new(move || {
+            Python::attach(|py| callback.call0(py)?.extract::<String>(py))
+                .map_err(|e| e.to_string())
+        });
+        self.runtime
+            .metrics()
+            .register_expfmt_callback(self.owner.clone(), cb);
+        Ok(())
     }
-    Ok(())
+}
+
+fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<(String, String)>> {
+    let Some(labels) = labels.filter(|l| !l.is_none()) else {
+        return Ok(Vec::new());
+    };
+    labels
+        .try_iter()?
+        .map(|item| {
+            item?.extract::<(String, String)>().map_err(|_| {
+                PyTypeError::new_err("metrics_labels must be a list of (name, value) string pairs")
+            })
+        })
+        .collect()
 }
 
 /// One named endpoint.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct Endpoint {
-    runtime: dynamo_runtime::DistributedRuntime,
-    id: EndpointId,
+    pub(crate) runtime: dynamo_runtime::DistributedRuntime,
+    pub(crate) id: EndpointId,
     event_loop: Py<PyAny>,
 }
 
@@ -135,6 +213,8 @@ impl Endpoint {
         handler: &Bound<'py, PyAny>,
         graceful_shutdown: bool,
         bidirectional: bool,
+        metrics_labels: Vec<(String, String)>,
+        health_check_payload: Option<Bytes>,
     ) -> PyResult<Bound<'py, PyAny>> {
         if !handler.is_callable() {
             return Err(PyTypeError::new_err("handler must be callable"));
@@ -159,8 +239,13 @@ impl Endpoint {
         let task = tokio_runtime()?.spawn({
             let stop = stop.clone();
             async move {
+                let options = ServeOptions {
+                    graceful: graceful_shutdown,
+                    metrics_labels,
+                    health_check_payload,
+                };
                 let result = runtime
-                    .serve_endpoint_until(&id, Arc::new(engine), graceful_shutdown, stop)
+                    .serve_endpoint_with(&id, Arc::new(engine), options, stop)
                     .await;
                 closed.cancel();
                 result
@@ -193,11 +278,15 @@ impl Endpoint {
         metrics_labels: Option<&Bound<'py, PyAny>>,
         health_check_payload: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        check_metrics_labels(metrics_labels)?;
-        if health_check_payload.is_some_and(|p| !p.is_none() && !p.is_instance_of::<PyDict>()) {
-            return Err(PyTypeError::new_err("health_check_payload must be a dict"));
-        }
-        self.serve(py, handler, graceful_shutdown, false)
+        let labels = check_metrics_labels(metrics_labels)?;
+        let payload = match health_check_payload.filter(|p| !p.is_none()) {
+            Some(p) if !p.is_instance_of::<PyDict>() => {
+                return Err(PyTypeError::new_err("health_check_payload must be a dict"));
+            }
+            Some(p) => Some(Bytes::from(to_json(p)?)),
+            None => None,
+        };
+        self.serve(py, handler, graceful_shutdown, false, labels, payload)
     }
 
     /// Serve a streaming-in, streaming-out handler (it receives a `PyAsyncRequestStream`).
@@ -209,8 +298,8 @@ impl Endpoint {
         graceful_shutdown: bool,
         metrics_labels: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        check_metrics_labels(metrics_labels)?;
-        self.serve(py, handler, graceful_shutdown, true)
+        let labels = check_metrics_labels(metrics_labels)?;
+        self.serve(py, handler, graceful_shutdown, true, labels, None)
     }
 
     /// A client over this endpoint's live instances.
@@ -220,19 +309,50 @@ impl Endpoint {
         py: Python<'py>,
         router_mode: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let default_route = parse_router_mode(router_mode)?;
+        let mode = parse_router_mode(router_mode)?;
+        let block_size = match mode {
+            ClientMode::Kv => Some(kv_client_block_size()?),
+            _ => None,
+        };
+        let default_route = match mode {
+            ClientMode::Route(r) => Some(r),
+            _ => None,
+        };
         let runtime = self.runtime.clone();
         let id = self.id.clone();
         py_future(
             py,
             async move {
+                let kv = match block_size {
+                    Some(bs) => Some(
+                        dynamo_llm::kv_routing::KvRouter::new(
+                            &runtime,
+                            &id,
+                            bs,
+                            dynamo_kv_router::scheduling::config::KvRouterConfig::default(),
+                            dynamo_kv_router::scheduling::selector::LoadThresholds::default(),
+                        )
+                        .map_err(|e| PyValueError::new_err(e.to_string()))?,
+                    ),
+                    None => None,
+                };
                 Ok(Client {
                     inner: runtime.client(&id),
                     default_route,
+                    kv,
                 })
             },
             true,
         )
+    }
+
+    /// Metrics hooks of this endpoint.
+    #[getter]
+    fn metrics(&self) -> RuntimeMetrics {
+        RuntimeMetrics {
+            runtime: self.runtime.clone(),
+            owner: self.id.to_string(),
+        }
     }
 
     /// This process's discovery instance id.
@@ -282,9 +402,16 @@ impl Endpoint {
 
 /// `None` → round-robin; `"random"` / `"round_robin"` (or a `RouterMode`-like object whose
 /// name says so).
-fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Route>> {
+/// What `Endpoint.client(router_mode=...)` asked for.
+enum ClientMode {
+    Default,
+    Route(Route),
+    Kv,
+}
+
+fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<ClientMode> {
     let Some(mode) = mode.filter(|m| !m.is_none()) else {
-        return Ok(None);
+        return Ok(ClientMode::Default);
     };
     let text = mode
         .str()?
@@ -292,14 +419,28 @@ fn parse_router_mode(mode: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Route>>
         .to_ascii_lowercase()
         .replace(['-', '_'], "");
     if text.ends_with("roundrobin") {
-        Ok(Some(Route::RoundRobin))
+        Ok(ClientMode::Route(Route::RoundRobin))
     } else if text.ends_with("random") {
-        Ok(Some(Route::Random))
+        Ok(ClientMode::Route(Route::Random))
+    } else if text.ends_with(".kv") || text == "kv" {
+        Ok(ClientMode::Kv)
     } else {
         Err(PyValueError::new_err(format!(
-            "unsupported router_mode {text:?} for Endpoint.client: use RoundRobin or Random \
-             (KV routing goes through KvRouter)"
+            "unsupported router_mode {text:?} for Endpoint.client: use RoundRobin, Random or KV"
         )))
+    }
+}
+
+/// Block size of a KV-mode client (`DYN_KV_BLOCK_SIZE`, default 16: no model card here).
+fn kv_client_block_size() -> PyResult<u32> {
+    match std::env::var("DYN_KV_BLOCK_SIZE") {
+        Ok(v) => v
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|b| *b > 0)
+            .ok_or_else(|| PyValueError::new_err(format!("invalid DYN_KV_BLOCK_SIZE {v:?}"))),
+        Err(_) => Ok(16),
     }
 }
 
@@ -392,6 +533,8 @@ impl Instance {
 pub(crate) struct Client {
     inner: dynamo_runtime::Client,
     default_route: Option<Route>,
+    /// `router_mode=RouterMode.KV`: `generate` routes by the request's `token_ids`.
+    kv: Option<Arc<dynamo_llm::kv_routing::KvRouter>>,
 }
 
 impl Client {
@@ -512,7 +655,55 @@ impl Client {
         annotated: Option<bool>,
         context: Option<PyRef<'py, PyContext>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(kv) = &self.kv {
+            return kv_generate(py, kv, request, annotated, context);
+        }
         let route = self.default_route.unwrap_or(Route::Random);
         self.call(py, request, route, annotated, context)
     }
+}
+
+/// `Client.generate` in KV mode: route by the request's `token_ids`; the booking lives as
+/// long as the response stream.
+fn kv_generate<'py>(
+    py: Python<'py>,
+    kv: &Arc<dynamo_llm::kv_routing::KvRouter>,
+    request: &Bound<'py, PyAny>,
+    annotated: Option<bool>,
+    context: Option<PyRef<'py, PyContext>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let tokens = request
+        .cast::<PyDict>()
+        .ok()
+        .and_then(|d| d.get_item("token_ids").ok().flatten())
+        .ok_or_else(|| {
+            PyValueError::new_err("a KV-routed request must be a dict with \"token_ids\"")
+        })?;
+    let tokens = crate::convert::tokens(&tokens)?;
+    let body = Bytes::from(to_json(request)?);
+    let ctx = match context {
+        Some(c) => c.inner.child(),
+        None => dynamo_runtime::Context::default(),
+    };
+    let annotated = annotated.unwrap_or(false);
+    let kv = Arc::clone(kv);
+    py_future(
+        py,
+        async move {
+            let stream = kv
+                .generate(
+                    &tokens,
+                    body,
+                    dynamo_llm::kv_routing::RouteOptions::default(),
+                    ctx,
+                )
+                .await
+                .map_err(|e| match e {
+                    dynamo_llm::kv_routing::Error::Runtime(e) => runtime_error(e),
+                    other => PyValueError::new_err(other.to_string()),
+                })?;
+            Ok(AsyncResponseStream::routed(stream, annotated))
+        },
+        false,
+    )
 }

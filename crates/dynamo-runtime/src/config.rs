@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use crate::discovery::file::FileStore;
 use crate::error::{Error, Result};
+use crate::events::EventCodec;
+use crate::system::CanaryConfig;
 use crate::transport::DEFAULT_MAX_MESSAGE_SIZE;
 
 /// Settings of one [`crate::DistributedRuntime`].
@@ -33,6 +35,38 @@ pub struct RuntimeConfig {
     pub file_kv_root: PathBuf,
     /// Lease TTL of the file store (`DYN_FILE_KV_TTL_SECS`, default 10).
     pub file_kv_ttl: Duration,
+    /// Event-plane transport (`DYN_EVENT_PLANE`: `zmq` (brokerless TCP) or `nats`); `None`
+    /// picks `nats` for etcd discovery when `NATS_SERVER` is set, else brokerless.
+    pub event_plane: Option<EventPlane>,
+    /// Codec of event envelopes (`DYN_EVENT_PLANE_CODEC`, default msgpack).
+    pub event_codec: EventCodec,
+    /// Host brokerless publishers bind and advertise (`DYN_EVENT_PLANE_HOST`; default the
+    /// request plane's host).
+    pub event_host: Option<String>,
+    /// Capacity of a subscriber's merged queue
+    /// (`DYN_ZMQ_EVENT_SUBSCRIBER_CHANNEL_CAPACITY`, default 100000).
+    pub event_subscriber_capacity: usize,
+    /// NATS server URL(s) (`NATS_SERVER`, default `nats://localhost:4222`), comma-separated.
+    pub nats_server: String,
+    /// Whether `NATS_SERVER` was set explicitly.
+    pub nats_server_set: bool,
+    /// etcd endpoints (`ETCD_ENDPOINTS`, default `http://localhost:2379`), comma-separated.
+    pub etcd_endpoints: Vec<String>,
+    /// Whether `ETCD_ENDPOINTS` was set explicitly.
+    pub etcd_endpoints_set: bool,
+    /// Lease TTL of the etcd registration (`ETCD_LEASE_TTL`, seconds, default 10).
+    pub etcd_lease_ttl: Duration,
+    /// System status server port (`DYN_SYSTEM_PORT`: -1 disabled, the default; 0 random).
+    pub system_port: i32,
+    /// Host the status server binds (`DYN_SYSTEM_HOST`, default `0.0.0.0`).
+    pub system_host: String,
+    /// `DYN_SYSTEM_STARTING_HEALTH_STATUS` (`ready` or `notready`), when set.
+    pub starting_health: Option<bool>,
+    /// Health canaries for endpoints with a health-check payload
+    /// (`DYN_HEALTH_CHECK_ENABLED`, default false).
+    pub health_check_enabled: bool,
+    /// Canary timing (`DYN_CANARY_WAIT_TIME`, 10 s; `DYN_HEALTH_CHECK_REQUEST_TIMEOUT`, 3 s).
+    pub canary: CanaryConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -47,6 +81,23 @@ impl Default for RuntimeConfig {
             inhibited_duration: Duration::from_secs(5),
             file_kv_root: std::env::temp_dir().join("dynamo_store_kv"),
             file_kv_ttl: crate::discovery::file::DEFAULT_TTL,
+            event_plane: None,
+            event_codec: EventCodec::default(),
+            event_host: None,
+            event_subscriber_capacity: crate::events::DEFAULT_SUBSCRIBER_CAPACITY,
+            nats_server: "nats://localhost:4222".into(),
+            nats_server_set: false,
+            etcd_endpoints: vec!["http://localhost:2379".into()],
+            etcd_endpoints_set: false,
+            etcd_lease_ttl: Duration::from_secs(10),
+            system_port: -1,
+            system_host: "0.0.0.0".into(),
+            starting_health: None,
+            health_check_enabled: false,
+            canary: CanaryConfig {
+                wait: Duration::from_secs(10),
+                timeout: Duration::from_secs(3),
+            },
         }
     }
 }
@@ -96,6 +147,60 @@ impl RuntimeConfig {
         if let Some(v) = secs("DYN_RUNTIME_INHIBITED_DURATION_SECS")? {
             c.inhibited_duration = v;
         }
+        if let Some(v) = var("DYN_EVENT_PLANE") {
+            c.event_plane = Some(EventPlane::parse(&v)?);
+        }
+        if let Some(v) = var("DYN_EVENT_PLANE_CODEC") {
+            c.event_codec = EventCodec::parse(&v)?;
+        }
+        c.event_host = var("DYN_EVENT_PLANE_HOST");
+        if let Some(v) = parse::<usize>("DYN_ZMQ_EVENT_SUBSCRIBER_CHANNEL_CAPACITY")? {
+            c.event_subscriber_capacity = v.max(1);
+        }
+        if let Some(v) = var("NATS_SERVER") {
+            c.nats_server = v;
+            c.nats_server_set = true;
+        }
+        if let Some(v) = var("ETCD_ENDPOINTS") {
+            c.etcd_endpoints = v
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect();
+            c.etcd_endpoints_set = true;
+        }
+        if let Some(v) = secs("ETCD_LEASE_TTL")? {
+            c.etcd_lease_ttl = v.max(Duration::from_secs(1));
+        }
+        if let Some(v) = parse::<i32>("DYN_SYSTEM_PORT")? {
+            c.system_port = v;
+        }
+        if let Some(v) = var("DYN_SYSTEM_HOST") {
+            c.system_host = v;
+        }
+        if let Some(v) = var("DYN_SYSTEM_STARTING_HEALTH_STATUS") {
+            c.starting_health = Some(match v.trim().to_ascii_lowercase().as_str() {
+                "ready" => true,
+                "notready" => false,
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "invalid DYN_SYSTEM_STARTING_HEALTH_STATUS {v:?}: expected 'ready' or 'notready'"
+                    )));
+                }
+            });
+        }
+        if let Some(v) = var("DYN_HEALTH_CHECK_ENABLED") {
+            c.health_check_enabled = matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            );
+        }
+        if let Some(v) = secs("DYN_CANARY_WAIT_TIME")? {
+            c.canary.wait = v.max(Duration::from_millis(10));
+        }
+        if let Some(v) = secs("DYN_HEALTH_CHECK_REQUEST_TIMEOUT")? {
+            c.canary.timeout = v;
+        }
         c.file_kv_root = FileStore::default_root();
         c.file_kv_ttl = FileStore::default_ttl();
         Ok(c)
@@ -116,6 +221,16 @@ pub enum DiscoveryBackend {
 }
 
 impl DiscoveryBackend {
+    /// `DYN_DISCOVERY_BACKEND` when set; otherwise etcd when `ETCD_ENDPOINTS` is set, else
+    /// file.
+    pub fn from_env() -> Result<Self> {
+        match var("DYN_DISCOVERY_BACKEND") {
+            Some(v) => Self::parse(&v),
+            None if var("ETCD_ENDPOINTS").is_some() => Ok(Self::Etcd),
+            None => Ok(Self::File),
+        }
+    }
+
     /// Parse `mem`, `file`, `etcd` (also `kv_store`) or `kubernetes` (case-insensitive).
     pub fn parse(s: &str) -> Result<Self> {
         match s.trim().to_ascii_lowercase().as_str() {
@@ -148,6 +263,38 @@ impl RequestPlane {
             _ => Err(Error::InvalidArgument(format!(
                 "invalid request plane {s:?}: expected 'tcp' or 'nats'"
             ))),
+        }
+    }
+}
+
+/// How events travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventPlane {
+    /// Core NATS publish/subscribe.
+    Nats,
+    /// The runtime's own brokerless TCP pub/sub (selected by `zmq` or `tcp`).
+    Tcp,
+}
+
+impl EventPlane {
+    /// Parse `nats`, `zmq` or `tcp` (case-insensitive).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "nats" => Ok(Self::Nats),
+            "zmq" | "tcp" => Ok(Self::Tcp),
+            _ => Err(Error::InvalidArgument(format!(
+                "Invalid event_plane value {s:?}: expected 'nats' or 'zmq'"
+            ))),
+        }
+    }
+
+    /// The transport when none is configured: NATS for etcd discovery with `NATS_SERVER`
+    /// set, else brokerless.
+    pub fn default_for(discovery: DiscoveryBackend, config: &RuntimeConfig) -> Self {
+        if discovery == DiscoveryBackend::Etcd && config.nats_server_set {
+            Self::Nats
+        } else {
+            Self::Tcp
         }
     }
 }

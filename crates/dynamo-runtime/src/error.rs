@@ -61,6 +61,26 @@ pub enum Error {
     /// A discovery backend failed.
     #[error("discovery: {0}")]
     Discovery(String),
+    /// A value could not be encoded or decoded (event envelopes and payloads).
+    #[error("codec: {0}")]
+    Codec(String),
+    /// The NATS connection failed or a NATS operation failed.
+    #[error("NATS: {0}")]
+    Nats(String),
+    /// A message is larger than the NATS server accepts.
+    #[error(
+        "message of {size} bytes exceeds the NATS server's max_payload of {max} bytes \
+         (raise max_payload in the nats-server configuration, or use the tcp request plane)"
+    )]
+    NatsPayloadTooLarge {
+        /// Size of the rejected message.
+        size: usize,
+        /// The server's `max_payload`.
+        max: usize,
+    },
+    /// The discovery lease was lost (etcd): the process must shut down.
+    #[error("discovery lease lost: {0}")]
+    LeaseLost(String),
     /// An I/O error outside a request stream (binding a listener, the file store).
     #[error(transparent)]
     Io(#[from] std::io::Error),

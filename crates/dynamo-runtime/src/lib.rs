@@ -8,6 +8,11 @@
 //! * [`discovery`]: the [`discovery::Discovery`] and [`discovery::KvStore`] traits with
 //!   the `mem` and `file` stores.
 //! * [`transport`]: the TCP request plane (frames, server, pooled client connections).
+//! * [`events`]: the event plane: [`DistributedRuntime::event_publisher`] and
+//!   [`DistributedRuntime::subscribe`] over brokerless TCP or NATS, with per-publisher
+//!   sequence numbers and gap detection.
+//! * [`system`] and [`metrics`]: the system status server (`DYN_SYSTEM_PORT`: `/health`,
+//!   `/live`, `/metrics`, `/engine/*`) and the per-endpoint Prometheus metrics.
 //! * [`Client`]: round-robin / random / direct routing over live instances.
 //! * [`Context`]: request id, stop/kill, metadata.
 //!
@@ -51,9 +56,13 @@ pub mod config;
 pub mod context;
 pub mod discovery;
 pub mod error;
+pub mod events;
+pub mod metrics;
 pub mod names;
+mod nats;
 pub mod router;
 pub mod runtime;
+pub mod system;
 pub mod transport;
 
 pub use config::RuntimeConfig;

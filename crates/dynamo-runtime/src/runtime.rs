@@ -13,19 +13,24 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use std::net::SocketAddr;
+
 use tokio::sync::{Notify, OnceCell};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{DiscoveryBackend, RequestPlane, RuntimeConfig};
+use crate::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
 use crate::context::lock;
+use crate::discovery::etcd::EtcdStore;
 use crate::discovery::file::FileStore;
 use crate::discovery::mem::MemStore;
 use crate::discovery::{
     Discovery, Instance, KvDiscovery, KvStore, TransportAddress, random_instance_id,
 };
 use crate::error::{Error, Result};
+use crate::metrics::MetricsRegistry;
 use crate::names::EndpointId;
 use crate::router::Client;
+use crate::system::{EngineRoute, SystemHealth, SystemState};
 use crate::transport::client::ConnectionPool;
 use crate::transport::server::{EndpointEntry, Handler, Server};
 
@@ -62,6 +67,11 @@ struct Served {
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
     pub(crate) discovery: Arc<dyn Discovery>,
+    pub(crate) store: Arc<dyn KvStore>,
+    pub(crate) event_plane: EventPlane,
+    nats: OnceCell<async_nats::Client>,
+    pub(crate) system: Arc<SystemState>,
+    system_address: Option<SocketAddr>,
     server: OnceCell<Arc<Server>>,
     pub(crate) pool: ConnectionPool,
     endpoint_shutdown: CancellationToken,
@@ -79,46 +89,171 @@ pub struct DistributedRuntime {
 }
 
 impl DistributedRuntime {
-    /// A runtime with the given backends. Only the embedded backends exist in this build:
-    /// discovery `mem` or `file`, request plane `tcp`.
+    /// A runtime with the given backends. Discovery `mem` and `file` are built at once;
+    /// `etcd` connects first, which needs [`DistributedRuntime::connect`] when called from
+    /// inside the tokio runtime (outside it, this blocks on the process's runtime).
     pub fn new(
         discovery: DiscoveryBackend,
         request_plane: RequestPlane,
         config: RuntimeConfig,
     ) -> Result<Self> {
-        if request_plane != RequestPlane::Tcp {
-            return Err(Error::InvalidArgument(
-                "request plane 'nats' is not available in this build; use 'tcp'".into(),
-            ));
-        }
+        check_request_plane(request_plane)?;
         let store: Arc<dyn KvStore> = match discovery {
             DiscoveryBackend::Mem => Arc::new(MemStore::new()),
             DiscoveryBackend::File => {
                 Arc::new(FileStore::open(&config.file_kv_root, config.file_kv_ttl)?)
             }
-            DiscoveryBackend::Etcd | DiscoveryBackend::Kubernetes => {
-                return Err(Error::InvalidArgument(format!(
-                    "discovery backend {discovery:?} is not available in this build; use 'file' \
-                     (several local processes) or 'mem' (one process)"
-                )));
+            DiscoveryBackend::Etcd => {
+                if tokio::runtime::Handle::try_current().is_ok() {
+                    return Err(Error::InvalidArgument(
+                        "etcd discovery connects asynchronously: use DistributedRuntime::connect \
+                         inside the tokio runtime"
+                            .into(),
+                    ));
+                }
+                return tokio_runtime()?.block_on(Self::connect(discovery, request_plane, config));
+            }
+            DiscoveryBackend::Kubernetes => {
+                return Err(Error::InvalidArgument(
+                    "discovery backend 'kubernetes' is not available in this build; use 'etcd', \
+                     'file' (several local processes) or 'mem' (one process)"
+                        .into(),
+                ));
             }
         };
-        let discovery = Arc::new(KvDiscovery::new(store, random_instance_id()));
+        Self::assemble(discovery, store, random_instance_id(), config)
+    }
+
+    /// A runtime with the given backends, connecting to etcd when discovery is `etcd` (see
+    /// [`crate::discovery::etcd`]; losing the lease shuts the runtime down).
+    pub async fn connect(
+        discovery: DiscoveryBackend,
+        request_plane: RequestPlane,
+        config: RuntimeConfig,
+    ) -> Result<Self> {
+        if discovery != DiscoveryBackend::Etcd {
+            return Self::new(discovery, request_plane, config);
+        }
+        check_request_plane(request_plane)?;
+        let store = EtcdStore::connect(&config).await?;
+        let lost = store.lease_lost();
+        // Lease ids are positive i64s.
+        let id = store.lease_id().unsigned_abs();
+        let drt = Self::assemble(discovery, Arc::new(store), id, config)?;
+        let weak = Arc::downgrade(&drt.inner);
+        let primary = drt.inner.primary.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = lost.cancelled() => {
+                    if let Some(inner) = weak.upgrade() {
+                        tracing::error!("etcd lease lost: shutting the runtime down");
+                        DistributedRuntime { inner }.shutdown();
+                    }
+                }
+                () = primary.cancelled() => {}
+            }
+        });
+        Ok(drt)
+    }
+
+    fn assemble(
+        backend: DiscoveryBackend,
+        store: Arc<dyn KvStore>,
+        instance_id: u64,
+        config: RuntimeConfig,
+    ) -> Result<Self> {
+        let discovery = Arc::new(KvDiscovery::new(Arc::clone(&store), instance_id));
+        let primary = CancellationToken::new();
+        let system = Arc::new(SystemState::new(config.starting_health));
+        let system_address = match u16::try_from(config.system_port) {
+            Ok(port) => {
+                let handle = match tokio::runtime::Handle::try_current() {
+                    Ok(h) => h,
+                    Err(_) => tokio_runtime()?.handle().clone(),
+                };
+                Some(crate::system::start(
+                    &config.system_host,
+                    port,
+                    Arc::clone(&system),
+                    primary.clone(),
+                    &handle,
+                )?)
+            }
+            // Negative: disabled.
+            Err(_) => None,
+        };
         let pool = ConnectionPool::new(config.max_message_size, config.connect_timeout);
+        let event_plane = config
+            .event_plane
+            .unwrap_or_else(|| EventPlane::default_for(backend, &config));
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 discovery,
+                store,
+                event_plane,
+                nats: OnceCell::new(),
+                system,
+                system_address,
                 server: OnceCell::new(),
                 pool,
                 endpoint_shutdown: CancellationToken::new(),
-                primary: CancellationToken::new(),
+                primary,
                 served: Mutex::new(HashMap::new()),
                 draining: AtomicUsize::new(0),
                 drained: Notify::new(),
                 shutdown_started: AtomicBool::new(false),
             }),
         })
+    }
+
+    /// The address of the system status server, when enabled (`DYN_SYSTEM_PORT` >= 0).
+    pub fn system_status_address(&self) -> Option<SocketAddr> {
+        self.inner.system_address
+    }
+
+    /// Set the process's health flag (reported by `/health`).
+    pub fn set_health_status(&self, ready: bool) {
+        self.inner.system.health.set_ready(ready);
+    }
+
+    /// The process's health state.
+    pub fn health(&self) -> &Arc<SystemHealth> {
+        &self.inner.system.health
+    }
+
+    /// The metrics registry rendered by `/metrics`.
+    pub fn metrics(&self) -> &Arc<MetricsRegistry> {
+        &self.inner.system.metrics
+    }
+
+    /// Serve `callback` at `/engine/{route}` on the status server (replacing a previous
+    /// callback of the same route). Routes may contain `/`.
+    pub fn register_engine_route(&self, route: &str, callback: EngineRoute) -> Result<()> {
+        let route = route.trim_matches('/');
+        if route.is_empty() {
+            return Err(Error::InvalidArgument(
+                "engine route name must not be empty".into(),
+            ));
+        }
+        lock(&self.inner.system.routes).insert(route.to_owned(), callback);
+        Ok(())
+    }
+
+    /// The process's key-value store (the discovery store): keys put through it belong to
+    /// this process (deleted at shutdown, expired by the lease if the process dies). Model
+    /// cards live under `v1/mdc/...`.
+    pub fn kv_store(&self) -> &Arc<dyn KvStore> {
+        &self.inner.store
+    }
+
+    /// The NATS client, connected on first use (`NATS_SERVER`).
+    pub(crate) async fn nats(&self) -> Result<async_nats::Client> {
+        self.inner
+            .nats
+            .get_or_try_init(|| crate::nats::connect(&self.inner.config))
+            .await
+            .cloned()
     }
 
     /// The configuration.
@@ -177,6 +312,24 @@ impl DistributedRuntime {
         graceful: bool,
         stop: CancellationToken,
     ) -> Result<()> {
+        let options = ServeOptions {
+            graceful,
+            ..ServeOptions::default()
+        };
+        self.serve_endpoint_with(endpoint, handler, options, stop)
+            .await
+    }
+
+    /// [`DistributedRuntime::serve_endpoint_until`] with metrics labels and a health-check
+    /// payload.
+    pub async fn serve_endpoint_with(
+        &self,
+        endpoint: &EndpointId,
+        handler: Arc<dyn Handler>,
+        options: ServeOptions,
+        stop: CancellationToken,
+    ) -> Result<()> {
+        let graceful = options.graceful;
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -190,7 +343,12 @@ impl DistributedRuntime {
             transport: TransportAddress::Tcp(format!("{}/{}", server.address(), path)),
             device_type: None,
         };
-        let entry = EndpointEntry::new(handler);
+        let metrics = self
+            .inner
+            .system
+            .metrics
+            .endpoint(endpoint, &options.metrics_labels);
+        let entry = EndpointEntry::with_metrics(handler, Some(Arc::clone(&metrics)));
         self.inner.draining.fetch_add(1, Ordering::AcqRel);
         let drain_guard = DrainGuard(Arc::clone(&self.inner));
         server.add_endpoint(path.clone(), Arc::clone(&entry));
@@ -207,10 +365,30 @@ impl DistributedRuntime {
             return Err(e);
         }
         tracing::debug!(endpoint = %endpoint, instance_id = instance.instance_id, "serving");
+        let health_name = endpoint.to_string();
+        let health = Arc::clone(&self.inner.system.health);
+        health.set_endpoint(&health_name, true);
+        let canary_stop = self.inner.endpoint_shutdown.child_token();
+        if let (true, Some(payload)) = (
+            self.inner.config.health_check_enabled,
+            options.health_check_payload,
+        ) {
+            crate::system::spawn_canary(
+                self.clone(),
+                endpoint.clone(),
+                payload,
+                metrics,
+                Arc::clone(&health),
+                self.inner.config.canary,
+                canary_stop.clone(),
+            );
+        }
         let runtime_stopping = tokio::select! {
             () = self.inner.endpoint_shutdown.cancelled() => true,
             () = stop.cancelled() => false,
         };
+        canary_stop.cancel();
+        health.remove_endpoint(&health_name);
 
         // Phase 1: stop taking work, withdraw from discovery.
         entry.set_accepting(false);
@@ -276,6 +454,38 @@ impl DistributedRuntime {
         }
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move { run_shutdown(inner).await });
+    }
+}
+
+fn check_request_plane(plane: RequestPlane) -> Result<()> {
+    if plane != RequestPlane::Tcp {
+        return Err(Error::InvalidArgument(
+            "request plane 'nats' is not available in this build; use 'tcp' (NATS serves the \
+             event plane: DYN_EVENT_PLANE=nats)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// How [`DistributedRuntime::serve_endpoint_with`] serves an endpoint.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Drain in-flight streams at shutdown (default true).
+    pub graceful: bool,
+    /// Extra constant Prometheus labels of the endpoint's metrics.
+    pub metrics_labels: Vec<(String, String)>,
+    /// The canary request (JSON) sent through the handler when health checks are enabled.
+    pub health_check_payload: Option<bytes::Bytes>,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            graceful: true,
+            metrics_labels: Vec::new(),
+            health_check_payload: None,
+        }
     }
 }
 

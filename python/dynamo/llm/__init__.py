@@ -4,11 +4,17 @@ Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
 from dynamo._core import AicPerfConfig as AicPerfConfig
+from dynamo._core import ApproxKvIndexer as ApproxKvIndexer
 from dynamo._core import Block as Block
 from dynamo._core import BlockList as BlockList
 from dynamo._core import BlockManager as BlockManager
 from dynamo._core import KvbmRequest as KvbmRequest
+from dynamo._core import KvEventPublisher as KvEventPublisher
+from dynamo._core import KvIndexer as KvIndexer
+from dynamo._core import KvRemovedEventInput as KvRemovedEventInput
+from dynamo._core import KvRouter as KvRouter
 from dynamo._core import KvRouterConfig as KvRouterConfig
+from dynamo._core import KvStoredEventInput as KvStoredEventInput
 from dynamo._core import Layer as Layer
 from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
@@ -18,6 +24,7 @@ from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
 from dynamo._core import RoutingConstraints as RoutingConstraints
+from dynamo._core import WorkerMetricsPublisher as WorkerMetricsPublisher
 from dynamo._core import WorkerType as WorkerType
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo._core import fetch_model as fetch_model
@@ -30,11 +37,17 @@ fetch_llm = fetch_model
 
 __all__ = [
     "AicPerfConfig",
+    "ApproxKvIndexer",
     "Block",
     "BlockList",
     "BlockManager",
     "HttpError",
+    "KvEventPublisher",
+    "KvIndexer",
+    "KvRemovedEventInput",
+    "KvRouter",
     "KvRouterConfig",
+    "KvStoredEventInput",
     "KvbmRequest",
     "Layer",
     "ModelInput",
@@ -46,6 +59,7 @@ __all__ = [
     "RouterMode",
     "RouterQueueLimitExceeded",
     "RoutingConstraints",
+    "WorkerMetricsPublisher",
     "WorkerType",
     "compute_block_hash_for_seq",
     "fetch_llm",

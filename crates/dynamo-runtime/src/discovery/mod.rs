@@ -10,9 +10,10 @@
 //! * [`file::FileStore`]: a directory of leased files shared by the processes of one
 //!   machine (`DYN_FILE_KV`).
 //!
-//! An etcd store (lease = instance id, keep-alive) fits the same trait: `changes()` is fed
-//! by the etcd watch stream.
+//! * [`etcd::EtcdStore`]: etcd, with one lease per process (the lease id is the instance
+//!   id) and keep-alive; `changes()` is fed by an etcd watch.
 
+pub mod etcd;
 pub mod file;
 pub mod mem;
 
@@ -207,6 +208,42 @@ impl Discovery for KvDiscovery {
     fn shutdown(&self) -> BoxFuture<'_, ()> {
         self.store.shutdown()
     }
+}
+
+/// A live view of every `(key, value)` under `prefix` of `store`, sorted by key: re-listed
+/// on every change notification of the store, and every [`RELIST_INTERVAL`] as a safety
+/// net. The task ends when every receiver is dropped. Must be called inside the tokio
+/// runtime.
+pub fn watch_prefix(
+    store: Arc<dyn KvStore>,
+    prefix: String,
+) -> watch::Receiver<Arc<Vec<(String, String)>>> {
+    let (tx, rx) = watch::channel(Arc::new(Vec::new()));
+    let mut changes = store.changes();
+    tokio::spawn(async move {
+        loop {
+            changes.mark_unchanged();
+            match store.list(&prefix).await {
+                Ok(list) => {
+                    tx.send_if_modified(|cur| {
+                        if **cur == list {
+                            false
+                        } else {
+                            *cur = Arc::new(list);
+                            true
+                        }
+                    });
+                }
+                Err(e) => tracing::warn!(error = %e, %prefix, "discovery list failed"),
+            }
+            tokio::select! {
+                r = changes.changed() => if r.is_err() { break },
+                () = tx.closed() => break,
+                () = tokio::time::sleep(RELIST_INTERVAL) => {}
+            }
+        }
+    });
+    rx
 }
 
 /// A random, non-zero instance id that is exact in JSON numbers (53 bits).

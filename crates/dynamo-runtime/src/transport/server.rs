@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncWriteExt, BufReader};
@@ -29,6 +30,7 @@ use super::frame::{self, Read};
 use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
+use crate::metrics::EndpointMetrics;
 
 /// One request as a handler sees it.
 pub struct Request {
@@ -51,6 +53,7 @@ pub trait Handler: Send + Sync + 'static {
 /// A served endpoint in the server's registry.
 pub struct EndpointEntry {
     handler: Arc<dyn Handler>,
+    metrics: Option<Arc<EndpointMetrics>>,
     accepting: AtomicBool,
     inflight: AtomicUsize,
     idle: Notify,
@@ -59,8 +62,17 @@ pub struct EndpointEntry {
 impl EndpointEntry {
     /// A new entry that accepts requests.
     pub fn new(handler: Arc<dyn Handler>) -> Arc<Self> {
+        Self::with_metrics(handler, None)
+    }
+
+    /// A new entry whose requests are counted in `metrics`.
+    pub fn with_metrics(
+        handler: Arc<dyn Handler>,
+        metrics: Option<Arc<EndpointMetrics>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             handler,
+            metrics,
             accepting: AtomicBool::new(true),
             inflight: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -89,11 +101,14 @@ impl EndpointEntry {
     }
 }
 
-/// Decrements the endpoint's in-flight count when a stream ends.
-struct InflightGuard(Arc<EndpointEntry>);
+/// Decrements the endpoint's in-flight count (and records the duration) when a stream ends.
+struct InflightGuard(Arc<EndpointEntry>, Instant);
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
+        if let Some(m) = &self.0.metrics {
+            m.request_finished(self.1.elapsed());
+        }
         if self.0.inflight.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }
@@ -108,6 +123,7 @@ struct StreamState {
 
 struct StreamEntry {
     state: Arc<StreamState>,
+    metrics: Option<Arc<EndpointMetrics>>,
     input: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
 }
 
@@ -213,6 +229,9 @@ impl Responder {
             });
         }
         self.accept();
+        if let Some(m) = &self._guard.0.metrics {
+            m.response_sent(item.len());
+        }
         self.push(frame::DATA, item);
         if self.state.credits.fetch_sub(1, Ordering::AcqRel) <= 1 {
             self.flush();
@@ -258,6 +277,9 @@ impl Responder {
     /// End the stream with an error.
     pub fn fail(mut self, err: WireError) {
         self.done = true;
+        if let (Some(m), false) = (&self._guard.0.metrics, err.kind == ErrorKind::Cancelled) {
+            m.handler_error();
+        }
         let json = serde_json::to_vec(&err).unwrap_or_default();
         self.push(frame::ERROR, &json);
         self.flush();
@@ -492,6 +514,9 @@ fn dispatch(
         }
         frame::STOP | frame::KILL => {
             if let Some(s) = lock(&conn.streams).get(&f.stream) {
+                if let (false, Some(m)) = (s.state.context.is_stopped(), &s.metrics) {
+                    m.cancelled();
+                }
                 if f.kind == frame::KILL {
                     s.state.context.kill();
                 } else {
@@ -547,7 +572,10 @@ fn start_request(
         );
     }
     entry.inflight.fetch_add(1, Ordering::AcqRel);
-    let guard = InflightGuard(Arc::clone(&entry));
+    if let Some(m) = &entry.metrics {
+        m.request_started(body.len());
+    }
+    let guard = InflightGuard(Arc::clone(&entry), Instant::now());
     let context = Context::new(Some(header.id), header.metadata);
     let state = Arc::new(StreamState {
         context: context.clone(),
@@ -564,6 +592,7 @@ fn start_request(
         stream,
         Arc::new(StreamEntry {
             state: Arc::clone(&state),
+            metrics: entry.metrics.clone(),
             input: Mutex::new(input_tx),
         }),
     );

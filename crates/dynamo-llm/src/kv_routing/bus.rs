@@ -1,0 +1,190 @@
+//! Publish/subscribe for KV events and load metrics over the runtime's event plane
+//! (`dynamo_runtime::events`: brokerless TCP by default, NATS with `DYN_EVENT_PLANE=nats`),
+//! on component-scoped channels.
+//!
+//! Publishing is synchronous and never blocks: payloads go through a queue to a task that
+//! owns the event-plane publisher (creating one is asynchronous: it binds and advertises),
+//! so the order of publication is kept. Delivery is best effort and ordered per publisher;
+//! the KV router notices lost events from their ids and recovers from the worker-local
+//! indexer, so nothing here depends on the envelope's own sequence numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use dynamo_runtime::DistributedRuntime;
+use dynamo_runtime::events::{EventPublisher, EventScope};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+struct TopicInner {
+    tx: mpsc::UnboundedSender<Bytes>,
+    publisher: Arc<OnceLock<EventPublisher>>,
+    /// Payloads to swallow (fault injection for recovery tests).
+    drop_next: AtomicU64,
+    stop: CancellationToken,
+}
+
+impl Drop for TopicInner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The publishing side of a topic (cheap to clone; the channel is withdrawn when the last
+/// clone is dropped).
+#[derive(Clone)]
+pub struct TopicPublisher {
+    inner: Arc<TopicInner>,
+}
+
+impl TopicPublisher {
+    /// A publisher on `(component scope, topic)`. Must be called inside the tokio runtime.
+    ///
+    /// # Errors
+    /// Empty names.
+    pub fn new(
+        runtime: &DistributedRuntime,
+        namespace: &str,
+        component: &str,
+        topic: &str,
+    ) -> dynamo_runtime::Result<Self> {
+        if namespace.is_empty() || component.is_empty() || topic.is_empty() {
+            return Err(dynamo_runtime::Error::InvalidArgument(
+                "event scope names and topic must not be empty".into(),
+            ));
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        let publisher = Arc::new(OnceLock::new());
+        let stop = CancellationToken::new();
+        let scope = EventScope::component(namespace, component);
+        let (rt, topic_name, slot, token) = (
+            runtime.clone(),
+            topic.to_owned(),
+            Arc::clone(&publisher),
+            stop.clone(),
+        );
+        tokio::spawn(async move {
+            let p = tokio::select! {
+                p = rt.event_publisher(&scope, &topic_name) => p,
+                () = token.cancelled() => return,
+            };
+            let p = match p {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(topic = %topic_name, error = %e, "event publisher unavailable");
+                    return;
+                }
+            };
+            let _ = slot.set(p.clone());
+            loop {
+                let item = tokio::select! {
+                    item = rx.recv() => item,
+                    () = token.cancelled() => None,
+                };
+                let Some(item) = item else { break };
+                if let Err(e) = p.publish(&item) {
+                    tracing::debug!(topic = %topic_name, error = %e, "event not published");
+                }
+            }
+        });
+        Ok(Self {
+            inner: Arc::new(TopicInner {
+                tx,
+                publisher,
+                drop_next: AtomicU64::new(0),
+                stop,
+            }),
+        })
+    }
+
+    /// Queue `payload` for publication (never blocks).
+    pub fn publish(&self, payload: Bytes) {
+        let skip = self
+            .inner
+            .drop_next
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok();
+        if !skip {
+            let _ = self.inner.tx.send(payload);
+        }
+    }
+
+    /// Connected subscribers (brokerless event plane). Over NATS, where the server fans
+    /// out, 1 once the publisher is set up.
+    pub fn subscriber_count(&self) -> usize {
+        self.inner
+            .publisher
+            .get()
+            .map_or(0, |p| p.subscriber_count().unwrap_or(1))
+    }
+
+    /// Swallow the next `n` payloads (fault injection: subscribers see an id gap).
+    pub fn drop_next(&self, n: u64) {
+        self.inner.drop_next.fetch_add(n, Ordering::AcqRel);
+    }
+}
+
+/// What a subscriber receives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopicMessage {
+    /// A payload.
+    Payload {
+        /// The event-plane publisher's id.
+        publisher_id: u64,
+        /// The payload.
+        payload: Bytes,
+    },
+}
+
+/// Subscribe to every publisher of `(component scope, topic)`. Messages arrive on the
+/// returned receiver until `stop` is cancelled or the runtime shuts down. Must be called
+/// inside the tokio runtime.
+///
+/// # Errors
+/// Empty names.
+pub fn subscribe(
+    runtime: &DistributedRuntime,
+    namespace: &str,
+    component: &str,
+    topic: &str,
+    stop: CancellationToken,
+) -> dynamo_runtime::Result<mpsc::UnboundedReceiver<TopicMessage>> {
+    if namespace.is_empty() || component.is_empty() || topic.is_empty() {
+        return Err(dynamo_runtime::Error::InvalidArgument(
+            "event scope names and topic must not be empty".into(),
+        ));
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let scope = EventScope::component(namespace, component);
+    let (rt, topic) = (runtime.clone(), topic.to_owned());
+    tokio::spawn(async move {
+        let sub = tokio::select! {
+            s = rt.subscribe(&scope, &topic) => s,
+            () = stop.cancelled() => return,
+        };
+        let mut sub = match sub {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(topic = %topic, error = %e, "event subscription failed");
+                return;
+            }
+        };
+        loop {
+            let event = tokio::select! {
+                e = sub.next() => e,
+                () = stop.cancelled() => None,
+                () = tx.closed() => None,
+            };
+            let Some(event) = event else { break };
+            let msg = TopicMessage::Payload {
+                publisher_id: event.publisher_id,
+                payload: event.payload,
+            };
+            if tx.send(msg).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}

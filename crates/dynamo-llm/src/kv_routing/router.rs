@@ -1,0 +1,650 @@
+//! Router side: [`KvRouter`] (index + scheduler + event subscription + worker discovery
+//! + load metrics + dispatch).
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use dynamo_kv_router::hashing::BlockExtraInfo;
+use dynamo_kv_router::kv_router::{EventOutcome, KvRouterCore, RouteRequest};
+use dynamo_kv_router::protocols::{RouterEvent, WorkerWithDpRank, decode_json_router_event};
+use dynamo_kv_router::recovery::WorkerKvQueryResponse;
+use dynamo_kv_router::scheduling::Selection;
+use dynamo_kv_router::scheduling::config::{KvRouterConfig, RouterConfigOverride};
+use dynamo_kv_router::scheduling::queue::{QueueEntryInfo, RouterQueue};
+use dynamo_kv_router::scheduling::selector::{LoadThresholds, RoutingConstraints, WorkerCapacity};
+use dynamo_runtime::transport::client::ResponseStream;
+use dynamo_runtime::{Context, DistributedRuntime, EndpointId, Route};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use super::bus::{self, TopicMessage};
+use super::publisher::{ActiveLoad, query_worker};
+use super::{KV_EVENTS_TOPIC, KV_METRICS_TOPIC, Result, lock};
+
+/// Live events buffered per rank while it recovers (as the reference).
+const RECOVERY_BUFFER: usize = 1024;
+/// How often a queued request re-checks the load when nothing signalled.
+const QUEUE_POLL: Duration = Duration::from_millis(20);
+
+/// Options of one routing decision.
+#[derive(Debug, Clone, Default)]
+pub struct RouteOptions {
+    /// Book the request's load under this id (`free` it later).
+    pub request_id: Option<String>,
+    /// Per-request configuration overrides.
+    pub overrides: Option<RouterConfigOverride>,
+    /// Placement constraints.
+    pub constraints: Option<RoutingConstraints>,
+    /// LoRA adapter.
+    pub lora_name: Option<String>,
+    /// Cache namespace / salt.
+    pub cache_namespace: Option<String>,
+    /// Per-block multimodal info.
+    pub block_mm_infos: Option<Vec<Option<BlockExtraInfo>>>,
+    /// Route to exactly this rank.
+    pub pinned: Option<WorkerWithDpRank>,
+    /// Record the decision in the approximate index.
+    pub update_indexer: bool,
+    /// Router-queue priority tier (higher first).
+    pub strict_priority: u32,
+}
+
+impl RouteOptions {
+    fn request<'a>(&'a self, tokens: &'a [u32]) -> RouteRequest<'a> {
+        RouteRequest {
+            tokens,
+            request_id: self.request_id.as_deref(),
+            lora_name: self.lora_name.as_deref(),
+            cache_namespace: self.cache_namespace.as_deref(),
+            block_mm_infos: self.block_mm_infos.as_deref(),
+            overrides: self.overrides.as_ref(),
+            constraints: self.constraints.as_ref(),
+            pinned: self.pinned,
+            update_indexer: self.update_indexer,
+        }
+    }
+}
+
+struct Shared {
+    core: KvRouterCore,
+    /// Signalled when load falls or workers join (router queue, waiting for workers).
+    changed: Notify,
+    /// Worker ids discovered on the generate endpoint.
+    instances: Mutex<HashSet<u64>>,
+    /// Ranks registered with the scheduler.
+    ranks: Mutex<HashSet<WorkerWithDpRank>>,
+    /// Taints per worker (all its ranks).
+    taints: Mutex<HashMap<u64, BTreeSet<String>>>,
+    /// Reported capacity per rank.
+    capacity: Mutex<HashMap<WorkerWithDpRank, WorkerCapacity>>,
+    /// Requests waiting for capacity (`router_queue_threshold`), in policy order.
+    queue: Mutex<RouterQueue<oneshot::Sender<()>>>,
+    /// Epoch of the queue's arrival offsets.
+    epoch: Instant,
+}
+
+impl Shared {
+    fn ensure_rank(&self, worker: WorkerWithDpRank) {
+        if !lock(&self.instances).contains(&worker.worker_id) {
+            return;
+        }
+        if lock(&self.ranks).insert(worker) {
+            self.register(worker);
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// (Re-)register a rank with its taints and capacity.
+    fn register(&self, worker: WorkerWithDpRank) {
+        let taints = lock(&self.taints)
+            .get(&worker.worker_id)
+            .cloned()
+            .unwrap_or_default();
+        let capacity = lock(&self.capacity)
+            .get(&worker)
+            .copied()
+            .unwrap_or_default();
+        self.core.upsert_worker(worker, taints, capacity);
+    }
+
+    fn remove_worker(&self, worker_id: u64) {
+        lock(&self.instances).remove(&worker_id);
+        lock(&self.ranks).retain(|r| r.worker_id != worker_id);
+        lock(&self.taints).remove(&worker_id);
+        lock(&self.capacity).retain(|r, _| r.worker_id != worker_id);
+        self.core.remove_worker(worker_id);
+    }
+
+    fn apply_load(&self, load: &ActiveLoad) {
+        let rank = WorkerWithDpRank::new(load.worker_id, load.dp_rank);
+        if load.total_kv_blocks.is_some() || load.max_num_batched_tokens.is_some() {
+            let changed = {
+                let mut caps = lock(&self.capacity);
+                let cap = caps.entry(rank).or_default();
+                let before = *cap;
+                cap.total_kv_blocks = load.total_kv_blocks.or(cap.total_kv_blocks);
+                cap.max_num_batched_tokens =
+                    load.max_num_batched_tokens.or(cap.max_num_batched_tokens);
+                *cap != before
+            };
+            if changed && lock(&self.ranks).contains(&rank) {
+                self.register(rank);
+            }
+        }
+        self.ensure_rank(rank);
+        self.core.set_kv_used_blocks(rank, load.kv_used_blocks);
+        self.changed.notify_waiters();
+    }
+}
+
+/// A KV-aware router over one endpoint's workers.
+///
+/// Background tasks (stopped when the router is dropped or the runtime shuts down):
+/// * discovery of the endpoint's instances → `upsert_worker` / `remove_worker`;
+/// * the component's `kv_events` topic → the index, with gap detection and recovery from
+///   the worker-local indexer (live events buffered meanwhile);
+/// * the `kv_metrics` topic → `set_kv_used_blocks`.
+pub struct KvRouter {
+    shared: Arc<Shared>,
+    runtime: DistributedRuntime,
+    endpoint: EndpointId,
+    client: dynamo_runtime::Client,
+    stop: CancellationToken,
+}
+
+impl Drop for KvRouter {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl KvRouter {
+    /// A router for `endpoint` with blocks of `block_size` tokens. Must be called inside the
+    /// tokio runtime.
+    ///
+    /// # Errors
+    /// A zero block size or an invalid configuration.
+    pub fn new(
+        runtime: &DistributedRuntime,
+        endpoint: &EndpointId,
+        block_size: u32,
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+    ) -> Result<Arc<Self>> {
+        let use_events = config.use_kv_events;
+        let policy = config.router_queue_policy;
+        let queued = config.router_queue_threshold.is_some();
+        let core = KvRouterCore::new(block_size, config, thresholds)?;
+        let shared = Arc::new(Shared {
+            core,
+            changed: Notify::new(),
+            instances: Mutex::new(HashSet::new()),
+            ranks: Mutex::new(HashSet::new()),
+            taints: Mutex::new(HashMap::new()),
+            capacity: Mutex::new(HashMap::new()),
+            queue: Mutex::new(RouterQueue::new(policy)),
+            epoch: Instant::now(),
+        });
+        let stop = CancellationToken::new();
+        let ns = endpoint.namespace.clone();
+        let comp = endpoint.component.clone();
+
+        // Worker discovery.
+        let mut watch = runtime.discovery().watch(endpoint);
+        tokio::spawn({
+            let shared = Arc::clone(&shared);
+            let stop = stop.clone();
+            let rt = runtime.clone();
+            async move {
+                loop {
+                    let ids: HashSet<u64> = watch.borrow().iter().map(|i| i.instance_id).collect();
+                    let known: Vec<u64> = lock(&shared.instances).iter().copied().collect();
+                    for gone in known.iter().filter(|id| !ids.contains(id)) {
+                        shared.remove_worker(*gone);
+                    }
+                    for id in &ids {
+                        if lock(&shared.instances).insert(*id) {
+                            shared.ensure_rank(WorkerWithDpRank::new(*id, 0));
+                        }
+                    }
+                    tokio::select! {
+                        r = watch.changed() => if r.is_err() { break },
+                        () = stop.cancelled() => break,
+                        () = rt.stopped() => break,
+                    }
+                }
+            }
+        });
+
+        if use_events {
+            let rx = bus::subscribe(runtime, &ns, &comp, KV_EVENTS_TOPIC, stop.child_token())?;
+            tokio::spawn(event_loop(
+                Arc::clone(&shared),
+                runtime.clone(),
+                ns.clone(),
+                comp.clone(),
+                rx,
+                stop.clone(),
+            ));
+        }
+
+        let mut metrics =
+            bus::subscribe(runtime, &ns, &comp, KV_METRICS_TOPIC, stop.child_token())?;
+        tokio::spawn({
+            let shared = Arc::clone(&shared);
+            async move {
+                while let Some(msg) = metrics.recv().await {
+                    let TopicMessage::Payload { payload, .. } = msg;
+                    if let Ok(load) = serde_json::from_slice::<ActiveLoad>(&payload) {
+                        shared.apply_load(&load);
+                    }
+                }
+            }
+        });
+
+        if queued {
+            tokio::spawn(dispatch_queue(Arc::clone(&shared), stop.clone()));
+        }
+
+        Ok(Arc::new(Self {
+            shared,
+            runtime: runtime.clone(),
+            endpoint: endpoint.clone(),
+            client: runtime.client(endpoint),
+            stop,
+        }))
+    }
+
+    /// The routing core (index, scheduler, cursors).
+    pub fn core(&self) -> &KvRouterCore {
+        &self.shared.core
+    }
+
+    /// The endpoint routed to.
+    pub fn endpoint(&self) -> &EndpointId {
+        &self.endpoint
+    }
+
+    /// Block size in tokens.
+    pub fn block_size(&self) -> u32 {
+        self.shared.core.block_size()
+    }
+
+    /// Resolves once at least one worker rank is registered (bounded by `timeout`).
+    pub async fn wait_for_workers(&self, timeout: Duration) -> bool {
+        let wait = async {
+            loop {
+                let notified = self.shared.changed.notified();
+                if !self.shared.core.workers().is_empty() {
+                    return;
+                }
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep(QUEUE_POLL) => {}
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait).await.is_ok()
+    }
+
+    /// Choose a worker rank (booking the request when it has an id). Waits in the router
+    /// queue while every eligible rank is over the busy threshold (`router_queue_threshold`),
+    /// and for the first worker (bounded by the runtime's request timeout).
+    ///
+    /// # Errors
+    /// No workers, no worker satisfying the constraints, bad input.
+    pub async fn route(&self, tokens: &[u32], opts: &RouteOptions) -> Result<Selection> {
+        if opts.pinned.is_none() {
+            self.wait_for_workers(self.runtime.config().request_timeout)
+                .await;
+        }
+        if opts.pinned.is_none()
+            && self.shared.core.config().router_queue_threshold.is_some()
+            && (!lock(&self.shared.queue).is_empty()
+                || self.shared.core.must_queue(opts.constraints.as_ref()))
+        {
+            self.wait_in_queue(tokens, opts).await?;
+        }
+        Ok(self.shared.core.best_worker(&opts.request(tokens))?)
+    }
+
+    /// Park the request in the router queue until the dispatcher lets it through.
+    async fn wait_in_queue(&self, tokens: &[u32], opts: &RouteOptions) -> Result<()> {
+        let best_cached_tokens = {
+            let (local, _) = self.shared.core.hash_request(&opts.request(tokens))?;
+            let scores = self.shared.core.find_matches(&local);
+            let best = scores.scores.iter().map(|(_, n)| *n).max().unwrap_or(0);
+            u64::from(best) * u64::from(self.block_size())
+        };
+        let info = QueueEntryInfo {
+            strict_priority: opts.strict_priority,
+            priority_jump: 0.0,
+            arrival_offset_secs: self.shared.epoch.elapsed().as_secs_f64(),
+            isl_tokens: tokens.len() as u64,
+            best_cached_tokens,
+        };
+        let (tx, rx) = oneshot::channel();
+        lock(&self.shared.queue).push(tx, &info);
+        self.shared.changed.notify_waiters();
+        tokio::select! {
+            _ = rx => Ok(()),
+            () = self.stop.cancelled() => Err(super::Error::InvalidArgument("the router stopped".into())),
+        }
+    }
+
+    /// The capacity a rank reported on `kv_metrics` (`None` before its first report).
+    pub fn capacity(&self, worker: WorkerWithDpRank) -> Option<WorkerCapacity> {
+        lock(&self.shared.capacity).get(&worker).copied()
+    }
+
+    /// Requests waiting in the router queue.
+    pub fn queued(&self) -> usize {
+        lock(&self.shared.queue).len()
+    }
+
+    /// The load each rank would have with this request.
+    ///
+    /// # Errors
+    /// Bad input.
+    pub fn potential_loads(
+        &self,
+        tokens: &[u32],
+        opts: &RouteOptions,
+    ) -> Result<Vec<dynamo_kv_router::scheduling::PotentialLoad>> {
+        Ok(self.shared.core.potential_loads(&opts.request(tokens))?)
+    }
+
+    /// The request's prefill is done (its prompt tokens stop counting).
+    ///
+    /// # Errors
+    /// Unknown request.
+    pub fn mark_prefill_complete(&self, request_id: &str) -> Result<()> {
+        self.shared.core.mark_prefill_completed(request_id)?;
+        self.shared.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// The request finished: release its load.
+    ///
+    /// # Errors
+    /// Unknown request.
+    pub fn free(&self, request_id: &str) -> Result<()> {
+        self.shared.core.free(request_id)?;
+        self.shared.changed.notify_waiters();
+        Ok(())
+    }
+
+    /// Route `body` (a JSON request for the worker) by `tokens` and send it to the chosen
+    /// worker. The request is booked under the context's id (or `opts.request_id`); the
+    /// returned stream marks prefill complete at its first item and frees the booking
+    /// when it ends or is dropped (error, cancellation).
+    ///
+    /// # Errors
+    /// Routing or sending failed (the booking is released).
+    pub async fn generate(
+        self: &Arc<Self>,
+        tokens: &[u32],
+        body: Bytes,
+        mut opts: RouteOptions,
+        context: Context,
+    ) -> Result<RoutedStream> {
+        let request_id = opts
+            .request_id
+            .get_or_insert_with(|| context.id().to_owned())
+            .clone();
+        let selection = self.route(tokens, &opts).await?;
+        let guard = RequestGuard {
+            router: Arc::clone(self),
+            request_id,
+            prefilled: false,
+            output_tokens: self
+                .shared
+                .core
+                .config()
+                .router_track_output_blocks
+                .then_some(0),
+        };
+        let stream = self
+            .client
+            .generate(
+                body,
+                Route::Direct(selection.worker.worker_id),
+                context,
+                None,
+            )
+            .await?;
+        Ok(RoutedStream {
+            stream,
+            selection,
+            guard,
+        })
+    }
+
+    /// Set a worker's taints (all its registered ranks; rank 0 when none is registered
+    /// yet), as its model registration would.
+    pub fn set_worker_taints(&self, worker_id: u64, taints: BTreeSet<String>) {
+        lock(&self.shared.taints).insert(worker_id, taints);
+        let mut ranks: Vec<WorkerWithDpRank> = lock(&self.shared.ranks)
+            .iter()
+            .filter(|r| r.worker_id == worker_id)
+            .copied()
+            .collect();
+        if ranks.is_empty() {
+            ranks.push(WorkerWithDpRank::new(worker_id, 0));
+        }
+        for rank in ranks {
+            self.shared.register(rank);
+        }
+    }
+
+    /// Stop the background tasks.
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// Frees a routed request's booking when dropped; marks prefill at the first item.
+struct RequestGuard {
+    router: Arc<KvRouter>,
+    request_id: String,
+    prefilled: bool,
+    /// Output tokens seen, when output blocks are tracked.
+    output_tokens: Option<usize>,
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let _ = self.router.free(&self.request_id);
+    }
+}
+
+/// A routed response stream (see [`KvRouter::generate`]).
+pub struct RoutedStream {
+    stream: ResponseStream,
+    selection: Selection,
+    guard: RequestGuard,
+}
+
+impl RoutedStream {
+    /// The routing decision.
+    pub fn selection(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The underlying stream's context.
+    pub fn context(&self) -> &Context {
+        self.stream.context()
+    }
+
+    fn seen(&mut self, item: Option<&dynamo_runtime::Result<Bytes>>) {
+        if let (Some(Ok(bytes)), Some(_)) = (item, self.guard.output_tokens) {
+            self.count_output(bytes);
+        }
+        match item {
+            Some(Ok(_)) if !self.guard.prefilled => {
+                self.guard.prefilled = true;
+                let _ = self
+                    .guard
+                    .router
+                    .mark_prefill_complete(&self.guard.request_id);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => {
+                let _ = self.guard.router.free(&self.guard.request_id);
+            }
+        }
+    }
+
+    /// Output-block tracking: count the item's `token_ids` (in its `data`, as an
+    /// `LLMEngineOutput`) and book one block per `block_size` tokens generated.
+    fn count_output(&mut self, bytes: &[u8]) {
+        #[derive(serde::Deserialize)]
+        struct Output {
+            #[serde(default)]
+            token_ids: Vec<serde::de::IgnoredAny>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Envelope {
+            data: Option<Output>,
+        }
+        let Ok(Envelope { data: Some(out) }) = serde_json::from_slice::<Envelope>(bytes) else {
+            return;
+        };
+        let block = self.guard.router.block_size().max(1) as usize;
+        let Some(seen) = self.guard.output_tokens.as_mut() else {
+            return;
+        };
+        let before = *seen / block;
+        *seen += out.token_ids.len();
+        for _ in before..*seen / block {
+            let _ = self
+                .guard
+                .router
+                .core()
+                .add_output_block(&self.guard.request_id);
+        }
+    }
+
+    /// The next item without waiting (`Err(())`: none ready yet).
+    #[expect(clippy::result_unit_err, reason = "mirrors ResponseStream::try_next")]
+    pub fn try_next(&mut self) -> std::result::Result<Option<dynamo_runtime::Result<Bytes>>, ()> {
+        let item = self.stream.try_next()?;
+        self.seen(item.as_ref());
+        Ok(item)
+    }
+
+    /// The next item; `None` at the end.
+    pub async fn next(&mut self) -> Option<dynamo_runtime::Result<Bytes>> {
+        let item = self.stream.next().await;
+        self.seen(item.as_ref());
+        item
+    }
+}
+
+/// Let queued requests through, one at a time in policy order, while some eligible rank
+/// has capacity. Each released request books itself before the next check.
+async fn dispatch_queue(shared: Arc<Shared>, stop: CancellationToken) {
+    loop {
+        let notified = shared.changed.notified();
+        loop {
+            if shared.core.must_queue(None) {
+                break;
+            }
+            let Some(waiter) = lock(&shared.queue).pop() else {
+                break;
+            };
+            if waiter.send(()).is_err() {
+                continue; // the caller gave up
+            }
+            // Give the released request time to book before looking again.
+            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::select! {
+            () = notified => {}
+            () = tokio::time::sleep(QUEUE_POLL) => {}
+            () = stop.cancelled() => return,
+        }
+    }
+}
+
+async fn event_loop(
+    shared: Arc<Shared>,
+    runtime: DistributedRuntime,
+    namespace: String,
+    component: String,
+    mut rx: mpsc::UnboundedReceiver<TopicMessage>,
+    stop: CancellationToken,
+) {
+    let (rec_tx, mut rec_rx) =
+        mpsc::unbounded_channel::<(WorkerWithDpRank, Result<WorkerKvQueryResponse>)>();
+    let mut recovering: HashMap<WorkerWithDpRank, VecDeque<RouterEvent>> = HashMap::new();
+    let handle =
+        |event: RouterEvent, recovering: &mut HashMap<WorkerWithDpRank, VecDeque<RouterEvent>>| {
+            let worker = event.worker();
+            if let Some(buf) = recovering.get_mut(&worker) {
+                if buf.len() >= RECOVERY_BUFFER {
+                    buf.pop_front();
+                }
+                buf.push_back(event);
+                return;
+            }
+            shared.ensure_rank(worker);
+            match shared.core.apply_event(&event) {
+                EventOutcome::Gap { expected, got, .. } => {
+                    tracing::debug!(?worker, expected, got, "KV event gap; recovering");
+                    recovering.insert(worker, VecDeque::from([event]));
+                    let tx = rec_tx.clone();
+                    let rt = runtime.clone();
+                    let (ns, comp) = (namespace.clone(), component.clone());
+                    tokio::spawn(async move {
+                        let res = query_worker(&rt, &ns, &comp, worker, Some(expected)).await;
+                        let _ = tx.send((worker, res));
+                    });
+                }
+                EventOutcome::Rejected(e) => {
+                    tracing::debug!(?worker, error = %e, "KV event rejected");
+                }
+                EventOutcome::Applied | EventOutcome::Duplicate => {}
+            }
+        };
+    loop {
+        tokio::select! {
+            msg = rx.recv() => match msg {
+                None => break,
+                Some(TopicMessage::Payload { payload, .. }) => {
+                    match decode_json_router_event(&payload) {
+                        Ok(event) => handle(event, &mut recovering),
+                        Err(e) => tracing::debug!(error = %e, "malformed KV event"),
+                    }
+                }
+            },
+            Some((worker, res)) = rec_rx.recv() => {
+                let Some(buf) = recovering.remove(&worker) else { continue };
+                match res {
+                    Ok(answer) => {
+                        if let Err(e) = shared.core.recover(worker, answer) {
+                            tracing::debug!(?worker, error = %e, "recovery applied with errors");
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing to recover from: accept the loss and carry on from the
+                        // first buffered event.
+                        tracing::warn!(?worker, error = %e, "KV recovery failed; events lost");
+                        let last = buf.front().and_then(|ev| ev.event.event_id.checked_sub(1));
+                        let _ = shared.core.recover(
+                            worker,
+                            WorkerKvQueryResponse::Events { events: Vec::new(), last_event_id: last },
+                        );
+                    }
+                }
+                for event in buf {
+                    handle(event, &mut recovering);
+                }
+            }
+            () = stop.cancelled() => break,
+        }
+    }
+}

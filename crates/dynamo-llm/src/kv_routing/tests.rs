@@ -1,0 +1,309 @@
+//! In-process tests: several runtimes with `mem` discovery in one process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dynamo_kv_router::protocols::WorkerWithDpRank;
+use dynamo_kv_router::publisher::StoredInput;
+use dynamo_kv_router::scheduling::config::KvRouterConfig;
+use dynamo_kv_router::scheduling::selector::LoadThresholds;
+use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
+use dynamo_runtime::transport::server::{Handler, Request, Responder};
+use dynamo_runtime::{Context, DistributedRuntime, EndpointId, RuntimeConfig};
+use tokio_util::sync::CancellationToken;
+
+use super::{KvEventPublisher, KvRouter, RouteOptions, WorkerMetricsPublisher};
+
+struct Echo;
+impl Handler for Echo {
+    fn start(&self, request: Request, mut out: Responder) {
+        let _ = out.send(&request.body);
+        let _ = out.send(b"2");
+        out.finish();
+    }
+}
+
+fn runtime() -> DistributedRuntime {
+    DistributedRuntime::new(
+        DiscoveryBackend::Mem,
+        RequestPlane::Tcp,
+        RuntimeConfig::default(),
+    )
+    .unwrap()
+}
+
+fn stored(tokens: &[u32], block: usize, base: i64) -> StoredInput {
+    let n = tokens.len() / block;
+    StoredInput {
+        token_ids: tokens[..n * block].to_vec(),
+        num_block_tokens: vec![block; n],
+        block_hashes: (0..n as i64).map(|i| base + i).collect(),
+        ..Default::default()
+    }
+}
+
+async fn until(mut f: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not met within 2 s");
+}
+
+#[test]
+fn routes_to_prefix_holder_recovers_and_forgets() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("kvr{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let workers: Vec<DistributedRuntime> = (0..2).map(|_| runtime()).collect();
+        let stops: Vec<CancellationToken> =
+            workers.iter().map(|_| CancellationToken::new()).collect();
+        for (w, stop) in workers.iter().zip(&stops) {
+            let (w, ep, stop) = (w.clone(), ep.clone(), stop.clone());
+            tokio::spawn(async move {
+                w.serve_endpoint_until(&ep, Arc::new(Echo), false, stop)
+                    .await
+            });
+        }
+        let pubs: Vec<KvEventPublisher> = workers
+            .iter()
+            .map(|w| {
+                KvEventPublisher::new(w, &ep, WorkerWithDpRank::new(w.connection_id(), 0), 4, true)
+                    .unwrap()
+            })
+            .collect();
+        let router_rt = runtime();
+        let router = KvRouter::new(
+            &router_rt,
+            &ep,
+            4,
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+        )
+        .unwrap();
+        assert!(router.wait_for_workers(Duration::from_secs(2)).await);
+        until(|| router.core().workers().len() == 2).await;
+        until(|| pubs.iter().all(|p| p.subscriber_count() == 1)).await;
+
+        // Worker 1 holds the prompt's prefix.
+        let prompt: Vec<u32> = (0..32).collect();
+        pubs[1].publish_stored(&stored(&prompt, 4, 100)).unwrap();
+        let w1 = workers[1].connection_id();
+        until(|| router.core().dump_events().len() == 8).await;
+        let sel = router
+            .route(&prompt, &RouteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(sel.worker.worker_id, w1);
+        assert_eq!(sel.overlap_blocks, 8);
+
+        // Loads rise with a booking and fall after free.
+        let opts = RouteOptions {
+            request_id: Some("r1".into()),
+            ..Default::default()
+        };
+        let sel = router.route(&prompt, &opts).await.unwrap();
+        let load = |r: &KvRouter| {
+            r.potential_loads(&prompt, &RouteOptions::default())
+                .unwrap()
+                .into_iter()
+                .find(|l| l.worker == sel.worker)
+                .unwrap()
+                .active_requests
+        };
+        assert_eq!(load(&router), 1);
+        router.free("r1").unwrap();
+        assert_eq!(load(&router), 0);
+
+        // generate: dispatched to the chosen worker, booking released at the end.
+        let mut stream = router
+            .generate(
+                &prompt,
+                "1".into(),
+                RouteOptions::default(),
+                Context::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(stream.selection().worker.worker_id, w1);
+        assert_eq!(load(&router), 1);
+        assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"1");
+        assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"2");
+        assert!(stream.next().await.is_none());
+        assert_eq!(load(&router), 0);
+        drop(stream);
+
+        // Lost events are recovered from the worker-local indexer.
+        pubs[0].drop_next_events(1);
+        let other: Vec<u32> = (1000..1016).collect();
+        pubs[0].publish_stored(&stored(&other, 4, 500)).unwrap();
+        let more: Vec<u32> = (2000..2008).collect();
+        pubs[0].publish_stored(&stored(&more, 4, 900)).unwrap();
+        until(|| router.core().dump_events().len() == 8 + 4 + 2).await;
+        let sel = router
+            .route(&other, &RouteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(sel.worker.worker_id, workers[0].connection_id());
+        assert_eq!(sel.overlap_blocks, 4);
+
+        // Metrics reach the scheduler (no panic, rank known).
+        let metrics =
+            WorkerMetricsPublisher::new(&workers[0], &ep, workers[0].connection_id()).unwrap();
+        until(|| metrics.subscriber_count() == 1).await;
+        metrics.publish(0, Some(3), Some(3));
+
+        // A worker that leaves discovery vanishes from scores.
+        stops[1].cancel();
+        until(|| router.core().workers().len() == 1).await;
+        drop(pubs);
+        until(|| {
+            router
+                .core()
+                .dump_events()
+                .iter()
+                .all(|e| e.worker_id != w1)
+        })
+        .await;
+        let sel = router
+            .route(&prompt, &RouteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(sel.overlap_blocks, 0);
+
+        router.shutdown();
+        for w in workers.iter().chain([&router_rt]) {
+            w.shutdown();
+        }
+    });
+}
+
+#[test]
+fn mocker_events_reach_the_router() {
+    use crate::mocker::runner::MockEngineRunner;
+    use crate::mocker::{MockEngineArgs, MockRequest};
+
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("kvm{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, "mocker", "generate").unwrap();
+        let workers: Vec<DistributedRuntime> = (0..2).map(|_| runtime()).collect();
+        for w in &workers {
+            let (w, ep) = (w.clone(), ep.clone());
+            tokio::spawn(async move { w.serve_endpoint(&ep, Arc::new(Echo), false).await });
+        }
+        let router_rt = runtime();
+        let router = KvRouter::new(
+            &router_rt,
+            &ep,
+            4,
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+        )
+        .unwrap();
+        until(|| router.core().workers().len() == 2).await;
+        let w1 = &workers[1];
+        let publisher = Arc::new(
+            KvEventPublisher::new_raw(w1, &ep, WorkerWithDpRank::new(w1.connection_id(), 0), true)
+                .unwrap(),
+        );
+        until(|| publisher.subscriber_count() == 1).await;
+        let metrics = WorkerMetricsPublisher::new(w1, &ep, w1.connection_id()).unwrap();
+        until(|| metrics.subscriber_count() == 1).await;
+        let args = MockEngineArgs {
+            block_size: 4,
+            speedup_ratio: 1000.0,
+            ..Default::default()
+        };
+        let engine = MockEngineRunner::spawn(args, publisher.event_sink()).unwrap();
+        metrics.follow_mocker(0, engine.watch_metrics());
+        let prompt: Vec<u32> = (0..32).collect();
+        let mut out = engine
+            .submit(MockRequest::new("m1", prompt.clone(), 2))
+            .await
+            .unwrap();
+        while out.recv().await.is_some() {}
+        until(|| {
+            router
+                .core()
+                .dump_events()
+                .iter()
+                .filter(|e| e.worker_id == w1.connection_id())
+                .count()
+                >= 8
+        })
+        .await;
+        let sel = router
+            .route(&prompt, &RouteOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(sel.worker.worker_id, w1.connection_id());
+        assert_eq!(sel.overlap_blocks, 8);
+        assert!(publisher.next_event_id() > 0);
+        assert!(publisher.publish_stored(&stored(&prompt, 4, 1)).is_err());
+        router.shutdown();
+        for w in workers.iter().chain([&router_rt]) {
+            w.shutdown();
+        }
+    });
+}
+
+struct Tokens;
+impl Handler for Tokens {
+    fn start(&self, _request: Request, mut out: Responder) {
+        for _ in 0..3 {
+            let _ = out.send(br#"{"data":{"token_ids":[1,2,3,4,5,6]}}"#);
+        }
+        out.finish();
+    }
+}
+
+#[test]
+fn output_blocks_are_tracked_while_streaming() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("kvo{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let worker = runtime();
+        let (w, ep2) = (worker.clone(), ep.clone());
+        tokio::spawn(async move { w.serve_endpoint(&ep2, Arc::new(Tokens), false).await });
+        let router_rt = runtime();
+        let config = KvRouterConfig {
+            router_track_output_blocks: true,
+            ..KvRouterConfig::default()
+        };
+        let router = KvRouter::new(&router_rt, &ep, 4, config, LoadThresholds::default()).unwrap();
+        assert!(router.wait_for_workers(Duration::from_secs(2)).await);
+        let prompt: Vec<u32> = (0..8).collect();
+        let decode_blocks = |r: &KvRouter| {
+            r.potential_loads(&(100..104).collect::<Vec<u32>>(), &RouteOptions::default())
+                .unwrap()[0]
+                .potential_decode_blocks
+        };
+        let idle = decode_blocks(&router);
+        let mut stream = router
+            .generate(
+                &prompt,
+                "{}".into(),
+                RouteOptions::default(),
+                Context::default(),
+            )
+            .await
+            .unwrap();
+        let booked = decode_blocks(&router);
+        assert_eq!(booked, idle + 2, "two prompt blocks booked");
+        for _ in 0..3 {
+            stream.next().await.unwrap().unwrap();
+        }
+        // 18 output tokens: four more full blocks of 4.
+        assert_eq!(decode_blocks(&router), booked + 4);
+        assert!(stream.next().await.is_none());
+        assert_eq!(decode_blocks(&router), idle);
+        router.shutdown();
+        worker.shutdown();
+        router_rt.shutdown();
+    });
+}

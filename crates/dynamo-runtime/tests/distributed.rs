@@ -1,0 +1,336 @@
+//! Distributed backends against real servers started by the test on free loopback ports:
+//! `nats-server` (event plane over NATS, reconnection and gap detection, payload limit) and
+//! `etcd` (discovery with a lease, event channels advertised in etcd).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane};
+use dynamo_runtime::events::{EventScope, EventSubscriber};
+use dynamo_runtime::{DistributedRuntime, EndpointId, RuntimeConfig};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr").port()
+}
+
+/// A server process, killed on drop.
+struct Server {
+    child: Option<Child>,
+    args: Vec<String>,
+    program: &'static str,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start(program: &'static str, port: u16, args: Vec<String>, dir: tempfile::TempDir) -> Self {
+        let mut s = Self {
+            child: None,
+            args,
+            program,
+            port,
+            _dir: dir,
+        };
+        s.restart();
+        s
+    }
+
+    fn restart(&mut self) {
+        let child = Command::new(self.program)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {} (scripts/test.sh installs it): {e}",
+                    self.program
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + WAIT;
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "{} did not start", self.program);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn nats_server(extra: &[&str]) -> Server {
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut args = vec![
+        "-a".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port.to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    Server::start("nats-server", port, args, dir)
+}
+
+fn etcd_server() -> Server {
+    let port = free_port();
+    let peer = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data: PathBuf = dir.path().join("data");
+    let client = format!("http://127.0.0.1:{port}");
+    let peer = format!("http://127.0.0.1:{peer}");
+    let args = [
+        "--name",
+        "t",
+        "--data-dir",
+        data.to_str().expect("utf-8 path"),
+        "--listen-client-urls",
+        &client,
+        "--advertise-client-urls",
+        &client,
+        "--listen-peer-urls",
+        &peer,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--initial-cluster",
+        &format!("t={peer}"),
+        "--log-level",
+        "error",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    Server::start("etcd", port, args, dir)
+}
+
+fn nats_config(port: u16) -> RuntimeConfig {
+    RuntimeConfig {
+        event_plane: Some(EventPlane::Nats),
+        nats_server: format!("nats://127.0.0.1:{port}"),
+        nats_server_set: true,
+        ..RuntimeConfig::default()
+    }
+}
+
+async fn next(sub: &mut EventSubscriber) -> dynamo_runtime::events::Event {
+    tokio::time::timeout(WAIT, sub.next())
+        .await
+        .expect("event in time")
+        .expect("subscription open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_events_survive_a_server_restart_with_the_gap_detected() {
+    let mut server = nats_server(&[]);
+    let a = DistributedRuntime::new(
+        DiscoveryBackend::Mem,
+        RequestPlane::Tcp,
+        nats_config(server.port),
+    )
+    .unwrap();
+    let b = DistributedRuntime::new(
+        DiscoveryBackend::Mem,
+        RequestPlane::Tcp,
+        nats_config(server.port),
+    )
+    .unwrap();
+    assert_eq!(a.event_plane(), EventPlane::Nats);
+    let scope = EventScope::component("natsev", "backend");
+    let mut sub = b.subscribe(&scope, "kv-events").await.unwrap();
+    let publisher = a.event_publisher(&scope, "kv-events").await.unwrap();
+    assert_eq!(
+        publisher.subject(),
+        "namespace.natsev.component.backend.kv-events"
+    );
+    for i in 0..10u8 {
+        publisher.publish([i]).unwrap();
+    }
+    publisher.flush().await.unwrap();
+    for i in 0..10u64 {
+        let e = next(&mut sub).await;
+        assert_eq!((e.sequence, e.missed_before), (i, 0));
+    }
+
+    // The server goes away: events published meanwhile are lost.
+    server.stop();
+    let deadline = Instant::now() + WAIT;
+    while publisher.dropped() < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "publisher never noticed the outage"
+        );
+        publisher.publish(b"lost").unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.restart();
+
+    // Both clients reconnect by themselves; the subscriber sees the gap.
+    let e = tokio::time::timeout(WAIT, async {
+        loop {
+            publisher.publish(b"back").unwrap();
+            tokio::select! {
+                e = sub.next() => break e.expect("subscription open"),
+                () = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    })
+    .await
+    .expect("events flow again after the restart");
+    assert!(e.sequence >= 15 && e.missed_before >= 5, "{e:?}");
+    assert!(sub.gaps() >= 1);
+    assert_eq!(sub.stats().missed(), e.sequence - 10);
+    for rt in [a, b] {
+        rt.shutdown();
+        tokio::time::timeout(WAIT, rt.stopped()).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_payloads_over_max_payload_fail_with_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 4096\n").unwrap();
+    let server = nats_server(&["-c", conf.to_str().unwrap()]);
+    let rt = DistributedRuntime::new(
+        DiscoveryBackend::Mem,
+        RequestPlane::Tcp,
+        nats_config(server.port),
+    )
+    .unwrap();
+    let publisher = rt
+        .event_publisher(&EventScope::namespace("big"), "t")
+        .await
+        .unwrap();
+    let err = publisher.publish(vec![0u8; 8192]).unwrap_err().to_string();
+    assert!(err.contains("max_payload of 4096 bytes"), "{err}");
+    assert!(publisher.publish(vec![0u8; 1024]).is_ok());
+    rt.shutdown();
+    rt.stopped().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_nats_is_a_clear_error() {
+    let port = free_port();
+    let rt = DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp, nats_config(port))
+        .unwrap();
+    let err = rt
+        .subscribe(&EventScope::namespace("x"), "t")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot connect to NATS") && err.contains("NATS_SERVER"),
+        "{err}"
+    );
+    rt.shutdown();
+}
+
+fn etcd_config(port: u16, ttl: u64) -> RuntimeConfig {
+    RuntimeConfig {
+        etcd_endpoints: vec![format!("http://127.0.0.1:{port}")],
+        etcd_endpoints_set: true,
+        etcd_lease_ttl: Duration::from_secs(ttl),
+        ..RuntimeConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_discovery_leases_kv_store_and_event_channels() {
+    let etcd = etcd_server();
+    let connect = || {
+        DistributedRuntime::connect(
+            DiscoveryBackend::Etcd,
+            RequestPlane::Tcp,
+            etcd_config(etcd.port, 2),
+        )
+    };
+    let a = connect().await.unwrap();
+    let b = connect().await.unwrap();
+    assert_ne!(a.connection_id(), b.connection_id());
+    // Brokerless events, publishers advertised in etcd.
+    assert_eq!(a.event_plane(), EventPlane::Tcp);
+    let scope = EventScope::endpoint(&EndpointId::parse("etcdns.comp.gen").unwrap());
+    let mut sub = b.subscribe(&scope, "load").await.unwrap();
+    let publisher = a.event_publisher(&scope, "load").await.unwrap();
+    tokio::time::timeout(WAIT, sub.wait_for_publishers(1))
+        .await
+        .unwrap();
+    publisher.publish_value(&42u32).unwrap();
+    assert_eq!(next(&mut sub).await.decode::<u32>().unwrap(), 42);
+
+    // The generic KV store: keys carry the lease and are listed by prefix.
+    let key = format!("v1/mdc/etcdns/comp/gen/{:x}", a.connection_id());
+    a.kv_store().put(&key, "{\"card\":1}").await.unwrap();
+    let listed = b.kv_store().list("v1/mdc/etcdns/").await.unwrap();
+    assert_eq!(listed, vec![(key.clone(), "{\"card\":1}".to_owned())]);
+
+    // Shutting `a` down revokes its lease: its keys and its channel are gone at once.
+    a.shutdown();
+    tokio::time::timeout(WAIT, a.stopped()).await.unwrap();
+    assert!(
+        b.kv_store()
+            .list("v1/mdc/etcdns/")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        b.kv_store()
+            .list(&scope.channel_prefix("load"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    b.shutdown();
+    tokio::time::timeout(WAIT, b.stopped()).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_etcd_lease_shuts_the_runtime_down() {
+    let mut etcd = etcd_server();
+    let rt = DistributedRuntime::connect(
+        DiscoveryBackend::Etcd,
+        RequestPlane::Tcp,
+        etcd_config(etcd.port, 1),
+    )
+    .await
+    .unwrap();
+    etcd.stop();
+    let started = Instant::now();
+    tokio::time::timeout(WAIT, rt.stopped())
+        .await
+        .expect("runtime shut down after losing its lease");
+    assert!(rt.is_shutting_down());
+    assert!(started.elapsed() < Duration::from_secs(8));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_etcd_is_a_clear_error() {
+    let port = free_port();
+    let err = DistributedRuntime::connect(
+        DiscoveryBackend::Etcd,
+        RequestPlane::Tcp,
+        etcd_config(port, 2),
+    )
+    .await
+    .err()
+    .expect("no etcd there")
+    .to_string();
+    assert!(err.contains("ETCD_ENDPOINTS"), "{err}");
+}

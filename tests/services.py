@@ -1,0 +1,145 @@
+"""Real ``etcd`` and ``nats-server`` processes for the distributed tests, on free loopback
+ports, with their data in a temporary directory. ``stop()``/``start()`` keep the same ports
+and data, so fault tests can take a service away and bring it back."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout}s")
+
+
+def _need(binary: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise RuntimeError(
+            f"{binary} is not installed: scripts/test.sh installs it "
+            "(apt-get install -y etcd-server etcd-client nats-server)"
+        )
+    return path
+
+
+class Service:
+    """A server process that can be stopped and restarted on the same port."""
+
+    name = "service"
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix=f"dyn-{self.name}-"))
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+        # Closed in close().
+        self.log = open(self.dir / "log.txt", "ab")
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT)
+        _wait_port(self.port, self.proc, self.name)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Etcd(Service):
+    """A single-member etcd cluster on 127.0.0.1."""
+
+    name = "etcd"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peer_port = free_port()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        return [
+            _need("etcd"),
+            "--name",
+            "dyn-test",
+            "--data-dir",
+            str(self.dir / "data"),
+            "--listen-client-urls",
+            self.endpoint,
+            "--advertise-client-urls",
+            self.endpoint,
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+            "--initial-cluster",
+            f"dyn-test={peer}",
+            "--log-level",
+            "error",
+        ]
+
+    def etcdctl(self, *args: str) -> str:
+        out = subprocess.run(
+            [_need("etcdctl"), "--endpoints", self.endpoint, *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={"ETCDCTL_API": "3", "PATH": "/usr/bin:/bin"},
+            check=True,
+        )
+        return out.stdout
+
+
+class Nats(Service):
+    """A nats-server on 127.0.0.1 (core NATS, no JetStream)."""
+
+    name = "nats"
+
+    def __init__(self, max_payload: int | None = None) -> None:
+        super().__init__()
+        self.max_payload = max_payload
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [_need("nats-server"), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.max_payload is not None:
+            conf = self.dir / "nats.conf"
+            conf.write_text(f"max_payload: {self.max_payload}\n")
+            cmd += ["-c", str(conf)]
+        return cmd
