@@ -15,6 +15,8 @@
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 //! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
 //! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
+//! * [`llm`]: model types, runtime config, model deployment card, `MockEngineArgs`,
+//!   `lora_name_to_id`, `fetch_model`.
 
 use pyo3::prelude::*;
 
@@ -27,6 +29,7 @@ mod engine;
 mod errors;
 mod json;
 mod kv;
+mod llm;
 mod logging;
 mod router;
 mod runtime;
@@ -41,5 +44,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::register(m)?;
     logging::register(m)?;
     block_manager::register(m)?;
+    llm::register(m)?;
     Ok(())
 }
