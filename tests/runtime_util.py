@@ -21,9 +21,13 @@ def unique_ns() -> str:
 
 
 @asynccontextmanager
-async def local_runtime(backend: str = "mem"):
-    """A runtime on the running loop; on exit it shuts down and its serve tasks finish."""
-    rt = DistributedRuntime(asyncio.get_running_loop(), backend, "tcp")
+async def local_runtime(backend: str = "mem", request_plane: str | None = None):
+    """A runtime on the running loop; on exit it shuts down and its serve tasks finish.
+
+    The request plane defaults to ``DYN_REQUEST_PLANE`` (else ``tcp``).
+    """
+    plane = request_plane or os.environ.get("DYN_REQUEST_PLANE", "tcp")
+    rt = DistributedRuntime(asyncio.get_running_loop(), backend, plane)
     tasks: list[asyncio.Future] = []
 
     def serve(endpoint, handler, **kwargs):

@@ -18,13 +18,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_port(port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0) -> None:
+def _wait_port(
+    port: int, proc: subprocess.Popen, what: str, timeout: float = 15.0, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with code {proc.returncode}")
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
@@ -46,7 +48,8 @@ class Service:
 
     name = "service"
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.dir = Path(tempfile.mkdtemp(prefix=f"dyn-{self.name}-"))
         self.port = free_port()
         self.proc: subprocess.Popen | None = None
@@ -58,7 +61,7 @@ class Service:
 
     def start(self) -> None:
         self.proc = subprocess.Popen(self.command(), stdout=self.log, stderr=subprocess.STDOUT)
-        _wait_port(self.port, self.proc, self.name)
+        _wait_port(self.port, self.proc, self.name, host=self.host)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -81,13 +84,13 @@ class Etcd(Service):
 
     name = "etcd"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        super().__init__(host)
         self.peer_port = free_port()
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
@@ -128,16 +131,16 @@ class Nats(Service):
 
     name = "nats"
 
-    def __init__(self, max_payload: int | None = None) -> None:
-        super().__init__()
+    def __init__(self, max_payload: int | None = None, host: str = "127.0.0.1") -> None:
+        super().__init__(host)
         self.max_payload = max_payload
 
     @property
     def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
+        return f"nats://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        cmd = [_need("nats-server"), "-a", "127.0.0.1", "-p", str(self.port)]
+        cmd = [_need("nats-server"), "-a", self.host, "-p", str(self.port)]
         if self.max_payload is not None:
             conf = self.dir / "nats.conf"
             conf.write_text(f"max_payload: {self.max_payload}\n")

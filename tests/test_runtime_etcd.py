@@ -137,3 +137,27 @@ async def test_long_etcd_outage_shuts_the_worker_down(workers, etcd_server) -> N
         etcd_server.start()
     assert code == 0, a.proc.stderr.read()
     assert "SERVED" in a.proc.stdout.read()
+
+
+async def test_nats_outage_then_requests_flow_again(workers, nats_server, monkeypatch) -> None:
+    monkeypatch.setenv("DYN_REQUEST_PLANE", "nats")
+    monkeypatch.setenv("NATS_SERVER", nats_server.url)
+    a = workers(DYN_REQUEST_PLANE="nats", NATS_SERVER=nats_server.url)
+    async with local_runtime("etcd", "nats") as rt:
+        client = await client_of(rt, workers.ns, {a.instance_id})
+        assert len(await collect(await client.round_robin({}, annotated=False))) == 3
+        nats_server.stop()
+        await asyncio.sleep(2)
+        nats_server.start()
+        # Both sides reconnect by themselves; the worker keeps its registration.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while True:
+            try:
+                items = await collect(await client.round_robin({}, annotated=False))
+                break
+            except Exception:
+                assert loop.time() < deadline, "requests did not recover after the NATS restart"
+                await asyncio.sleep(0.2)
+        assert [x["worker"] for x in items] == [a.instance_id] * 3
+        assert client.instance_ids() == [a.instance_id]

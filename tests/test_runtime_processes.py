@@ -24,17 +24,23 @@ def kv_dir(tmp_path, monkeypatch):
     return d
 
 
-@pytest.fixture(params=["file", "etcd"])
+@pytest.fixture(params=["file+tcp", "etcd+tcp", "etcd+nats"])
 def backend(request, monkeypatch) -> dict[str, str]:
-    """Discovery for the test and its workers: ``file``, or etcd with a 2 s lease."""
-    if request.param == "file":
-        return {"DYN_DISCOVERY_BACKEND": "file"}
+    """Discovery and request plane for the test and its workers: ``file`` (lease 2 s), or
+    etcd with a 2 s lease and the TCP or NATS request plane (real servers)."""
+    discovery, plane = request.param.split("+")
+    monkeypatch.setenv("DYN_REQUEST_PLANE", plane)
+    if discovery == "file":
+        return {"DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": plane}
     etcd = request.getfixturevalue("etcd_server")
     env = {
         "DYN_DISCOVERY_BACKEND": "etcd",
+        "DYN_REQUEST_PLANE": plane,
         "ETCD_ENDPOINTS": etcd.endpoint,
         "ETCD_LEASE_TTL": "2",
     }
+    if plane == "nats":
+        env["NATS_SERVER"] = request.getfixturevalue("nats_server").url
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     return env

@@ -99,9 +99,10 @@ class DistributedRuntime:
     ) -> DistributedRuntime:
         """Create a runtime.
 
-        ``discovery_backend``: "file" (local processes, ``DYN_FILE_KV``) or "mem" (one
-        process); "etcd" and "kubernetes" are recognised but not available in this build.
-        ``request_plane``: "tcp" ("nats" is recognised but not available in this build).
+        ``discovery_backend``: "file" (local processes, ``DYN_FILE_KV``), "mem" (one
+        process) or "etcd" (``ETCD_ENDPOINTS``, one lease per process); "kubernetes" is
+        recognised but not available in this build.
+        ``request_plane``: "tcp" or "nats" (``NATS_SERVER``).
         ``event_plane``: "nats", "zmq", "" or None. ``enable_nats`` is deprecated and
         ignored (any non-None value warns).
 

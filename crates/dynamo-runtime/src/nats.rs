@@ -29,7 +29,13 @@ pub(crate) async fn connect(config: &RuntimeConfig) -> Result<async_nats::Client
                 .min(MAX_RECONNECT_DELAY)
         })
         .event_callback(|event| async move {
-            tracing::info!(%event, "NATS connection event");
+            match event {
+                async_nats::Event::Connected => tracing::info!("NATS connected"),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!("NATS disconnected; reconnecting")
+                }
+                other => tracing::debug!(event = %other, "NATS connection event"),
+            }
         });
     if let (Some(user), Some(pass)) = (env("NATS_AUTH_USERNAME"), env("NATS_AUTH_PASSWORD")) {
         opts = opts.user_and_password(user, pass);

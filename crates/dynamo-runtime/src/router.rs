@@ -54,7 +54,7 @@ fn split_address(t: &TransportAddress) -> Result<(&str, &str)> {
                 .ok_or_else(|| Error::Discovery(format!("invalid TCP address {a:?}")))
         }
         TransportAddress::NatsTcp(s) => Err(Error::Discovery(format!(
-            "instance is served on the NATS request plane ({s}), which this build cannot reach"
+            "instance is served on the NATS request plane ({s}), not TCP"
         ))),
     }
 }
@@ -155,9 +155,32 @@ impl Client {
         loop {
             let instance = self.pick(route, &tried)?;
             tried.push(instance.instance_id);
-            let (address, path) = split_address(&instance.transport)?;
             let attempt = async {
-                let conn = self.inner.runtime.inner.pool.get(address).await?;
+                let (conn, path) = match &instance.transport {
+                    TransportAddress::NatsTcp(subject) => {
+                        let client = self.inner.runtime.nats().await?;
+                        let conn = self
+                            .inner
+                            .runtime
+                            .inner
+                            .pool
+                            .get_nats(client, subject)
+                            .await?;
+                        let path = format!(
+                            "{}/{}/{}",
+                            instance.namespace, instance.component, instance.endpoint
+                        );
+                        (conn, path)
+                    }
+                    TransportAddress::Tcp(_) => {
+                        let (address, path) = split_address(&instance.transport)?;
+                        (
+                            self.inner.runtime.inner.pool.get(address).await?,
+                            path.to_owned(),
+                        )
+                    }
+                };
+                let path = path.as_str();
                 // The input can only be consumed once: a retry after it was handed over is
                 // impossible, so bidirectional calls are not retried past this point.
                 ResponseStream::open(

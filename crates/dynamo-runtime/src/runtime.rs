@@ -69,6 +69,7 @@ pub(crate) struct Inner {
     pub(crate) discovery: Arc<dyn Discovery>,
     pub(crate) store: Arc<dyn KvStore>,
     pub(crate) event_plane: EventPlane,
+    pub(crate) request_plane: RequestPlane,
     nats: OnceCell<async_nats::Client>,
     pub(crate) system: Arc<SystemState>,
     system_address: Option<SocketAddr>,
@@ -97,7 +98,6 @@ impl DistributedRuntime {
         request_plane: RequestPlane,
         config: RuntimeConfig,
     ) -> Result<Self> {
-        check_request_plane(request_plane)?;
         let store: Arc<dyn KvStore> = match discovery {
             DiscoveryBackend::Mem => Arc::new(MemStore::new()),
             DiscoveryBackend::File => {
@@ -121,7 +121,13 @@ impl DistributedRuntime {
                 ));
             }
         };
-        Self::assemble(discovery, store, random_instance_id(), config)
+        Self::assemble(
+            discovery,
+            request_plane,
+            store,
+            random_instance_id(),
+            config,
+        )
     }
 
     /// A runtime with the given backends, connecting to etcd when discovery is `etcd` (see
@@ -134,12 +140,11 @@ impl DistributedRuntime {
         if discovery != DiscoveryBackend::Etcd {
             return Self::new(discovery, request_plane, config);
         }
-        check_request_plane(request_plane)?;
         let store = EtcdStore::connect(&config).await?;
         let lost = store.lease_lost();
         // Lease ids are positive i64s.
         let id = store.lease_id().unsigned_abs();
-        let drt = Self::assemble(discovery, Arc::new(store), id, config)?;
+        let drt = Self::assemble(discovery, request_plane, Arc::new(store), id, config)?;
         let weak = Arc::downgrade(&drt.inner);
         let primary = drt.inner.primary.clone();
         tokio::spawn(async move {
@@ -158,6 +163,7 @@ impl DistributedRuntime {
 
     fn assemble(
         backend: DiscoveryBackend,
+        request_plane: RequestPlane,
         store: Arc<dyn KvStore>,
         instance_id: u64,
         config: RuntimeConfig,
@@ -193,6 +199,7 @@ impl DistributedRuntime {
                 store,
                 event_plane,
                 nats: OnceCell::new(),
+                request_plane,
                 system,
                 system_address,
                 server: OnceCell::new(),
@@ -340,9 +347,36 @@ impl DistributedRuntime {
             component: endpoint.component.clone(),
             endpoint: endpoint.name.clone(),
             instance_id: self.connection_id(),
-            transport: TransportAddress::Tcp(format!("{}/{}", server.address(), path)),
+            transport: match self.inner.request_plane {
+                RequestPlane::Tcp => {
+                    TransportAddress::Tcp(format!("{}/{}", server.address(), path))
+                }
+                RequestPlane::Nats => {
+                    TransportAddress::NatsTcp(crate::transport::nats::instance_subject(
+                        &endpoint.namespace,
+                        &endpoint.component,
+                        &endpoint.name,
+                        self.connection_id(),
+                    ))
+                }
+            },
             device_type: None,
         };
+        // Cancelled once the endpoint has drained: callers' STOP and CREDIT frames must
+        // still arrive while it drains.
+        let nats_ingress = CancellationToken::new();
+        let _nats_ingress_stop = nats_ingress.clone().drop_guard();
+        if let TransportAddress::NatsTcp(subject) = &instance.transport {
+            let client = self.nats().await?;
+            server
+                .serve_nats(
+                    client,
+                    subject.clone(),
+                    self.inner.config.max_message_size,
+                    nats_ingress.clone(),
+                )
+                .await?;
+        }
         let metrics = self
             .inner
             .system
@@ -457,17 +491,6 @@ impl DistributedRuntime {
     }
 }
 
-fn check_request_plane(plane: RequestPlane) -> Result<()> {
-    if plane != RequestPlane::Tcp {
-        return Err(Error::InvalidArgument(
-            "request plane 'nats' is not available in this build; use 'tcp' (NATS serves the \
-             event plane: DYN_EVENT_PLANE=nats)"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
 /// How [`DistributedRuntime::serve_endpoint_with`] serves an endpoint.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
@@ -518,6 +541,10 @@ async fn run_shutdown(inner: Arc<Inner>) {
         server.flushed(std::time::Duration::from_secs(1)).await;
     }
     inner.pool.close_all().await;
+    if let Some(nats) = inner.nats.get() {
+        // Flush what is queued and close: no reconnection attempts after shutdown.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), nats.drain()).await;
+    }
     inner.discovery.shutdown().await;
     inner.primary.cancel();
 }

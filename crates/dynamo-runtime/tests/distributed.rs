@@ -334,3 +334,92 @@ async fn unreachable_etcd_is_a_clear_error() {
     .to_string();
     assert!(err.contains("ETCD_ENDPOINTS"), "{err}");
 }
+
+struct Echo;
+
+impl dynamo_runtime::transport::server::Handler for Echo {
+    fn start(
+        &self,
+        request: dynamo_runtime::transport::server::Request,
+        mut out: dynamo_runtime::transport::server::Responder,
+    ) {
+        out.accept();
+        let _ = out.send(&request.body);
+        let _ = out.send(&request.body);
+        out.finish();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_request_plane_round_trips_and_names_the_payload_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("nats.conf");
+    std::fs::write(&conf, "max_payload: 65536\n").unwrap();
+    let server = nats_server(&["-c", conf.to_str().unwrap()]);
+    let rt = |_: ()| {
+        DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Nats,
+            nats_config(server.port),
+        )
+        .unwrap()
+    };
+    let (worker, caller) = (rt(()), rt(()));
+    let ep = EndpointId::parse("natsrp.backend.generate").unwrap();
+    let serving = {
+        let (worker, ep) = (worker.clone(), ep.clone());
+        tokio::spawn(async move {
+            worker
+                .serve_endpoint(&ep, std::sync::Arc::new(Echo), true)
+                .await
+        })
+    };
+    let client = caller.client(&ep);
+    tokio::time::timeout(WAIT, client.wait_for_instances())
+        .await
+        .unwrap()
+        .unwrap();
+    let instance = &client.instances()[0];
+    assert_eq!(
+        instance.transport,
+        dynamo_runtime::discovery::TransportAddress::NatsTcp(format!(
+            "natsrp_backend.generate-{:x}",
+            worker.connection_id()
+        ))
+    );
+    for i in 0..20 {
+        let body = bytes::Bytes::from(format!("\"req-{i}\""));
+        let mut stream = client
+            .generate(
+                body.clone(),
+                dynamo_runtime::Route::RoundRobin,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap(), body);
+        assert_eq!(stream.next().await.unwrap().unwrap(), body);
+        assert!(stream.next().await.is_none());
+    }
+    let big = bytes::Bytes::from(vec![b'x'; 100_000]);
+    let err = client
+        .generate(
+            big,
+            dynamo_runtime::Route::RoundRobin,
+            Default::default(),
+            None,
+        )
+        .await
+        .err()
+        .expect("over max_payload")
+        .to_string();
+    assert!(err.contains("max_payload of 65536 bytes"), "{err}");
+    worker.shutdown();
+    tokio::time::timeout(WAIT, serving)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    caller.shutdown();
+}

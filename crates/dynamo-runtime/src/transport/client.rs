@@ -48,9 +48,82 @@ pub struct Connection {
     next_stream: AtomicU64,
     closed: AtomicBool,
     max_message: usize,
+    /// The NATS server's `max_payload` (NATS request plane only).
+    nats_max_payload: Option<usize>,
+    /// When the last stream was opened (ms since `created`), for the NATS liveness check.
+    last_open_ms: AtomicU64,
+    created: std::time::Instant,
 }
 
 impl Connection {
+    /// A logical connection to the worker subject `subject` over NATS (see
+    /// [`super::nats`]).
+    async fn connect_nats(
+        client: async_nats::Client,
+        subject: &str,
+        max_message: usize,
+    ) -> Result<Arc<Self>> {
+        let inbox = client.new_inbox();
+        let mut sub = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Error::Nats(format!("subscribe to {inbox} failed: {e}")))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| Error::Nats(format!("flush failed: {e}")))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let conn = Arc::new(Self {
+            address: subject.to_owned(),
+            writer: tx,
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            max_message,
+            nats_max_payload: Some(client.server_info().max_payload),
+            last_open_ms: AtomicU64::new(0),
+            created: std::time::Instant::now(),
+        });
+        tokio::spawn(super::nats::pump(
+            client,
+            subject.to_owned(),
+            Some(inbox),
+            rx,
+            |_, _, _| None,
+        ));
+        let reader_conn = Arc::clone(&conn);
+        tokio::spawn(async move {
+            use futures_util::StreamExt;
+            let reason = loop {
+                match tokio::time::timeout(super::nats::LIVENESS_TIMEOUT, sub.next()).await {
+                    Ok(Some(msg)) => {
+                        for f in super::nats::split_frames(msg.payload) {
+                            reader_conn.deliver(f);
+                        }
+                    }
+                    Ok(None) => break "the NATS subscription ended".to_owned(),
+                    Err(_) => {
+                        let since_open = reader_conn.created.elapsed().as_millis() as u64
+                            - reader_conn.last_open_ms.load(Ordering::Relaxed);
+                        let idle = lock(&reader_conn.streams).is_empty();
+                        let timeout = super::nats::LIVENESS_TIMEOUT.as_millis() as u64;
+                        if !idle && since_open >= timeout {
+                            break format!(
+                                "the worker sent nothing for {:?} (presumed dead)",
+                                super::nats::LIVENESS_TIMEOUT
+                            );
+                        }
+                        if reader_conn.is_closed() {
+                            break "closed".to_owned();
+                        }
+                    }
+                }
+            };
+            reader_conn.close(&reason);
+        });
+        Ok(conn)
+    }
+
     async fn connect(address: &str, max_message: usize, timeout: Duration) -> Result<Arc<Self>> {
         let cannot = |reason: String| Error::CannotConnect {
             address: address.to_owned(),
@@ -70,6 +143,9 @@ impl Connection {
             next_stream: AtomicU64::new(1),
             closed: AtomicBool::new(false),
             max_message,
+            nats_max_payload: None,
+            last_open_ms: AtomicU64::new(0),
+            created: std::time::Instant::now(),
         });
         tokio::spawn(write_loop(w, rx));
         let reader_conn = Arc::clone(&conn);
@@ -141,6 +217,11 @@ impl Connection {
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
+        if let Some(max) = self.nats_max_payload
+            && size + 4 + frame::HEADER_LEN > max
+        {
+            return Err(Error::NatsPayloadTooLarge { size, max });
+        }
         if size > self.max_message {
             return Err(Error::MessageTooLarge {
                 size,
@@ -162,6 +243,8 @@ impl Connection {
         let prefix = frame::request_prefix(path, &header);
         self.check_size(prefix.len() + body.len())?;
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        self.last_open_ms
+            .store(self.created.elapsed().as_millis() as u64, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         lock(&self.streams).insert(id, tx);
         if let Err(e) = self.send(frame::encode(frame::REQUEST, id, &[&prefix, body])) {
@@ -214,6 +297,22 @@ impl ConnectionPool {
         }
         let c = Connection::connect(address, self.max_message, self.connect_timeout).await?;
         conns.insert(address.to_owned(), Arc::clone(&c));
+        Ok(c)
+    }
+
+    /// A live logical connection to the NATS worker subject `subject`.
+    pub async fn get_nats(
+        &self,
+        client: async_nats::Client,
+        subject: &str,
+    ) -> Result<Arc<Connection>> {
+        let key = format!("nats:{subject}");
+        let mut conns = self.conns.lock().await;
+        if let Some(c) = conns.get(&key).filter(|c| !c.is_closed()) {
+            return Ok(Arc::clone(c));
+        }
+        let c = Connection::connect_nats(client, subject, self.max_message).await?;
+        conns.insert(key, Arc::clone(&c));
         Ok(c)
     }
 

@@ -31,6 +31,9 @@ pub const DATA: u8 = 17;
 pub const END: u8 = 18;
 /// Worker → caller: the stream ends with an error (JSON `WireError`).
 pub const ERROR: u8 = 19;
+/// Worker → caller, stream 0: keep-alive of the NATS request plane (no TCP connection
+/// tells the caller the worker is gone).
+pub const PING: u8 = 20;
 
 /// Bytes between the length field and the payload.
 pub const HEADER_LEN: usize = 9;

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod frame;
+pub mod nats;
 pub mod server;
 
 use serde::{Deserialize, Serialize};

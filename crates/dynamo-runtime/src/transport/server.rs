@@ -404,6 +404,81 @@ impl Server {
     }
 }
 
+/// An `ERROR` frame for a response item that NATS cannot carry.
+pub(crate) fn oversize_error_frame(stream: u64, size: usize, max: usize) -> Bytes {
+    let err = WireError::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "message of {size} bytes exceeds the NATS server's max_payload of {max} bytes \
+             (raise max_payload in the nats-server configuration, or use the tcp request plane)"
+        ),
+        false,
+    );
+    frame::encode(
+        frame::ERROR,
+        stream,
+        &[&serde_json::to_vec(&err).unwrap_or_default()],
+    )
+}
+
+/// One caller inbox of the NATS request plane, served like a TCP connection.
+struct NatsConn {
+    conn: Arc<Conn>,
+    endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
+}
+
+impl super::nats::VirtualConn for NatsConn {
+    fn dispatch(&self, f: frame::Frame) {
+        dispatch(&self.conn, &self.endpoints, f);
+    }
+
+    fn has_streams(&self) -> bool {
+        !lock(&self.conn.streams).is_empty()
+    }
+
+    fn is_finished(&self) -> bool {
+        self.conn.closed.is_cancelled()
+    }
+
+    fn close(&self) {
+        self.conn.closed.cancel();
+        let streams: Vec<_> = lock(&self.conn.streams).drain().map(|(_, s)| s).collect();
+        for s in streams {
+            s.state.context.kill();
+            lock(&s.input).take();
+            s.state.credit_notify.notify_waiters();
+        }
+    }
+}
+
+impl Server {
+    /// Serve this server's endpoints on the NATS subject `subject` (the NATS request plane)
+    /// until `cancel`.
+    pub(crate) async fn serve_nats(
+        &self,
+        client: async_nats::Client,
+        subject: String,
+        max_message: usize,
+        cancel: CancellationToken,
+    ) -> Result<()> {
+        let endpoints = Arc::clone(&self.endpoints);
+        let make: Arc<
+            dyn Fn(mpsc::UnboundedSender<Bytes>) -> Arc<dyn super::nats::VirtualConn> + Send + Sync,
+        > = Arc::new(move |writer| {
+            Arc::new(NatsConn {
+                conn: Arc::new(Conn {
+                    writer,
+                    streams: Mutex::new(HashMap::new()),
+                    closed: CancellationToken::new(),
+                    max_message,
+                }),
+                endpoints: Arc::clone(&endpoints),
+            })
+        });
+        super::nats::serve_subject(client, subject, make, cancel).await
+    }
+}
+
 pub(crate) async fn write_loop(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Bytes>) {
     // Coalesce queued frames into one write: under load many small frames are ready at
     // once, and one syscall for all of them is what makes small items cheap.
