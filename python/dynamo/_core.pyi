@@ -5,6 +5,7 @@
 # tests/stubtest_allowlist.txt) and by tests/test_stub.py, which compares public names both
 # ways.
 
+import os
 from typing import (
     Any,
     AsyncIterator,
@@ -771,3 +772,592 @@ class KvbmRequest:
     def salt_seed(self) -> int:
         """The seed of this request's block hashes: the router's salted seed for
         ``lora_name`` and cache namespace ``salt_hash`` (1337 for neither)."""
+
+# ---------------------------------------------------------------------------------------
+# LLM / model
+# ---------------------------------------------------------------------------------------
+
+@final
+class ModelInput:
+    """What a worker's ``generate`` receives (an int-backed enum)."""
+
+    Text: ModelInput
+    """The raw OpenAI request; the engine templates and tokenizes itself."""
+    Tokens: ModelInput
+    """A preprocessed request (``token_ids``, ``stop_conditions``, ``sampling_options``, ...)."""
+    Tensor: ModelInput
+    """The tensor protocol."""
+    def __int__(self) -> int: ...
+
+@final
+class ModelType:
+    """A set of OpenAI-style API surfaces (bit flags; combine with ``|``).
+
+    ``str()`` gives the flag names joined by ``,`` (``"chat,completions"``); ``Empty`` is
+    ``""``. Instances compare equal by value and are hashable.
+    """
+
+    Empty: ModelType
+    """No surface (prefill and encode workers)."""
+    Chat: ModelType
+    Completions: ModelType
+    Embedding: ModelType
+    TensorBased: ModelType
+    Prefill: ModelType
+    """Legacy marker of prefill workers (not an OpenAI surface)."""
+    Images: ModelType
+    Audios: ModelType
+    Videos: ModelType
+    Realtime: ModelType
+    Classify: ModelType
+    Pooling: ModelType
+    def __or__(self, other: ModelType, /) -> ModelType: ...
+    def __ror__(self, other: ModelType, /) -> ModelType: ...
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __int__(self) -> int: ...
+    def supports_chat(self) -> bool: ...
+    def supports_completions(self) -> bool: ...
+    def supports_embedding(self) -> bool: ...
+    def supports_classify(self) -> bool: ...
+    def supports_pooling(self) -> bool: ...
+
+@final
+class WorkerType:
+    """The role of a worker (an int-backed enum; not combinable).
+
+    ``str()`` gives ``"prefill"``, ``"decode"``, ``"encode"`` or ``"aggregated"``.
+    """
+
+    Prefill: WorkerType
+    Decode: WorkerType
+    Encode: WorkerType
+    Aggregated: WorkerType
+    """Prefill and decode in one worker (what ``register_model`` assumes by default)."""
+    def __int__(self) -> int: ...
+
+@final
+class ModelRuntimeConfig:
+    """Runtime facts a worker advertises in its model card.
+
+    Setters validate their value (``ValueError``); :meth:`validate` checks the whole
+    configuration, as model registration does.
+    """
+
+    def __new__(cls) -> ModelRuntimeConfig: ...
+    context_length: Optional[int]
+    total_kv_blocks: Optional[int]
+    max_num_seqs: Optional[int]
+    max_num_batched_tokens: Optional[int]
+    tool_call_parser: Optional[str]
+    reasoning_parser: Optional[str]
+    tokenizer_backend: Optional[str]
+    """``"default"`` or ``"fastokens"`` (anything else: ``ValueError``)."""
+    exclude_tools_when_tool_choice_none: bool
+    data_parallel_start_rank: int
+    data_parallel_size: int
+    enable_local_indexer: bool
+    enable_eagle: bool
+    taints: Set[str]
+    """Caller-managed taints; ``dynamo.topology/*`` is reserved (``ValueError``)."""
+    stable_routing_id: Optional[str]
+    @property
+    def runtime_data(self) -> Dict[str, str]:
+        """Engine-specific values (:meth:`set_engine_specific`), each as JSON text."""
+    topology_domains: Dict[str, str]
+    kv_transfer_domain: Optional[str]
+    kv_transfer_enforcement: Optional[str]
+    """``"required"``, ``"preferred"`` or None (``""`` reads back as None)."""
+    kv_transfer_preferred_weight: Optional[float]
+    @property
+    def bootstrap_host(self) -> Optional[str]: ...
+    @property
+    def bootstrap_port(self) -> Optional[int]: ...
+    kv_event_publishing_enabled: Optional[bool]
+    kv_event_source_mode: Optional[str]
+    kv_state_endpoint: Optional[str]
+    def set_engine_specific(self, key: str, value: Any) -> None:
+        """Store a value: JSON text (invalid JSON: ``ValueError``) or any JSON-able object."""
+    def get_engine_specific(self, key: str) -> Optional[str]:
+        """The value as JSON text, or None."""
+    def set_structural_tag_mode(self, mode: str) -> None:
+        """``"off"`` or ``"on"`` (anything else: ``ValueError``)."""
+    def set_structural_tag_scope(self, scope: str) -> None:
+        """``"auto"`` or ``"always"`` (anything else: ``ValueError``)."""
+    def set_structural_tag_schema(self, schema: str) -> None:
+        """``"auto"`` or ``"strict"`` (anything else: ``ValueError``)."""
+    def set_disaggregated_endpoint(
+        self, bootstrap_host: Optional[str] = None, bootstrap_port: Optional[int] = None
+    ) -> None: ...
+    def validate(self) -> None:
+        """Check the whole configuration (``ValueError`` naming the first bad field)."""
+    def to_json(self) -> str: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class ModelDeploymentCard:
+    """The model metadata (MDC) a worker registers: name, surfaces, input, runtime config
+    and the model's metadata files with blake3 checksums."""
+
+    @staticmethod
+    def load(path: str | os.PathLike[str], model_name: Optional[str] = None) -> ModelDeploymentCard:
+        """Build a card from a local model directory (``config.json`` and/or
+        ``tokenizer.json``, plus ``tokenizer_config.json`` and ``generation_config.json``
+        when present).
+
+        Raises:
+            FileNotFoundError: ``path`` is not a directory (the message names it).
+            ValueError: the directory has no model files, or one is malformed.
+        """
+    def to_json_str(self) -> str: ...
+    @staticmethod
+    def from_json_str(json: str) -> ModelDeploymentCard:
+        """Parse a card (``ValueError`` when malformed)."""
+    def model_type(self) -> ModelType: ...
+    def source_path(self) -> str: ...
+    def local_dir(self) -> str:
+        """The directory the metadata files were read from (``ValueError`` if not UTF-8)."""
+    def name(self) -> str: ...
+    def runtime_config(self) -> Any:
+        """The runtime config as a dict."""
+    def mdcsum(self) -> str:
+        """Checksum of what must agree between workers serving the same model."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+def lora_name_to_id(lora_name: str) -> int:
+    """A deterministic positive 31-bit id for a LoRA adapter name (blake3-based; the
+    reference's values)."""
+
+async def fetch_model(remote_name: str, ignore_weights: bool = False) -> str:
+    """The local directory of a model.
+
+    ``remote_name`` is a local directory (returned as given) or a Hugging Face repo id
+    (``org/name``, optionally ``hf://org/name``) already in the offline Hugging Face cache
+    (``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``). Nothing is
+    downloaded.
+
+    Raises:
+        FileNotFoundError: not found; the message lists every path tried.
+    """
+
+@final
+class ReasoningConfig:
+    """Mocker reasoning simulation (``ValueError`` unless ``0 <= thinking_ratio <= 1``)."""
+
+    def __new__(
+        cls, start_thinking_token_id: int, end_thinking_token_id: int, thinking_ratio: float
+    ) -> ReasoningConfig: ...
+
+@final
+class SglangArgs:
+    """SGLang-scheduler options of the mocker (accepted; not modelled)."""
+
+    def __new__(
+        cls,
+        schedule_policy: Optional[str] = None,
+        page_size: Optional[int] = None,
+        max_prefill_tokens: Optional[int] = None,
+        chunked_prefill_size: Optional[int] = None,
+        clip_max_new_tokens: Optional[int] = None,
+        schedule_conservativeness: Optional[float] = None,
+    ) -> SglangArgs: ...
+
+@final
+class TrtllmArgs:
+    """TensorRT-LLM-scheduler options of the mocker (accepted; not modelled)."""
+
+    def __new__(cls, capacity_scheduler_policy: Optional[str] = None) -> TrtllmArgs: ...
+
+@final
+class MockEngineArgs:
+    """Configuration of the mocker (simulated engine).
+
+    ``None`` (and ``block_size=0``) select the engine's defaults (16384 blocks of 64
+    tokens); ``max_num_seqs`` defaults to 256 and ``max_num_batched_tokens`` to 8192. Options of the reference that the mocker does not model (AIConfigurator,
+    KV-transfer, offload tiers, ...) are accepted and listed by
+    :meth:`unsupported_in_use` when set to values that would change a real engine's
+    behaviour.
+
+    Raises:
+        ValueError: an invalid value (the message names the field).
+    """
+
+    def __new__(
+        cls,
+        engine_type: str = "vllm",
+        num_gpu_blocks: Optional[int] = None,
+        block_size: int = 0,
+        max_num_seqs: Optional[int] = ...,
+        max_num_batched_tokens: Optional[int] = ...,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        speedup_ratio: float = 1.0,
+        decode_speedup_ratio: float = 1.0,
+        dp_size: int = 1,
+        startup_time: Optional[float] = None,
+        worker_type: str = "aggregated",
+        planner_profile_data: Optional[str | os.PathLike[str]] = None,
+        aic_backend: Optional[str] = None,
+        aic_system: Optional[str] = None,
+        aic_backend_version: Optional[str] = None,
+        aic_tp_size: Optional[int] = None,
+        aic_model_path: Optional[str] = None,
+        aic_moe_tp_size: Optional[int] = None,
+        aic_moe_ep_size: Optional[int] = None,
+        aic_attention_dp_size: Optional[int] = None,
+        aic_nextn: Optional[int] = None,
+        aic_nextn_accept_rates: Optional[str] = None,
+        aic_mtp_seed: int = 42,
+        aic_gemm_dtype: Optional[str] = None,
+        aic_moe_dtype: Optional[str] = None,
+        aic_fmha_dtype: Optional[str] = None,
+        aic_kv_cache_dtype: Optional[str] = None,
+        aic_comm_dtype: Optional[str] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        mem_fraction_static: Optional[float] = None,
+        free_gpu_memory_fraction: Optional[float] = None,
+        enable_local_indexer: bool = False,
+        bootstrap_port: Optional[int] = None,
+        handoff_session_timeout_ms: int = 300000,
+        kv_bytes_per_token: Optional[int] = None,
+        kv_transfer_bandwidth: Optional[float] = None,
+        kv_transfer_timing_mode: str = "full_prompt",
+        reasoning: Optional[ReasoningConfig] = None,
+        response_replay_trace_path: Optional[str | os.PathLike[str]] = None,
+        zmq_kv_events_port: Optional[int] = None,
+        zmq_replay_port: Optional[int] = None,
+        preemption_mode: str = "lifo",
+        router_queue_policy: Optional[str] = None,
+        sglang: Optional[SglangArgs] = None,
+        trtllm: Optional[TrtllmArgs] = None,
+        num_g2_blocks: Optional[int] = None,
+        num_g3_blocks: Optional[int] = None,
+        offload_batch_size: Optional[int] = None,
+        bandwidth_g1_to_g2_gbps: Optional[float] = None,
+        bandwidth_g2_to_g1_gbps: Optional[float] = None,
+        bandwidth_g2_to_g3_gbps: Optional[float] = None,
+        bandwidth_g3_to_g2_gbps: Optional[float] = None,
+        enable_g4_storage: bool = False,
+        bandwidth_g2_to_g4_gbps: Optional[float] = None,
+        bandwidth_g4_to_g2_gbps: Optional[float] = None,
+        max_model_len: Optional[int] = None,
+    ) -> MockEngineArgs: ...
+    @staticmethod
+    def from_json(config_json: str) -> MockEngineArgs:
+        """Parse a JSON object; missing fields take their defaults (``ValueError`` on
+        unknown fields or invalid values)."""
+    def to_json(self) -> str:
+        """The arguments as JSON (accepted by :meth:`from_json`)."""
+    def copy(self) -> MockEngineArgs: ...
+    def unsupported_in_use(self) -> List[str]: ...
+    def is_prefill(self) -> bool: ...
+    def is_decode(self) -> bool: ...
+    def with_overrides(
+        self,
+        bootstrap_port: Optional[int] = None,
+        zmq_kv_events_port: Optional[int] = None,
+        zmq_replay_port: Optional[int] = None,
+        kv_bytes_per_token: Optional[int] = None,
+        num_gpu_blocks: Optional[int] = None,
+        aic_backend: Optional[str] = None,
+        aic_system: Optional[str] = None,
+        aic_backend_version: Optional[str] = None,
+        aic_tp_size: Optional[int] = None,
+        aic_model_path: Optional[str] = None,
+        aic_moe_tp_size: Optional[int] = None,
+        aic_moe_ep_size: Optional[int] = None,
+        aic_attention_dp_size: Optional[int] = None,
+        aic_nextn: Optional[int] = None,
+        aic_nextn_accept_rates: Optional[str] = None,
+        aic_mtp_seed: Optional[int] = None,
+        aic_gemm_dtype: Optional[str] = None,
+        aic_moe_dtype: Optional[str] = None,
+        aic_fmha_dtype: Optional[str] = None,
+        aic_kv_cache_dtype: Optional[str] = None,
+        aic_comm_dtype: Optional[str] = None,
+        gpu_memory_utilization: Optional[float] = None,
+        mem_fraction_static: Optional[float] = None,
+        free_gpu_memory_fraction: Optional[float] = None,
+        enable_prefix_caching: Optional[bool] = None,
+        worker_type: Optional[str] = None,
+    ) -> MockEngineArgs:
+        """A validated copy with the given (non-None) values replaced."""
+    num_gpu_blocks: int
+    enable_prefix_caching: bool
+    worker_type: str
+    """``"aggregated"``, ``"prefill"`` or ``"decode"``."""
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def max_model_len(self) -> Optional[int]: ...
+    @property
+    def max_num_seqs(self) -> Optional[int]: ...
+    @property
+    def max_num_batched_tokens(self) -> Optional[int]: ...
+    @property
+    def enable_local_indexer(self) -> bool: ...
+    @property
+    def dp_size(self) -> int: ...
+    @property
+    def engine_type(self) -> str: ...
+    @property
+    def bootstrap_port(self) -> Optional[int]: ...
+    @property
+    def handoff_session_timeout_ms(self) -> int: ...
+    @property
+    def kv_transfer_timing_mode(self) -> str: ...
+    @property
+    def response_replay_trace_path(self) -> Optional[os.PathLike[str]]: ...
+    @property
+    def num_g2_blocks(self) -> Optional[int]: ...
+    @property
+    def num_g3_blocks(self) -> Optional[int]: ...
+    @property
+    def offload_batch_size(self) -> Optional[int]: ...
+    @property
+    def bandwidth_g1_to_g2_gbps(self) -> Optional[float]: ...
+    @property
+    def bandwidth_g2_to_g1_gbps(self) -> Optional[float]: ...
+    @property
+    def bandwidth_g2_to_g3_gbps(self) -> Optional[float]: ...
+    @property
+    def bandwidth_g3_to_g2_gbps(self) -> Optional[float]: ...
+    @property
+    def bandwidth_g2_to_g4_gbps(self) -> Optional[float]: ...
+    @property
+    def bandwidth_g4_to_g2_gbps(self) -> Optional[float]: ...
+    @property
+    def enable_g4_storage(self) -> bool: ...
+    @property
+    def aic_backend(self) -> Optional[str]: ...
+    @aic_backend.setter
+    def aic_backend(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_system(self) -> Optional[str]: ...
+    @aic_system.setter
+    def aic_system(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_backend_version(self) -> Optional[str]: ...
+    @aic_backend_version.setter
+    def aic_backend_version(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_model_path(self) -> Optional[str]: ...
+    @aic_model_path.setter
+    def aic_model_path(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_gemm_dtype(self) -> Optional[str]: ...
+    @aic_gemm_dtype.setter
+    def aic_gemm_dtype(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_moe_dtype(self) -> Optional[str]: ...
+    @aic_moe_dtype.setter
+    def aic_moe_dtype(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_fmha_dtype(self) -> Optional[str]: ...
+    @aic_fmha_dtype.setter
+    def aic_fmha_dtype(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_kv_cache_dtype(self) -> Optional[str]: ...
+    @aic_kv_cache_dtype.setter
+    def aic_kv_cache_dtype(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_comm_dtype(self) -> Optional[str]: ...
+    @aic_comm_dtype.setter
+    def aic_comm_dtype(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_nextn_accept_rates(self) -> Optional[str]: ...
+    @aic_nextn_accept_rates.setter
+    def aic_nextn_accept_rates(self, value: Optional[str]) -> None: ...
+    @property
+    def aic_tp_size(self) -> Optional[int]: ...
+    @aic_tp_size.setter
+    def aic_tp_size(self, value: Optional[int]) -> None: ...
+    @property
+    def aic_moe_tp_size(self) -> Optional[int]: ...
+    @aic_moe_tp_size.setter
+    def aic_moe_tp_size(self, value: Optional[int]) -> None: ...
+    @property
+    def aic_moe_ep_size(self) -> Optional[int]: ...
+    @aic_moe_ep_size.setter
+    def aic_moe_ep_size(self, value: Optional[int]) -> None: ...
+    @property
+    def aic_attention_dp_size(self) -> Optional[int]: ...
+    @aic_attention_dp_size.setter
+    def aic_attention_dp_size(self, value: Optional[int]) -> None: ...
+    @property
+    def aic_nextn(self) -> Optional[int]: ...
+    @aic_nextn.setter
+    def aic_nextn(self, value: Optional[int]) -> None: ...
+    @property
+    def aic_mtp_seed(self) -> int: ...
+    @aic_mtp_seed.setter
+    def aic_mtp_seed(self, value: int) -> None: ...
+    @property
+    def gpu_memory_utilization(self) -> Optional[float]: ...
+    @gpu_memory_utilization.setter
+    def gpu_memory_utilization(self, value: Optional[float]) -> None: ...
+    @property
+    def mem_fraction_static(self) -> Optional[float]: ...
+    @mem_fraction_static.setter
+    def mem_fraction_static(self, value: Optional[float]) -> None: ...
+    @property
+    def free_gpu_memory_fraction(self) -> Optional[float]: ...
+    @free_gpu_memory_fraction.setter
+    def free_gpu_memory_fraction(self, value: Optional[float]) -> None: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+# ---------------------------------------------------------------------------------------
+# LLM serving: model registration, the OpenAI frontend, entry points
+# ---------------------------------------------------------------------------------------
+
+async def register_model(
+    model_input: ModelInput,
+    model_type: ModelType,
+    endpoint: Endpoint,
+    model_path: str,
+    model_name: Optional[str] = None,
+    *,
+    worker_type: Optional[WorkerType] = None,
+    context_length: Optional[int] = None,
+    kv_cache_block_size: Optional[int] = None,
+    router_mode: Optional[RouterMode] = None,
+    router_config: Optional[RouterConfig] = None,
+    runtime_config: Optional[ModelRuntimeConfig] = None,
+    tensor_model_config: Optional[Dict[str, Any]] = None,
+    user_data: Optional[Dict[str, Any]] = None,
+    custom_template_path: Optional[str] = None,
+    media_decoder: Optional[Any] = None,
+    media_fetcher: Optional[Any] = None,
+    forward_inline_media_in_messages: Optional[bool] = None,
+    lora_name: Optional[str] = None,
+    base_model_path: Optional[str] = None,
+    needs: Optional[List[List[WorkerType]]] = None,
+    self_host_metadata: Optional[bool] = None,
+    ignore_weights: bool = False,
+    max_gpu_lora_count: Optional[int] = None,
+    model_aliases: Optional[List[str]] = None,
+    migration_limit: int = 0,
+) -> None:
+    """Publish this worker's model card in discovery next to its endpoint instance, so
+    frontends serve the model. The card disappears with the worker process.
+
+    ``worker_type`` defaults to ``WorkerType.Aggregated``; ``context_length`` overrides the
+    model's. ``model_path`` is a local directory (or a repo id in the offline Hugging Face
+    cache).
+
+    Raises:
+        ValueError: an invalid argument combination (see the contract's rules).
+        FileNotFoundError: the model or ``custom_template_path`` does not exist.
+    """
+
+async def unregister_model(endpoint: Endpoint, lora_name: Optional[str] = None) -> None:
+    """Remove this worker's base model card (or the LoRA adapter card)."""
+
+async def update_model_taints(endpoint: Endpoint, taints: Set[str]) -> None:
+    """Replace the caller-managed taints on this worker's base model card.
+
+    Raises:
+        ValueError: a reserved ``dynamo.topology/`` taint, or no card registered here.
+    """
+
+@final
+class EngineType:
+    """The engine an entry point runs (an int-backed enum)."""
+
+    Echo: EngineType
+    """An in-process echo engine (not available in this build)."""
+    Dynamic: EngineType
+    """The frontend: workers discovered through the runtime."""
+    Mocker: EngineType
+    """The simulated engine."""
+    def __int__(self) -> int: ...
+
+@final
+class EngineConfig:
+    """What ``make_engine`` built; consumed by ``run_input``."""
+
+@final
+class EntrypointArgs:
+    """Arguments of :func:`make_engine`. Options this build does not model are accepted.
+
+    Raises:
+        ValueError: ``tls_cert_path`` without ``tls_key_path`` (or the reverse), an
+            unsupported router mode, or unreadable ``extra_engine_args``.
+    """
+
+    def __new__(
+        cls,
+        engine_type: EngineType,
+        model_path: Optional[str] = None,
+        model_name: Optional[str] = None,
+        endpoint_id: Optional[str] = None,
+        context_length: Optional[int] = None,
+        template_file: Optional[str] = None,
+        router_config: Optional[RouterConfig] = None,
+        kv_cache_block_size: Optional[int] = None,
+        http_host: Optional[str] = None,
+        http_port: Optional[int] = None,
+        http_metrics_port: Optional[int] = None,
+        tls_cert_path: Optional[str] = None,
+        tls_key_path: Optional[str] = None,
+        extra_engine_args: Optional[str | os.PathLike[str]] = None,
+        mocker_engine_args: Optional[MockEngineArgs] = None,
+        runtime_config: Optional[ModelRuntimeConfig] = None,
+        namespace: Optional[str] = None,
+        namespace_prefix: Optional[str] = None,
+        is_prefill: bool = False,
+        is_decode: bool = False,
+        migration_limit: int = 0,
+        migration_max_seq_len: Optional[int] = None,
+        chat_engine_factory: Optional[Callable[..., Any]] = None,
+        aic_perf_config: Optional[AicPerfConfig] = None,
+        *,
+        metrics_prefix: Optional[str] = None,
+        enable_anthropic_api: Optional[bool] = None,
+        strip_anthropic_preamble: Optional[bool] = None,
+        enable_streaming_tool_dispatch: Optional[bool] = None,
+        enable_streaming_reasoning_dispatch: Optional[bool] = None,
+        tokenizer_backend: Optional[str] = None,
+    ) -> EntrypointArgs: ...
+
+async def make_engine(
+    distributed_runtime: DistributedRuntime, args: EntrypointArgs
+) -> EngineConfig:
+    """Build the engine: ``Dynamic`` → the discovery-driven frontend, ``Mocker`` → the
+    simulated engine (``mocker_engine_args``, else ``extra_engine_args``, else defaults)."""
+
+async def run_input(
+    runtime: DistributedRuntime,
+    input: str,
+    engine_config: EngineConfig,
+    frontend_route_extensions: Optional[Any] = None,
+) -> None:
+    """Run until the runtime stops: ``"http"`` serves the OpenAI API (frontend engines);
+    ``"dyn://ns.comp.ep"`` serves the engine as a worker endpoint and registers its model.
+
+    Raises:
+        ValueError: an unknown or unsupported input for this engine.
+    """
+
+@final
+class HttpService:
+    """An OpenAI-compatible HTTP ingress following the runtime's model cards."""
+
+    def __new__(cls, port: Optional[int] = None) -> HttpService: ...
+    async def run(self, runtime: DistributedRuntime) -> None:
+        """Serve until :meth:`shutdown` or the runtime stops."""
+
+    def shutdown(self) -> None:
+        """Stop serving."""
+
+@final
+class PythonAsyncEngine:
+    """A Python callable returning an async generator, wrapped as an engine."""
+
+    def __new__(cls, generator: Any, event_loop: Any) -> PythonAsyncEngine: ...
+
+@final
+class HttpAsyncEngine:
+    """A :class:`PythonAsyncEngine` whose ``HttpError`` exceptions map to HTTP statuses."""
+
+    def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...

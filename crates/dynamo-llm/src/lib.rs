@@ -4,6 +4,15 @@
 //!   with prefix reuse and LRU eviction, chunked prefill, a timing model) that emits real KV
 //!   events, so routing, load balancing and the whole serving path can run and be measured
 //!   on any machine.
+//! * [`model_card`]: the model deployment card, model types, runtime configuration, the
+//!   argument rules of `register_model`, and offline model resolution (`fetch_model`).
+//! * [`preprocessor`]: OpenAI request/response types, chat templates, tokenization, the
+//!   request sent to workers and the stop conditions / detokenization of their output.
+//!
+//! * [`discovery`]: model cards in discovery (`register_model`) and the frontend's model
+//!   watcher.
+//! * [`http`]: the OpenAI-compatible HTTP frontend (routing, migration, metrics).
+//! * [`entrypoint`]: the mocker served as a worker endpoint.
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -19,7 +28,12 @@
 //! # Ok::<(), dynamo_llm::Error>(())
 //! ```
 
+pub mod discovery;
+pub mod entrypoint;
 pub mod error;
+pub mod http;
 pub mod mocker;
+pub mod model_card;
+pub mod preprocessor;
 
 pub use error::{Error, Result};

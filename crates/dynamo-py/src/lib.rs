@@ -14,6 +14,10 @@
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 //! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
 //! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
+//! * [`llm`]: model types, runtime config, model deployment card, `MockEngineArgs`,
+//!   `lora_name_to_id`, `fetch_model`.
+//! * [`llm_serving`]: `register_model`, the OpenAI frontend (`HttpService`), entry points
+//!   (`EntrypointArgs`, `make_engine`, `run_input`).
 
 use pyo3::prelude::*;
 
@@ -25,6 +29,8 @@ mod engine;
 mod errors;
 mod json;
 mod kv;
+mod llm;
+mod llm_serving;
 mod logging;
 mod router;
 mod runtime;
@@ -39,5 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     runtime::register(m)?;
     logging::register(m)?;
     block_manager::register(m)?;
+    llm::register(m)?;
+    llm_serving::register(m)?;
     Ok(())
 }

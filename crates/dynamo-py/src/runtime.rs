@@ -107,6 +107,13 @@ impl DistributedRuntime {
     }
 }
 
+impl DistributedRuntime {
+    /// The core runtime (for the LLM bindings).
+    pub(crate) fn core(&self) -> &dynamo_runtime::DistributedRuntime {
+        &self.inner
+    }
+}
+
 fn check_metrics_labels(labels: Option<&Bound<'_, PyAny>>) -> PyResult<()> {
     let Some(labels) = labels.filter(|l| !l.is_none()) else {
         return Ok(());
@@ -128,6 +135,11 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
+    /// The runtime and the endpoint's name (for the LLM bindings).
+    pub(crate) fn parts(&self) -> (&dynamo_runtime::DistributedRuntime, &EndpointId) {
+        (&self.runtime, &self.id)
+    }
+
     fn serve<'py>(
         &self,
         py: Python<'py>,

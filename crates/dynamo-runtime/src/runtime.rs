@@ -62,6 +62,7 @@ struct Served {
 pub(crate) struct Inner {
     pub(crate) config: RuntimeConfig,
     pub(crate) discovery: Arc<dyn Discovery>,
+    store: Arc<dyn KvStore>,
     server: OnceCell<Arc<Server>>,
     pub(crate) pool: ConnectionPool,
     endpoint_shutdown: CancellationToken,
@@ -103,12 +104,13 @@ impl DistributedRuntime {
                 )));
             }
         };
-        let discovery = Arc::new(KvDiscovery::new(store, random_instance_id()));
+        let discovery = Arc::new(KvDiscovery::new(Arc::clone(&store), random_instance_id()));
         let pool = ConnectionPool::new(config.max_message_size, config.connect_timeout);
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
                 discovery,
+                store,
                 server: OnceCell::new(),
                 pool,
                 endpoint_shutdown: CancellationToken::new(),
@@ -134,6 +136,13 @@ impl DistributedRuntime {
     /// The discovery client.
     pub fn discovery(&self) -> &Arc<dyn Discovery> {
         &self.inner.discovery
+    }
+
+    /// The key-value store behind discovery. Keys put here belong to this process and
+    /// disappear with it (deleted on shutdown, expired by the lease/TTL if it dies), which is
+    /// what model cards registered next to an instance need.
+    pub fn kv_store(&self) -> &Arc<dyn KvStore> {
+        &self.inner.store
     }
 
     /// Whether shutdown has started.

@@ -1,0 +1,389 @@
+//! OpenAI request preprocessing for `ModelInput.Tokens` models, and the matching
+//! postprocessing of worker output.
+//!
+//! * [`openai`]: request/response/chunk types, parsing with OpenAI-style 400 errors.
+//! * [`template`]: HF chat templates (minijinja).
+//! * [`protocols`]: [`PreprocessedRequest`] (to workers) and [`LLMEngineOutput`] (from them).
+//! * [`detokenizer`]: incremental UTF-8-safe detokenization and stop strings.
+//! * [`backend`]: [`OutputProcessor`], stop conditions over a worker's stream.
+//!
+//! [`Preprocessor`] ties them to a model: built once per model from its card, it turns a
+//! chat or completions request into a [`PreprocessedRequest`] and makes the
+//! [`OutputProcessor`] for its response stream.
+//!
+//! ```
+//! # fn main() -> dynamo_llm::Result<()> {
+//! use dynamo_llm::preprocessor::{openai, Preprocessor};
+//! let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-model");
+//! let pre = Preprocessor::from_model_dir(std::path::Path::new(dir), "tiny")?;
+//! let req = openai::parse_chat_request(
+//!     br#"{"model": "tiny", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 8}"#,
+//! )?;
+//! let wire = pre.preprocess_chat(&req)?;
+//! assert_eq!(wire.stop_conditions.max_tokens, Some(8));
+//! assert_eq!(pre.tokenizer().decode(&wire.token_ids, false).unwrap(),
+//!     "<|endoftext|><|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n");
+//! # Ok(()) }
+//! ```
+
+pub mod backend;
+pub mod detokenizer;
+pub mod openai;
+pub mod protocols;
+pub mod template;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::{Map, Value as Json};
+use tokenizers::Tokenizer;
+
+pub use backend::{BackendOutput, OutputProcessor};
+pub use protocols::{
+    FinishReason, LLMEngineOutput, OutputOptions, PreprocessedRequest, SamplingOptions,
+    StopConditions,
+};
+pub use template::ChatTemplate;
+
+use crate::error::{Error, Result};
+use crate::model_card::{
+    GenerationConfig, ModelDeploymentCard, ModelInfo, PromptFormatterArtifact, TokenizerKind,
+};
+use openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingExtensions};
+
+/// Default `max_tokens` of `/v1/completions` (OpenAI's).
+pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
+
+/// Per-model preprocessing state (cheap to clone; share one per model).
+#[derive(Debug, Clone)]
+pub struct Preprocessor {
+    model: String,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+    eos_token_ids: Vec<u32>,
+    context_length: u32,
+    mdcsum: String,
+}
+
+fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
+    serde_json::from_slice(bytes).map_err(|e| Error::ModelFile {
+        path: path.to_path_buf(),
+        reason: format!("invalid JSON: {e}"),
+    })
+}
+
+/// `eos_token_id` of a config: an int or a list of ints.
+fn ids_of(v: Option<&Json>) -> Vec<u32> {
+    match v {
+        Some(Json::Number(n)) => n.as_u64().map(|i| vec![i as u32]).unwrap_or_default(),
+        Some(Json::Array(a)) => a
+            .iter()
+            .filter_map(Json::as_u64)
+            .map(|i| i as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Preprocessor {
+    /// Build from a card: reads (and checksum-verifies) its tokenizer, tokenizer config,
+    /// custom template, `config.json` and `generation_config.json`.
+    ///
+    /// # Errors
+    /// [`Error::ModelFile`] when the card has no tokenizer or a file is unreadable, changed
+    /// or malformed; [`Error::Template`] when the chat template does not compile.
+    pub fn from_card(card: &ModelDeploymentCard) -> Result<Self> {
+        let Some(TokenizerKind::HfTokenizerJson(tok_file)) = &card.tokenizer else {
+            return Err(Error::ModelFile {
+                path: card.local_dir(),
+                reason: format!("model {:?} has no tokenizer.json", card.display_name),
+            });
+        };
+        let tokenizer =
+            Tokenizer::from_bytes(tok_file.read_verified()?).map_err(|e| Error::ModelFile {
+                path: tok_file.path.clone(),
+                reason: e.to_string(),
+            })?;
+        let tok_config = match &card.prompt_formatter {
+            Some(PromptFormatterArtifact::HfTokenizerConfigJson(f)) => {
+                parse_json(&f.read_verified()?, &f.path)?
+            }
+            None => Json::Null,
+        };
+        let template = match &card.chat_template_file {
+            Some(f) => {
+                let text = String::from_utf8(f.read_verified()?).map_err(|e| Error::ModelFile {
+                    path: f.path.clone(),
+                    reason: e.to_string(),
+                })?;
+                Some(ChatTemplate::from_custom_file(&text, &tok_config)?)
+            }
+            None => ChatTemplate::from_tokenizer_config(&tok_config)?,
+        };
+        let mut eos = Vec::new();
+        if let Some(GenerationConfig::HfGenerationConfigJson(f)) = &card.gen_config {
+            eos.extend(ids_of(
+                parse_json(&f.read_verified()?, &f.path)?.get("eos_token_id"),
+            ));
+        }
+        if let Some(ModelInfo::HfConfigJson(f)) = &card.model_info {
+            let config = parse_json(&f.read_verified()?, &f.path)?;
+            eos.extend(ids_of(config.get("eos_token_id")));
+            eos.extend(ids_of(
+                config
+                    .get("text_config")
+                    .and_then(|t| t.get("eos_token_id")),
+            ));
+        }
+        if let Some(t) = template.as_ref().and_then(|t| t.special_token("eos_token"))
+            && let Some(id) = tokenizer.token_to_id(t)
+        {
+            eos.push(id);
+        }
+        let mut seen = std::collections::HashSet::new();
+        eos.retain(|id| seen.insert(*id));
+        Ok(Self {
+            model: card.display_name.clone(),
+            tokenizer: Arc::new(tokenizer),
+            template,
+            eos_token_ids: eos,
+            context_length: card.context_length,
+            mdcsum: card.mdcsum(),
+        })
+    }
+
+    /// Build from a local model directory (a card named `name` is loaded first).
+    ///
+    /// # Errors
+    /// As [`ModelDeploymentCard::load_from_disk`] and [`Self::from_card`].
+    pub fn from_model_dir(dir: &Path, name: &str) -> Result<Self> {
+        Self::from_card(&ModelDeploymentCard::load_from_disk(dir, Some(name))?)
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The model's eos token ids (generation config, config and template's eos token).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos_token_ids
+    }
+
+    /// Tokenize text.
+    ///
+    /// # Errors
+    /// [`Error::Tokenizer`] when the tokenizer fails.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        self.tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| Error::Tokenizer(e.to_string()))
+    }
+
+    /// Render the chat template for `req`.
+    ///
+    /// # Errors
+    /// [`Error::Template`] (HTTP 400) when the model has no template or the template
+    /// rejects the conversation.
+    pub fn render_chat(&self, req: &ChatCompletionRequest) -> Result<String> {
+        let template = self.template.as_ref().ok_or_else(|| {
+            Error::Template(format!(
+                "model {:?} has no chat template; use /v1/completions or register a custom template",
+                self.model
+            ))
+        })?;
+        let messages = req
+            .messages
+            .iter()
+            .map(|m| {
+                let mut v = serde_json::to_value(m).unwrap_or(Json::Null);
+                if let (Some(c), Some(obj)) = (&m.content, v.as_object_mut())
+                    && c.is_text_only()
+                {
+                    obj.insert("content".to_owned(), Json::String(c.text()));
+                }
+                v
+            })
+            .collect::<Vec<_>>();
+        let mut extra = Map::new();
+        let tool_choice_none = req.tool_choice.as_ref().and_then(Json::as_str) == Some("none");
+        if let Some(tools) = &req.tools
+            && !tool_choice_none
+        {
+            extra.insert("tools".to_owned(), Json::Array(tools.clone()));
+        }
+        if let Some(effort) = &req.reasoning_effort {
+            extra.insert("reasoning_effort".to_owned(), Json::String(effort.clone()));
+        }
+        for (k, v) in req.chat_template_kwargs.iter().flatten() {
+            extra.insert(k.clone(), v.clone());
+        }
+        let continue_final = req.continue_final_message == Some(true);
+        let add_generation_prompt = req.add_generation_prompt.unwrap_or(!continue_final);
+        let mut prompt = template.render(&messages, add_generation_prompt, &extra)?;
+        if continue_final
+            && let Some(last) = req
+                .messages
+                .last()
+                .and_then(|m| m.content.as_ref())
+                .map(|c| c.text())
+            && !last.is_empty()
+            && let Some(pos) = prompt.rfind(&last)
+        {
+            prompt.truncate(pos + last.len());
+        }
+        Ok(prompt)
+    }
+
+    /// Preprocess a chat request.
+    ///
+    /// # Errors
+    /// [`Error::Template`] / [`Error::InvalidRequest`] (HTTP 400) for conversations the
+    /// template rejects and prompts that do not fit the context; [`Error::Tokenizer`].
+    pub fn preprocess_chat(&self, req: &ChatCompletionRequest) -> Result<PreprocessedRequest> {
+        let prompt = self.render_chat(req)?;
+        let token_ids = self.encode(&prompt, false)?;
+        let mut out = self.build(
+            token_ids,
+            req.max_output_tokens(),
+            req.stop.clone(),
+            &req.ext(),
+        )?;
+        out.sampling_options = SamplingOptions {
+            n: req.n,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            guided_decoding: req.response_format.clone(),
+            ..out.sampling_options
+        };
+        out.output_options.logprobs = req
+            .logprobs
+            .filter(|l| *l)
+            .map(|_| req.top_logprobs.unwrap_or(0));
+        Ok(out)
+    }
+
+    /// Preprocess a completions request.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] (HTTP 400) for prompts that do not fit the context or
+    /// hold ids outside the vocabulary; [`Error::Tokenizer`].
+    pub fn preprocess_completion(&self, req: &CompletionRequest) -> Result<PreprocessedRequest> {
+        let token_ids = match &req.prompt {
+            Prompt::Text(t) => self.encode(t, true)?,
+            Prompt::Texts(v) => self.encode(v.first().map_or("", String::as_str), true)?,
+            Prompt::Tokens(t) => t.clone(),
+            Prompt::TokenLists(v) => v.first().cloned().unwrap_or_default(),
+        };
+        let vocab = self.tokenizer.get_vocab_size(true) as u32;
+        if let Some(bad) = token_ids.iter().find(|&&t| t >= vocab) {
+            return Err(Error::request(
+                format!("token id {bad} is outside the vocabulary (size {vocab})"),
+                Some("prompt"),
+            ));
+        }
+        let max = req.max_tokens.or(Some(DEFAULT_COMPLETION_MAX_TOKENS));
+        let mut out = self.build(token_ids, max, req.stop.clone(), &req.ext())?;
+        out.sampling_options = SamplingOptions {
+            n: req.n,
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            seed: req.seed,
+            ..out.sampling_options
+        };
+        out.output_options.logprobs = req.logprobs;
+        Ok(out)
+    }
+
+    fn build(
+        &self,
+        token_ids: Vec<u32>,
+        max_tokens: Option<u32>,
+        stop: Option<openai::StringOrList>,
+        ext: &SamplingExtensions,
+    ) -> Result<PreprocessedRequest> {
+        if token_ids.is_empty() {
+            return Err(Error::request("the prompt is empty", Some("prompt")));
+        }
+        let prompt_len = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
+        let ctx = self.context_length;
+        let max_tokens = if ctx > 0 {
+            if prompt_len >= ctx {
+                return Err(Error::request(
+                    format!(
+                        "This model's maximum context length is {ctx} tokens. However, your prompt has {prompt_len} tokens. Please reduce the length of the messages or prompt."
+                    ),
+                    Some("messages"),
+                ));
+            }
+            let room = ctx - prompt_len;
+            match max_tokens {
+                Some(m) if m > room => {
+                    return Err(Error::request(
+                        format!(
+                            "This model's maximum context length is {ctx} tokens. However, you requested {} tokens ({prompt_len} in the prompt, {m} for the completion). Please reduce the length of the prompt or max_tokens.",
+                            u64::from(prompt_len) + u64::from(m)
+                        ),
+                        Some("max_tokens"),
+                    ));
+                }
+                Some(m) => Some(m),
+                None => Some(room),
+            }
+        } else {
+            max_tokens
+        };
+        let annotations = ext
+            .nvext
+            .as_ref()
+            .and_then(|n| n.get("annotations"))
+            .and_then(Json::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Json::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(PreprocessedRequest {
+            model: self.model.clone(),
+            token_ids,
+            stop_conditions: StopConditions {
+                max_tokens,
+                stop: stop.map(openai::StringOrList::into_vec),
+                stop_token_ids_hidden: ext.stop_token_ids.clone(),
+                min_tokens: ext.min_tokens,
+                ignore_eos: ext.ignore_eos,
+            },
+            sampling_options: SamplingOptions {
+                repetition_penalty: ext.repetition_penalty,
+                top_k: ext.top_k,
+                min_p: ext.min_p,
+                include_stop_str_in_output: ext.include_stop_str_in_output,
+                ..Default::default()
+            },
+            output_options: OutputOptions {
+                skip_special_tokens: ext.skip_special_tokens,
+                ..Default::default()
+            },
+            eos_token_ids: self.eos_token_ids.clone(),
+            mdc_sum: Some(self.mdcsum.clone()),
+            annotations,
+            routing: None,
+        })
+    }
+
+    /// The output processor for one request's response stream.
+    pub fn output_processor(&self, req: &PreprocessedRequest) -> OutputProcessor {
+        OutputProcessor::new(req, Some(Arc::clone(&self.tokenizer)))
+    }
+}
+
+#[cfg(test)]
+mod tests;

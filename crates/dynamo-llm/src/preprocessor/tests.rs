@@ -1,0 +1,395 @@
+use std::path::Path;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::detokenizer::IncrementalDecoder;
+use super::openai::{parse_chat_request, parse_completion_request};
+use super::*;
+
+fn tiny() -> Preprocessor {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-model");
+    Preprocessor::from_model_dir(&dir, "tiny").expect("tiny model")
+}
+
+fn chat(body: &str) -> ChatCompletionRequest {
+    parse_chat_request(body.as_bytes()).expect(body)
+}
+
+#[test]
+fn eos_ids_come_from_generation_config_config_and_template() {
+    let pre = tiny();
+    let im_end = pre.tokenizer().token_to_id("<|im_end|>").expect("im_end");
+    let eot = pre.tokenizer().token_to_id("<|endoftext|>").expect("eot");
+    assert_eq!(pre.eos_token_ids(), [im_end, eot]);
+}
+
+#[test]
+fn chat_request_is_templated_and_tokenized() {
+    let pre = tiny();
+    let req = chat(
+        r#"{"model":"tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hello!"}]}],"stop":"END","temperature":0.5,"max_tokens":5}"#,
+    );
+    let prompt = pre.render_chat(&req).expect("render");
+    assert_eq!(
+        prompt,
+        "<|endoftext|><|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let wire = pre.preprocess_chat(&req).expect("preprocess");
+    assert_eq!(wire.token_ids, pre.encode(&prompt, false).expect("encode"));
+    assert_eq!(
+        wire.token_ids[0],
+        pre.tokenizer().token_to_id("<|endoftext|>").expect("bos")
+    );
+    assert_eq!(
+        wire.stop_conditions.stop.as_deref(),
+        Some(&["END".to_owned()][..])
+    );
+    assert_eq!(wire.stop_conditions.max_tokens, Some(5));
+    assert_eq!(wire.sampling_options.temperature, Some(0.5));
+    assert_eq!(wire.model, "tiny");
+    assert!(wire.mdc_sum.is_some());
+}
+
+#[test]
+fn template_rejection_is_a_400() {
+    let pre = tiny();
+    let req = chat(r#"{"model":"tiny","messages":[{"role":"function","content":"x"}]}"#);
+    let err = pre.preprocess_chat(&req).expect_err("unknown role");
+    assert_eq!(err.http_status(), 400);
+    assert!(err.to_string().contains("unknown role: function"), "{err}");
+}
+
+#[test]
+fn context_length_is_enforced() {
+    let pre = tiny();
+    let req = chat(r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}]}"#);
+    let wire = pre.preprocess_chat(&req).expect("ok");
+    let prompt_len = wire.token_ids.len() as u32;
+    assert_eq!(
+        wire.stop_conditions.max_tokens,
+        Some(8192 - prompt_len),
+        "defaults to the remaining context"
+    );
+    let req =
+        chat(r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":9000}"#);
+    let err = pre.preprocess_chat(&req).expect_err("too long");
+    assert!(
+        err.to_string().contains("maximum context length is 8192"),
+        "{err}"
+    );
+    assert_eq!(err.http_status(), 400);
+}
+
+#[test]
+fn completion_prompts() {
+    let pre = tiny();
+    let r = parse_completion_request(br#"{"model":"tiny","prompt":"Hello"}"#).expect("parse");
+    let wire = pre.preprocess_completion(&r).expect("ok");
+    assert_eq!(
+        wire.stop_conditions.max_tokens,
+        Some(DEFAULT_COMPLETION_MAX_TOKENS)
+    );
+    assert_eq!(
+        pre.tokenizer().decode(&wire.token_ids, false).expect("dec"),
+        "Hello"
+    );
+    let r = parse_completion_request(br#"{"model":"tiny","prompt":[5,6,7],"max_tokens":3}"#)
+        .expect("parse");
+    assert_eq!(
+        pre.preprocess_completion(&r).expect("ok").token_ids,
+        [5, 6, 7]
+    );
+    let r = parse_completion_request(br#"{"model":"tiny","prompt":[999999]}"#).expect("parse");
+    assert!(
+        pre.preprocess_completion(&r)
+            .expect_err("oov")
+            .to_string()
+            .contains("vocabulary")
+    );
+}
+
+#[test]
+fn openai_client_fields_are_accepted() {
+    // What the official `openai` client and common tools send.
+    let req = chat(
+        r#"{"model":"m","messages":[{"role":"developer","content":"x"},{"role":"user","content":"y","name":"bob"},
+        {"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+        {"role":"tool","content":"r","tool_call_id":"1"}],
+        "stream":true,"stream_options":{"include_usage":true},"n":1,"logprobs":false,"top_logprobs":0,"user":"u",
+        "store":false,"metadata":{"a":"b"},"parallel_tool_calls":true,"tools":[],"tool_choice":"auto",
+        "response_format":{"type":"text"},"seed":1,"frequency_penalty":0,"presence_penalty":0,
+        "logit_bias":{"5":1},"max_completion_tokens":10,"service_tier":"auto","top_k":5,"ignore_eos":true,
+        "chat_template_kwargs":{"enable_thinking":false},"nvext":{"annotations":["x"]}}"#,
+    );
+    assert!(req.include_usage() && req.is_stream());
+    assert_eq!(req.max_output_tokens(), Some(10));
+    assert_eq!(req.ext().top_k, Some(5));
+    let r = parse_completion_request(br#"{"model":"m","prompt":"x","echo":false,"best_of":1,"logprobs":0,"suffix":"","user":"u","stream":false}"#);
+    assert!(r.is_ok(), "{r:?}");
+}
+
+#[test]
+fn invalid_requests_name_the_parameter() {
+    for (body, param, needle) in [
+        (
+            r#"{"model":"m","messages":[],"bogus":1}"#,
+            "bogus",
+            "Unrecognized request argument supplied: bogus",
+        ),
+        (r#"{"model":"m","messages":[]}"#, "messages", "too short"),
+        (
+            r#"{"model":"m"}"#,
+            "messages",
+            "Missing required parameter: 'messages'",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"temperature":3}"#,
+            "temperature",
+            "temperature",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"top_p":0}"#,
+            "top_p",
+            "top_p",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#,
+            "n",
+            "n=2",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+            "max_tokens",
+            "at least 1",
+        ),
+        (
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":true}}"#,
+            "stream_options",
+            "only allowed",
+        ),
+    ] {
+        let err = parse_chat_request(body.as_bytes()).expect_err(body);
+        let Error::InvalidRequest { message, param: p } = &err else {
+            panic!("{err:?}")
+        };
+        assert!(message.contains(needle), "{body}: {message}");
+        assert_eq!(p.as_deref(), Some(param), "{body}");
+        assert_eq!(err.http_status(), 400);
+        assert_eq!(
+            err.openai_error_body()["error"]["type"],
+            "invalid_request_error"
+        );
+    }
+    let err = parse_chat_request(b"{not json").expect_err("syntax");
+    assert!(
+        err.to_string().contains("could not parse the JSON body"),
+        "{err}"
+    );
+    assert!(parse_completion_request(br#"{"model":"m","prompt":["a","b"]}"#).is_err());
+    assert!(parse_completion_request(br#"{"model":"m","prompt":"a","suffix":"x"}"#).is_err());
+}
+
+fn run(
+    pre: &Preprocessor,
+    req: &PreprocessedRequest,
+    ids: &[u32],
+) -> (String, Option<FinishReason>, u32) {
+    let mut p = pre.output_processor(req);
+    let mut text = String::new();
+    let mut finish = None;
+    for &id in ids {
+        let o = p
+            .process(&LLMEngineOutput {
+                token_ids: vec![id],
+                ..Default::default()
+            })
+            .expect("process");
+        text.push_str(&o.text);
+        if o.finish_reason.is_some() {
+            finish = o.finish_reason;
+            break;
+        }
+    }
+    if finish.is_none()
+        && let Some(o) = p.end_of_stream().expect("eos")
+    {
+        text.push_str(&o.text);
+        finish = o.finish_reason;
+    }
+    (text, finish, p.completion_tokens())
+}
+
+#[test]
+fn stop_strings_across_token_boundaries() {
+    let pre = tiny();
+    let ids = pre
+        .encode("Hello! How are you today? I am fine", false)
+        .expect("enc");
+    assert!(ids.len() > 5);
+    let mut req = PreprocessedRequest {
+        token_ids: vec![1],
+        ..Default::default()
+    };
+    // "you tod" spans several tokens (" you", " today").
+    req.stop_conditions.stop = Some(vec!["you tod".into()]);
+    let (text, finish, _) = run(&pre, &req, &ids);
+    assert_eq!(text, "Hello! How are ");
+    assert_eq!(finish, Some(FinishReason::Stop));
+    req.sampling_options.include_stop_str_in_output = Some(true);
+    let (text, _, _) = run(&pre, &req, &ids);
+    assert_eq!(text, "Hello! How are you tod");
+    // A stop string that never completes does not swallow text.
+    req.stop_conditions.stop = Some(vec!["fine!".into()]);
+    let (text, finish, n) = run(&pre, &req, &ids);
+    assert_eq!(text, "Hello! How are you today? I am fine");
+    assert_eq!((finish, n as usize), (Some(FinishReason::Stop), ids.len()));
+}
+
+#[test]
+fn eos_and_max_tokens() {
+    let pre = tiny();
+    let ids = pre.encode("Hello! How are you", false).expect("enc");
+    let im_end = pre.tokenizer().token_to_id("<|im_end|>").expect("im_end");
+    let mut req = PreprocessedRequest {
+        token_ids: vec![1],
+        eos_token_ids: pre.eos_token_ids().to_vec(),
+        ..Default::default()
+    };
+    let mut with_eos = ids.clone();
+    with_eos.push(im_end);
+    with_eos.extend(&ids);
+    let (text, finish, n) = run(&pre, &req, &with_eos);
+    assert_eq!(
+        (text.as_str(), finish.clone(), n as usize),
+        ("Hello! How are you", Some(FinishReason::Eos), ids.len() + 1)
+    );
+    req.stop_conditions.ignore_eos = Some(true);
+    let (text, _, _) = run(&pre, &req, &with_eos);
+    assert_eq!(text, "Hello! How are youHello! How are you");
+    req.stop_conditions.max_tokens = Some(2);
+    let (text, finish, n) = run(&pre, &req, &with_eos);
+    assert_eq!((finish, n), (Some(FinishReason::Length), 2));
+    assert_eq!(text, pre.tokenizer().decode(&ids[..2], true).expect("dec"));
+    req.stop_conditions = StopConditions {
+        min_tokens: Some(100),
+        ..Default::default()
+    };
+    req.stop_conditions.ignore_eos = None;
+    let (_, finish, n) = run(&pre, &req, &with_eos);
+    assert_eq!(
+        (finish, n as usize),
+        (Some(FinishReason::Stop), with_eos.len()),
+        "min_tokens suppresses eos"
+    );
+}
+
+#[test]
+fn worker_finish_reason_and_text_only_workers() {
+    let pre = tiny();
+    let req = PreprocessedRequest {
+        token_ids: vec![1],
+        ..Default::default()
+    };
+    let mut p = pre.output_processor(&req);
+    let o = p
+        .process(&LLMEngineOutput {
+            token_ids: pre.encode("Hi", false).expect("enc"),
+            finish_reason: Some(FinishReason::Length),
+            ..Default::default()
+        })
+        .expect("ok");
+    assert_eq!(
+        (o.text.as_str(), o.finish_reason),
+        ("Hi", Some(FinishReason::Length))
+    );
+    assert!(p.is_finished());
+    assert_eq!(
+        p.process(&LLMEngineOutput {
+            token_ids: vec![5],
+            ..Default::default()
+        })
+        .expect("ok")
+        .text,
+        ""
+    );
+    let mut req = PreprocessedRequest::default();
+    req.stop_conditions.stop = Some(vec!["XY".into()]);
+    let mut p = OutputProcessor::new(&req, None);
+    assert_eq!(
+        p.process(&LLMEngineOutput {
+            text: Some("abX".into()),
+            ..Default::default()
+        })
+        .expect("ok")
+        .text,
+        "ab"
+    );
+    let o = p
+        .process(&LLMEngineOutput {
+            text: Some("Yc".into()),
+            ..Default::default()
+        })
+        .expect("ok");
+    assert_eq!(
+        (o.text.as_str(), o.finish_reason),
+        ("", Some(FinishReason::Stop))
+    );
+}
+
+#[test]
+fn multibyte_characters_split_across_tokens_are_never_emitted_half() {
+    let pre = tiny();
+    let text = "Grüße 日本語 🙂🚀 ok";
+    let ids = pre.encode(text, false).expect("enc");
+    let mut d = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), true, &[]);
+    let mut out = String::new();
+    let mut empty_steps = 0;
+    for &id in &ids {
+        let delta = d.step(&[id]).expect("step");
+        assert!(!delta.contains('\u{FFFD}'), "{delta:?}");
+        empty_steps += usize::from(delta.is_empty());
+        out.push_str(&delta);
+    }
+    out.push_str(&d.flush().expect("flush"));
+    assert_eq!(out, text);
+    assert!(
+        empty_steps > 0,
+        "the tiny tokenizer splits some characters across tokens"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn deltas_concatenate_to_the_full_decode(ids in proptest::collection::vec(0u32..699, 0..40), chunk in 1usize..4) {
+        let pre = tiny();
+        let mut d = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), true, &[]);
+        let mut out = String::new();
+        for c in ids.chunks(chunk) {
+            out.push_str(&d.step(c).expect("step"));
+        }
+        out.push_str(&d.flush().expect("flush"));
+        prop_assert_eq!(out, pre.tokenizer().decode(&ids, true).expect("decode"));
+    }
+
+    #[test]
+    fn stop_matcher_equals_naive_search(text in "[ab ]{0,30}", cuts in proptest::collection::vec(0usize..30, 0..6), stop in "[ab]{1,3}") {
+        let mut m = super::detokenizer::StopStringMatcher::new([stop.clone()], false);
+        let mut bounds: Vec<usize> = cuts.into_iter().filter(|&c| c <= text.len()).collect();
+        bounds.push(0);
+        bounds.push(text.len());
+        bounds.sort_unstable();
+        let mut out = String::new();
+        let mut matched = false;
+        for w in bounds.windows(2) {
+            let r = m.push(&text[w[0]..w[1]]);
+            out.push_str(&r.text);
+            if r.matched.is_some() { matched = true; break; }
+        }
+        if !matched { out.push_str(&m.flush()); }
+        let want = text.find(&stop).map_or(text.as_str(), |p| &text[..p]);
+        prop_assert_eq!(out.as_str(), want);
+        prop_assert_eq!(matched, text.contains(&stop));
+    }
+}
