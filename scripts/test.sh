@@ -5,7 +5,8 @@ source "$(dirname "$0")/_env.sh"
 
 echo "==> python environment"
 ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" "ruff>=0.6" \
-  "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20"
+  "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20" \
+  "openai>=1.40"
 
 echo "==> build dynamo._core (release)"
 build_extension
