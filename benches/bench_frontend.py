@@ -112,8 +112,7 @@ async def _concurrent(port: int, total: int) -> float:
 
 def measure(python: str, model_dir: str, requests: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
-        args_file = Path(tmp) / "mocker.json"
-        args_file.write_text(json.dumps({"speedup_ratio": 1000.0, "block_size": 16}))
+        mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
         env = dict(os.environ, DYN_FILE_KV=f"{tmp}/kv", DYN_LOG="warn")
         env.pop("PYTHONPATH", None)
         port = _free_port()
@@ -123,7 +122,7 @@ def measure(python: str, model_dir: str, requests: int) -> dict:
                 [python, str(LAUNCHER), "frontend", str(port)], env=env, stdout=logs, stderr=logs
             ),
             subprocess.Popen(
-                [python, str(LAUNCHER), "mocker", model_dir, str(args_file)],
+                [python, str(LAUNCHER), "mocker", model_dir, mocker_args],
                 env=env,
                 stdout=logs,
                 stderr=logs,

@@ -201,6 +201,11 @@ impl HttpService {
                 () = runtime.stopped() => {}
             }
         };
+        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle plus the client's
+        // delayed ACK adds ~40 ms to every short streamed response.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, self.router())
             .with_graceful_shutdown(shutdown)
             .await
