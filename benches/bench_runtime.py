@@ -114,6 +114,8 @@ def main() -> None:
         "runs on the same event loop. Sequential latency over "
         f"{SECONDS:.0f} s, then {CONCURRENCY} concurrent requests for {SECONDS:.0f} s.",
         "Reproduce: `REF_PYTHON=/path/to/ref/venv/bin/python python benches/bench_runtime.py`.",
+        "Both sides run back to back on the same (possibly shared) machine; p99 reflects",
+        "scheduling noise from other load more than either implementation.",
         "",
         "| metric | dynamo-rs | reference | ratio |",
         "|---|---:|---:|---:|",

@@ -136,8 +136,9 @@ async def test_stop_generating_reaches_the_handler() -> None:
         stream = await client.round_robin({}, annotated=False, context=ctx)
         assert await stream.__anext__() == 0
         ctx.stop_generating()
-        # The handler observes the stop, and the caller's stream ends without an error.
-        await asyncio.wait_for(stopped.wait(), 2)
+        # The handler observes the stop within 100 ms, and the caller's stream ends
+        # without an error.
+        await asyncio.wait_for(stopped.wait(), 0.1)
         await asyncio.wait_for(closed.wait(), 2)
         rest = await asyncio.wait_for(collect(stream), 2)
         assert len(rest) < 1000
@@ -353,6 +354,25 @@ async def test_graceful_shutdown_drains_in_flight_streams() -> None:
         await wait_until(lambda: client.instance_ids() == [])
         with pytest.raises(CannotConnect):
             await client.round_robin({})
+
+
+async def test_cancelling_serve_endpoint_stops_only_that_endpoint() -> None:
+    async with local_runtime() as rt:
+        ns = unique_ns()
+        a, b = rt.endpoint(f"{ns}.a.generate"), rt.endpoint(f"{ns}.b.generate")
+        task_a = rt.serve(a, counting)
+        rt.serve(b, counting)
+        ca, cb = await a.client(), await b.client()
+        await ca.wait_for_instances()
+        await cb.wait_for_instances()
+        task_a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task_a
+        await wait_until(lambda: ca.instance_ids() == [])
+        assert await collect(await cb.round_robin({"n": 2}, annotated=False)) == [
+            {"i": 0},
+            {"i": 1},
+        ]
 
 
 async def test_streams_ended_by_a_dead_handler_are_incomplete() -> None:

@@ -33,14 +33,13 @@ async def serve(serving, pump):
 
     Returning only after the pump has finished means no request-plane callback is pending
     on the loop when ``serve_endpoint`` returns, so a process can exit right after it.
+    Cancelling stops this endpoint gracefully in the background (the pump ends with it).
     """
+    await serving
     try:
-        await serving
-    finally:
-        try:
-            await asyncio.wait_for(asyncio.shield(pump), 5)
-        except BaseException:  # noqa: BLE001 - the pump is best-effort at this point
-            pump.cancel()
+        await asyncio.wait_for(asyncio.shield(pump), 5)
+    except BaseException:  # noqa: BLE001 - the pump is best-effort at this point
+        pump.cancel()
 
 
 async def _pump(loop, inbox, handler, pass_context):
@@ -124,14 +123,3 @@ async def _feed(source, feeder):
         return
     feeder.close()
 
-
-def set_result(fut, value):
-    """Resolve ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
-    if not fut.done():
-        fut.set_result(value)
-
-
-def set_exception(fut, exc):
-    """Fail ``fut`` unless it was cancelled meanwhile (called on the loop thread)."""
-    if not fut.done():
-        fut.set_exception(exc)

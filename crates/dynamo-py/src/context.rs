@@ -70,10 +70,14 @@ impl PyContext {
     #[pyo3(signature = ())]
     fn async_killed_or_stopped<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let ctx = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            ctx.stopped().await;
-            Ok(true)
-        })
+        crate::aio::py_future(
+            py,
+            async move {
+                ctx.stopped().await;
+                Ok(true)
+            },
+            true,
+        )
     }
 
     /// Fire the first-token signal (idempotent; a no-op without a listener).

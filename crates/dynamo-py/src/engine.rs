@@ -19,7 +19,6 @@ use bytes::Bytes;
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
 use dynamo_runtime::transport::{ErrorKind, WireError};
-use pyo3::IntoPyObjectExt;
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -27,6 +26,7 @@ use pyo3::types::{PyDict, PyList, PyModule, PyTuple};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::aio::{py_future, py_future_with};
 use crate::context::PyContext;
 use crate::errors::{handler_error, runtime_error};
 use crate::json::{from_json, from_value, to_json};
@@ -51,65 +51,6 @@ pub(crate) fn bridge(py: Python<'_>) -> PyResult<&Bound<'_, PyModule>> {
             .map(Bound::unbind)
         })
         .map(|m| m.bind(py))
-}
-
-struct Helpers {
-    get_running_loop: Py<PyAny>,
-    set_result: Py<PyAny>,
-    set_exception: Py<PyAny>,
-}
-
-static HELPERS: PyOnceLock<Helpers> = PyOnceLock::new();
-
-fn helpers(py: Python<'_>) -> PyResult<&Helpers> {
-    HELPERS.get_or_try_init(py, || {
-        let b = bridge(py)?;
-        Ok::<_, PyErr>(Helpers {
-            get_running_loop: py.import("asyncio")?.getattr("get_running_loop")?.unbind(),
-            set_result: b.getattr("set_result")?.unbind(),
-            set_exception: b.getattr("set_exception")?.unbind(),
-        })
-    })
-}
-
-/// Run `fut` on tokio and return an asyncio future (of the running loop) resolved with its
-/// output.
-///
-/// The hot-path sibling of `pyo3_async_runtimes::tokio::future_into_py`: one task and one
-/// `call_soon_threadsafe` per call. Cancelling the asyncio future does not abort the Rust
-/// future; its output is then dropped (for a response stream, dropping it stops the call
-/// on the worker). Use it only where that is acceptable.
-pub(crate) fn spawn_py<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    let h = helpers(py)?;
-    let event_loop = h.get_running_loop.bind(py).call0()?;
-    let py_fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
-    let target = py_fut.clone().unbind();
-    let event_loop = event_loop.unbind();
-    dynamo_runtime::tokio_runtime()
-        .map_err(runtime_error)?
-        .spawn(async move {
-            let result = fut.await;
-            Python::attach(|py| {
-                let Ok(h) = helpers(py) else { return };
-                let (callback, value) = match result.and_then(|v| v.into_py_any(py)) {
-                    Ok(v) => (&h.set_result, v),
-                    Err(e) => (&h.set_exception, e.into_value(py).into_any()),
-                };
-                let scheduled = event_loop.bind(py).call_method1(
-                    pyo3::intern!(py, "call_soon_threadsafe"),
-                    (callback.bind(py), target.bind(py), value),
-                );
-                if let Err(e) = scheduled {
-                    // The loop is closed: nobody is waiting any more.
-                    tracing::debug!(error = %e, "event loop gone; dropping a result");
-                }
-            });
-        });
-    Ok(py_fut)
 }
 
 /// An awaitable whose result is already known.
@@ -256,20 +197,26 @@ impl Inbox {
         let rx = Arc::clone(&self.rx);
         let closed = self.closed.clone();
         let bidirectional = self.bidirectional;
-        spawn_py(py, async move {
-            let mut rx = rx.lock().await;
-            let first = tokio::select! {
-                j = rx.recv() => j,
-                () = closed.cancelled() => None,
-            };
-            let Some(first) = first else {
-                return Ok(None);
-            };
-            let mut jobs = vec![first];
-            drain(&mut rx, &mut jobs);
-            drop(rx);
-            Python::attach(|py| make_batch(py, jobs, bidirectional).map(|b| Some(b.unbind())))
-        })
+        py_future_with(
+            py,
+            async move {
+                let mut rx = rx.lock().await;
+                let first = tokio::select! {
+                    j = rx.recv() => j,
+                    () = closed.cancelled() => None,
+                };
+                first.map(|first| {
+                    let mut jobs = vec![first];
+                    drain(&mut rx, &mut jobs);
+                    jobs
+                })
+            },
+            move |py, jobs| match jobs {
+                None => Ok(py.None()),
+                Some(jobs) => make_batch(py, jobs, bidirectional).map(|b| b.into_any().unbind()),
+            },
+            false,
+        )
     }
 }
 
@@ -371,12 +318,16 @@ impl Sink {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(Responder::credit_waiter);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            if let Some(w) = waiter {
-                w.await;
-            }
-            Ok(())
-        })
+        py_future(
+            py,
+            async move {
+                if let Some(w) = waiter {
+                    w.await;
+                }
+                Ok(())
+            },
+            false,
+        )
     }
 
     /// Whether the caller stopped the stream.
@@ -430,13 +381,15 @@ impl PyAsyncRequestStream {
             }
         }
         let rx = Arc::clone(&self.rx);
-        spawn_py(py, async move {
-            let item = rx.lock().await.recv().await;
-            match item {
-                Some(b) => Python::attach(|py| from_json(py, &b).map(Bound::unbind)),
+        py_future_with(
+            py,
+            async move { rx.lock().await.recv().await },
+            |py, item| match item {
+                Some(b) => from_json(py, &b).map(Bound::unbind),
                 None => Err(PyStopAsyncIteration::new_err(())),
-            }
-        })
+            },
+            false,
+        )
     }
 }
 
@@ -517,12 +470,17 @@ impl Annotated {
     }
 }
 
-/// Decode one response payload. `Ok(None)`: nothing to yield (no data, raw mode).
-fn decode_item<'py>(
-    py: Python<'py>,
-    bytes: &[u8],
-    annotated: bool,
-) -> PyResult<Option<Bound<'py, PyAny>>> {
+/// One decoded response item (JSON, no Python objects yet).
+pub(crate) struct Item {
+    data: Option<serde_json::Value>,
+    id: Option<String>,
+    event: Option<String>,
+    comments: Option<Vec<String>>,
+}
+
+/// Parse one response payload (no GIL needed). `Ok(None)`: nothing to yield (no data, raw
+/// mode). An `event == "error"` item is an error.
+fn parse_item(bytes: &[u8], annotated: bool) -> PyResult<Option<Item>> {
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| PyValueError::new_err(format!("malformed response item: {e}")))?;
     let serde_json::Value::Object(mut env) = value else {
@@ -554,20 +512,34 @@ fn decode_item<'py>(
             .unwrap_or_else(|| "error".into());
         return Err(PyValueError::new_err(msg));
     }
-    let data = match env.remove("data") {
-        Some(d) => Some(from_value(py, &d)?),
-        None => None,
-    };
-    if !annotated {
-        return Ok(data);
+    let data = env.remove("data");
+    if !annotated && data.is_none() {
+        return Ok(None);
     }
-    let item = Annotated {
-        data: data.map(Bound::unbind),
+    Ok(Some(Item {
+        data,
         id: text(env.remove("id")),
         event,
         comments,
+    }))
+}
+
+/// The Python object for an item: an `Annotated` wrapper, or the raw data.
+fn item_to_py(py: Python<'_>, item: Item, annotated: bool) -> PyResult<Py<PyAny>> {
+    let data = match &item.data {
+        Some(d) => Some(from_value(py, d)?),
+        None => None,
     };
-    Ok(Some(Bound::new(py, item)?.into_any()))
+    if !annotated {
+        return Ok(data.map_or_else(|| py.None(), Bound::unbind));
+    }
+    let wrapped = Annotated {
+        data: data.map(Bound::unbind),
+        id: item.id,
+        event: item.event,
+        comments: item.comments,
+    };
+    Ok(Bound::new(py, wrapped)?.into_any().unbind())
 }
 
 /// A response stream as a Python async iterator.
@@ -597,8 +569,9 @@ impl AsyncResponseStream {
             loop {
                 match s.try_next() {
                     Ok(Some(Ok(b))) => {
-                        if let Some(item) = decode_item(py, &b, self.annotated)? {
-                            return Ok(Bound::new(py, Ready::new(item))?.into_any());
+                        if let Some(item) = parse_item(&b, self.annotated)? {
+                            let obj = item_to_py(py, item, self.annotated)?.into_bound(py);
+                            return Ok(Bound::new(py, Ready::new(obj))?.into_any());
                         }
                     }
                     Ok(Some(Err(e))) => return Err(runtime_error(e)),
@@ -609,23 +582,25 @@ impl AsyncResponseStream {
         }
         let stream = Arc::clone(&self.stream);
         let annotated = self.annotated;
-        spawn_py(py, async move {
-            let mut s = stream.lock().await;
-            loop {
-                match s.next().await {
-                    Some(Ok(b)) => {
-                        let item = Python::attach(|py| {
-                            decode_item(py, &b, annotated).map(|o| o.map(Bound::unbind))
-                        })?;
-                        if let Some(item) = item {
-                            return Ok(item);
+        py_future_with(
+            py,
+            async move {
+                let mut s = stream.lock().await;
+                loop {
+                    match s.next().await {
+                        Some(Ok(b)) => {
+                            if let Some(item) = parse_item(&b, annotated)? {
+                                return Ok(item);
+                            }
                         }
+                        Some(Err(e)) => return Err(runtime_error(e)),
+                        None => return Err(PyStopAsyncIteration::new_err(())),
                     }
-                    Some(Err(e)) => return Err(runtime_error(e)),
-                    None => return Err(PyStopAsyncIteration::new_err(())),
                 }
-            }
-        })
+            },
+            move |py, item: PyResult<Item>| item.and_then(|i| item_to_py(py, i, annotated)),
+            false,
+        )
     }
 
     /// The stream's request id.

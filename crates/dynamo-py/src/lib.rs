@@ -10,6 +10,7 @@
 //! * [`router`]: router configuration classes.
 //! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
 //! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
+//! * [`aio`]: Rust futures as asyncio futures (completed on the loop thread).
 //! * [`engine`]: the bridge between the request plane and Python handlers and streams.
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
 //! * [`block_manager`]: the KV block manager (`BlockManager`, `BlockList`, `Block`, `Layer`).
@@ -21,6 +22,7 @@
 
 use pyo3::prelude::*;
 
+mod aio;
 mod block_manager;
 mod context;
 mod convert;

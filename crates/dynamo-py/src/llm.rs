@@ -686,10 +686,14 @@ fn fetch_model(
     remote_name: String,
     ignore_weights: bool,
 ) -> PyResult<Bound<'_, PyAny>> {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        let path = model_card::fetch_model(&remote_name, ignore_weights).map_err(llm_error)?;
-        Ok(path.display().to_string())
-    })
+    crate::aio::py_future(
+        py,
+        async move {
+            let path = model_card::fetch_model(&remote_name, ignore_weights).map_err(llm_error)?;
+            Ok(path.display().to_string())
+        },
+        true,
+    )
 }
 
 /// Register the LLM / model classes and functions.

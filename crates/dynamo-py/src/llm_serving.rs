@@ -39,6 +39,15 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     Ok(())
 }
 
+/// An awaitable of `fut` on the running loop (cancelling it aborts `fut`).
+fn py_async<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    crate::aio::py_future(py, fut, true)
+}
+
 fn opt_json(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<serde_json::Value>> {
     obj.filter(|o| !o.is_none()).map(py_to_json).transpose()
 }
@@ -113,7 +122,7 @@ fn register_model<'py>(
     };
     let (runtime, id) = endpoint.parts();
     let (runtime, id) = (runtime.clone(), id.clone());
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    py_async(py, async move {
         let card = args.build_card().map_err(llm_error)?;
         dynamo_llm::discovery::register_model(&runtime, &id, &card)
             .await
@@ -131,7 +140,7 @@ fn unregister_model<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let (runtime, id) = endpoint.parts();
     let (runtime, id) = (runtime.clone(), id.clone());
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    py_async(py, async move {
         dynamo_llm::discovery::unregister_model(&runtime, &id, lora_name.as_deref())
             .await
             .map_err(llm_error)
@@ -148,7 +157,7 @@ fn update_model_taints<'py>(
 ) -> PyResult<Bound<'py, PyAny>> {
     let (runtime, id) = endpoint.parts();
     let (runtime, id) = (runtime.clone(), id.clone());
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    py_async(py, async move {
         dynamo_llm::discovery::update_model_taints(&runtime, &id, taints)
             .await
             .map_err(llm_error)
@@ -347,7 +356,7 @@ fn make_engine<'py>(
         }
     };
     let config = EngineConfig { kind };
-    pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(config) })
+    py_async(py, async move { Ok(config) })
 }
 
 /// Run `engine_config` behind `input` (`"http"` or `"dyn://ns.comp.ep"`) until the runtime
@@ -370,9 +379,7 @@ fn run_input<'py>(
     match (&engine_config.kind, input) {
         (EngineKind::Frontend(c), "http") => {
             let service = CoreHttpService::new(c.clone());
-            pyo3_async_runtimes::tokio::future_into_py(py, async move {
-                service.run(drt).await.map_err(llm_error)
-            })
+            py_async(py, async move { service.run(drt).await.map_err(llm_error) })
         }
         (
             EngineKind::Mocker {
@@ -388,7 +395,7 @@ fn run_input<'py>(
                 endpoint: EndpointId::parse(ep).map_err(runtime_error)?,
                 engine_args: args.clone(),
             };
-            pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            py_async(py, async move {
                 serve_mocker(drt, config).await.map_err(llm_error)
             })
         }
@@ -433,9 +440,7 @@ impl HttpService {
     ) -> PyResult<Bound<'py, PyAny>> {
         let service = Arc::clone(&self.inner);
         let drt = runtime.core().clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            service.run(drt).await.map_err(llm_error)
-        })
+        py_async(py, async move { service.run(drt).await.map_err(llm_error) })
     }
 
     /// Stop serving.

@@ -6,14 +6,15 @@ use std::sync::{Arc, Once};
 use bytes::Bytes;
 use dynamo_runtime::config::{DiscoveryBackend, RequestPlane, parse_event_plane};
 use dynamo_runtime::{EndpointId, Route, RuntimeConfig};
-use pyo3::exceptions::{PyDeprecationWarning, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyDeprecationWarning, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use crate::aio::py_future;
 use crate::context::{ContextMetadata, PyContext, SpanProxy};
-use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine, spawn_py};
+use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
 use crate::json::to_json;
 
@@ -164,13 +165,30 @@ impl Endpoint {
         )?;
         let runtime = self.runtime.clone();
         let id = self.id.clone();
-        let serving = pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            let result = runtime
-                .serve_endpoint(&id, Arc::new(engine), graceful_shutdown)
-                .await;
-            closed.cancel();
-            result.map_err(runtime_error)
-        })?;
+        // Serving runs in its own task: cancelling the awaitable stops this endpoint
+        // gracefully (leave discovery, drain) instead of dropping it mid-flight.
+        let stop = CancellationToken::new();
+        let task = tokio_runtime()?.spawn({
+            let stop = stop.clone();
+            async move {
+                let result = runtime
+                    .serve_endpoint_until(&id, Arc::new(engine), graceful_shutdown, stop)
+                    .await;
+                closed.cancel();
+                result
+            }
+        });
+        let serving = py_future(
+            py,
+            async move {
+                let _stop_on_cancel = stop.drop_guard();
+                match task.await {
+                    Ok(r) => r.map_err(runtime_error),
+                    Err(e) => Err(PyRuntimeError::new_err(format!("serving task failed: {e}"))),
+                }
+            },
+            true,
+        )?;
         b.call_method1("serve", (serving, pump))
     }
 }
@@ -217,12 +235,16 @@ impl Endpoint {
         let default_route = parse_router_mode(router_mode)?;
         let runtime = self.runtime.clone();
         let id = self.id.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            Ok(Client {
-                inner: runtime.client(&id),
-                default_route,
-            })
-        })
+        py_future(
+            py,
+            async move {
+                Ok(Client {
+                    inner: runtime.client(&id),
+                    default_route,
+                })
+            },
+            true,
+        )
     }
 
     /// This process's discovery instance id.
@@ -236,12 +258,16 @@ impl Endpoint {
     fn unregister_endpoint_instance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let runtime = self.runtime.clone();
         let id = self.id.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            runtime
-                .unregister_endpoint_instance(&id)
-                .await
-                .map_err(runtime_error)
-        })
+        py_future(
+            py,
+            async move {
+                runtime
+                    .unregister_endpoint_instance(&id)
+                    .await
+                    .map_err(runtime_error)
+            },
+            true,
+        )
     }
 
     /// Publish this instance again ("wake").
@@ -249,12 +275,16 @@ impl Endpoint {
     fn register_endpoint_instance<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let runtime = self.runtime.clone();
         let id = self.id.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            runtime
-                .register_endpoint_instance(&id)
-                .await
-                .map_err(runtime_error)
-        })
+        py_future(
+            py,
+            async move {
+                runtime
+                    .register_endpoint_instance(&id)
+                    .await
+                    .map_err(runtime_error)
+            },
+            true,
+        )
     }
 
     fn __repr__(&self) -> String {
@@ -405,13 +435,17 @@ impl Client {
             (Bytes::from(to_json(request)?), None)
         };
         let client = self.inner.clone();
-        spawn_py(py, async move {
-            let stream = client
-                .generate(body, route, ctx, input)
-                .await
-                .map_err(runtime_error)?;
-            Ok(AsyncResponseStream::new(stream, annotated))
-        })
+        py_future(
+            py,
+            async move {
+                let stream = client
+                    .generate(body, route, ctx, input)
+                    .await
+                    .map_err(runtime_error)?;
+                Ok(AsyncResponseStream::new(stream, annotated))
+            },
+            false,
+        )
     }
 }
 
@@ -437,9 +471,11 @@ impl Client {
     #[pyo3(signature = ())]
     fn wait_for_instances<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.inner.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            client.wait_for_instances().await.map_err(runtime_error)
-        })
+        py_future(
+            py,
+            async move { client.wait_for_instances().await.map_err(runtime_error) },
+            true,
+        )
     }
 
     /// Send to a random instance.

@@ -172,6 +172,20 @@ impl DistributedRuntime {
         handler: Arc<dyn Handler>,
         graceful: bool,
     ) -> Result<()> {
+        self.serve_endpoint_until(endpoint, handler, graceful, CancellationToken::new())
+            .await
+    }
+
+    /// [`DistributedRuntime::serve_endpoint`] that also stops when `stop` is cancelled:
+    /// the endpoint alone then leaves discovery, drains (when `graceful`) and the future
+    /// resolves without waiting for the runtime.
+    pub async fn serve_endpoint_until(
+        &self,
+        endpoint: &EndpointId,
+        handler: Arc<dyn Handler>,
+        graceful: bool,
+        stop: CancellationToken,
+    ) -> Result<()> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -202,7 +216,10 @@ impl DistributedRuntime {
             return Err(e);
         }
         tracing::debug!(endpoint = %endpoint, instance_id = instance.instance_id, "serving");
-        self.inner.endpoint_shutdown.cancelled().await;
+        let runtime_stopping = tokio::select! {
+            () = self.inner.endpoint_shutdown.cancelled() => true,
+            () = stop.cancelled() => false,
+        };
 
         // Phase 1: stop taking work, withdraw from discovery.
         entry.set_accepting(false);
@@ -222,8 +239,10 @@ impl DistributedRuntime {
         server.remove_endpoint(&path);
         lock(&self.inner.served).remove(&path);
         drop(drain_guard);
-        // Phase 3 is run by `shutdown`; resolve once it is done.
-        self.inner.primary.cancelled().await;
+        if runtime_stopping {
+            // Phase 3 is run by `shutdown`; resolve once it is done.
+            self.inner.primary.cancelled().await;
+        }
         Ok(())
     }
 

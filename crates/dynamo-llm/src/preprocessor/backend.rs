@@ -132,9 +132,16 @@ impl OutputProcessor {
                 let delta = d.step(&[id])?;
                 let r = self.stop.push(&delta);
                 out.text.push_str(&r.text);
-                if r.matched.is_some() && may_stop {
-                    self.finish(FinishReason::Stop, &mut out, false)?;
-                    break;
+                if let Some(stop) = r.matched {
+                    if may_stop {
+                        self.finish(FinishReason::Stop, &mut out, false)?;
+                        break;
+                    }
+                    // Too early to stop (`min_tokens`): the stop string is ordinary text.
+                    if !self.stop.includes_stop_str() {
+                        out.text.push_str(&stop);
+                    }
+                    out.text.push_str(&r.after);
                 }
             }
             if self.max_tokens.is_some_and(|m| self.generated >= m) {

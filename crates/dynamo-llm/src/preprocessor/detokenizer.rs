@@ -115,6 +115,9 @@ pub struct StopMatch {
     pub text: String,
     /// The stop string that matched, if any (the stream is over).
     pub matched: Option<String>,
+    /// On a match: the text after the stop string (dropped, unless the caller keeps
+    /// going, e.g. because `min_tokens` is not reached yet).
+    pub after: String,
 }
 
 impl StopStringMatcher {
@@ -139,7 +142,7 @@ impl StopStringMatcher {
         if self.stops.is_empty() {
             return StopMatch {
                 text: delta.to_owned(),
-                matched: None,
+                ..StopMatch::default()
             };
         }
         self.pending.push_str(delta);
@@ -156,9 +159,14 @@ impl StopStringMatcher {
                 pos
             };
             let text = self.pending[..end].to_owned();
+            let after = self.pending[pos + stop.len()..].to_owned();
             let matched = Some(stop.clone());
             self.pending.clear();
-            return StopMatch { text, matched };
+            return StopMatch {
+                text,
+                matched,
+                after,
+            };
         }
         // Hold back the longest suffix that is a proper prefix of some stop string.
         let hold = self
@@ -176,8 +184,13 @@ impl StopStringMatcher {
         self.pending.drain(..hold);
         StopMatch {
             text,
-            matched: None,
+            ..StopMatch::default()
         }
+    }
+
+    /// Whether matched stop strings are part of the emitted text.
+    pub fn includes_stop_str(&self) -> bool {
+        self.include_stop_str
     }
 
     /// Release the held-back text (the stream ended without completing a stop string).

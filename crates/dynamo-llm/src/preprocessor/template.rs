@@ -308,6 +308,45 @@ TOOLS={{ tools | tojson }}
     }
 
     #[test]
+    fn reasoning_model_template_idioms() {
+        // Idioms of current open-model templates: reversed slices, `is string`, splitting
+        // off reasoning, namespace flags, tool JSON, `loop.index0`.
+        let src = r#"
+{%- set ns = namespace(last_query=-1) -%}
+{%- for m in messages[::-1] -%}
+    {%- set i = (messages|length - 1) - loop.index0 -%}
+    {%- if m.role == "user" and m.content is string and ns.last_query == -1 -%}
+        {%- set ns.last_query = i -%}
+    {%- endif -%}
+{%- endfor -%}
+{%- if tools -%}
+<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>
+{% endif -%}
+{%- for m in messages -%}
+    {%- if m.role == "assistant" -%}
+        {%- set content = m.content.split("</think>")[-1].lstrip("\n") -%}
+        <a>{{ content }}</a>
+    {%- else -%}
+        <{{ m.role[0] }}{{ loop.index0 }}>{{ m.content }}
+    {%- endif -%}
+{%- endfor -%}
+{{ "|last=" ~ ns.last_query }}"#;
+        let t = ChatTemplate::new(src, &Json::Null).expect("compile");
+        let messages = vec![
+            json!({"role": "user", "content": "q1"}),
+            json!({"role": "assistant", "content": "<think>hmm</think>\n\nA1"}),
+            json!({"role": "user", "content": "q2"}),
+        ];
+        let mut extra = Map::new();
+        extra.insert("tools".into(), json!([{"name": "f"}]));
+        let out = t.render(&messages, true, &extra).expect("render");
+        assert_eq!(
+            out,
+            "<tools>{\"name\": \"f\"}</tools>\n<u0>q1<a>A1</a><u2>q2|last=2"
+        );
+    }
+
+    #[test]
     fn template_lists_and_custom_files() {
         let cfg = json!({"chat_template": [
             {"name": "tool_use", "template": "tools"},
