@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job. For now: hash a prompt into KV blocks and print them (examples/hash_prompt.py).
+# The main job: an OpenAI frontend and mocker workers on a generated tiny model (embedded
+# file discovery, no downloads, no GPU), one chat request and its answer, clean shutdown.
 source "$(dirname "$0")/_env.sh"
 ensure_system_packages protoc:protobuf-compiler
-ensure_venv "pydantic>=2"
+ensure_venv "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20"
 build_extension
-exec "$PY" examples/hash_prompt.py "$@"
+exec "$PY" scripts/serve_demo.py "$@"

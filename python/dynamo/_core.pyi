@@ -1458,3 +1458,159 @@ class MockEngineArgs:
     @free_gpu_memory_fraction.setter
     def free_gpu_memory_fraction(self, value: Optional[float]) -> None: ...
     def __eq__(self, other: object, /) -> bool: ...
+
+# ---------------------------------------------------------------------------------------
+# LLM serving: model registration, the OpenAI frontend, entry points
+# ---------------------------------------------------------------------------------------
+
+async def register_model(
+    model_input: ModelInput,
+    model_type: ModelType,
+    endpoint: Endpoint,
+    model_path: str,
+    model_name: Optional[str] = None,
+    *,
+    worker_type: Optional[WorkerType] = None,
+    context_length: Optional[int] = None,
+    kv_cache_block_size: Optional[int] = None,
+    router_mode: Optional[RouterMode] = None,
+    router_config: Optional[RouterConfig] = None,
+    runtime_config: Optional[ModelRuntimeConfig] = None,
+    tensor_model_config: Optional[Dict[str, Any]] = None,
+    user_data: Optional[Dict[str, Any]] = None,
+    custom_template_path: Optional[str] = None,
+    media_decoder: Optional[Any] = None,
+    media_fetcher: Optional[Any] = None,
+    forward_inline_media_in_messages: Optional[bool] = None,
+    lora_name: Optional[str] = None,
+    base_model_path: Optional[str] = None,
+    needs: Optional[List[List[WorkerType]]] = None,
+    self_host_metadata: Optional[bool] = None,
+    ignore_weights: bool = False,
+    max_gpu_lora_count: Optional[int] = None,
+    model_aliases: Optional[List[str]] = None,
+    migration_limit: int = 0,
+) -> None:
+    """Publish this worker's model card in discovery next to its endpoint instance, so
+    frontends serve the model. The card disappears with the worker process.
+
+    ``worker_type`` defaults to ``WorkerType.Aggregated``; ``context_length`` overrides the
+    model's. ``model_path`` is a local directory (or a repo id in the offline Hugging Face
+    cache).
+
+    Raises:
+        ValueError: an invalid argument combination (see the contract's rules).
+        FileNotFoundError: the model or ``custom_template_path`` does not exist.
+    """
+
+async def unregister_model(endpoint: Endpoint, lora_name: Optional[str] = None) -> None:
+    """Remove this worker's base model card (or the LoRA adapter card)."""
+
+async def update_model_taints(endpoint: Endpoint, taints: Set[str]) -> None:
+    """Replace the caller-managed taints on this worker's base model card.
+
+    Raises:
+        ValueError: a reserved ``dynamo.topology/`` taint, or no card registered here.
+    """
+
+@final
+class EngineType:
+    """The engine an entry point runs (an int-backed enum)."""
+
+    Echo: EngineType
+    """An in-process echo engine (not available in this build)."""
+    Dynamic: EngineType
+    """The frontend: workers discovered through the runtime."""
+    Mocker: EngineType
+    """The simulated engine."""
+    def __int__(self) -> int: ...
+
+@final
+class EngineConfig:
+    """What ``make_engine`` built; consumed by ``run_input``."""
+
+@final
+class EntrypointArgs:
+    """Arguments of :func:`make_engine`. Options this build does not model are accepted.
+
+    Raises:
+        ValueError: ``tls_cert_path`` without ``tls_key_path`` (or the reverse), an
+            unsupported router mode, or unreadable ``extra_engine_args``.
+    """
+
+    def __new__(
+        cls,
+        engine_type: EngineType,
+        model_path: Optional[str] = None,
+        model_name: Optional[str] = None,
+        endpoint_id: Optional[str] = None,
+        context_length: Optional[int] = None,
+        template_file: Optional[str] = None,
+        router_config: Optional[RouterConfig] = None,
+        kv_cache_block_size: Optional[int] = None,
+        http_host: Optional[str] = None,
+        http_port: Optional[int] = None,
+        http_metrics_port: Optional[int] = None,
+        tls_cert_path: Optional[str] = None,
+        tls_key_path: Optional[str] = None,
+        extra_engine_args: Optional[str | os.PathLike[str]] = None,
+        mocker_engine_args: Optional[MockEngineArgs] = None,
+        runtime_config: Optional[ModelRuntimeConfig] = None,
+        namespace: Optional[str] = None,
+        namespace_prefix: Optional[str] = None,
+        is_prefill: bool = False,
+        is_decode: bool = False,
+        migration_limit: int = 0,
+        migration_max_seq_len: Optional[int] = None,
+        chat_engine_factory: Optional[Callable[..., Any]] = None,
+        aic_perf_config: Optional[AicPerfConfig] = None,
+        *,
+        metrics_prefix: Optional[str] = None,
+        enable_anthropic_api: Optional[bool] = None,
+        strip_anthropic_preamble: Optional[bool] = None,
+        enable_streaming_tool_dispatch: Optional[bool] = None,
+        enable_streaming_reasoning_dispatch: Optional[bool] = None,
+        tokenizer_backend: Optional[str] = None,
+    ) -> EntrypointArgs: ...
+
+async def make_engine(
+    distributed_runtime: DistributedRuntime, args: EntrypointArgs
+) -> EngineConfig:
+    """Build the engine: ``Dynamic`` → the discovery-driven frontend, ``Mocker`` → the
+    simulated engine (``mocker_engine_args``, else ``extra_engine_args``, else defaults)."""
+
+async def run_input(
+    runtime: DistributedRuntime,
+    input: str,
+    engine_config: EngineConfig,
+    frontend_route_extensions: Optional[Any] = None,
+) -> None:
+    """Run until the runtime stops: ``"http"`` serves the OpenAI API (frontend engines);
+    ``"dyn://ns.comp.ep"`` serves the engine as a worker endpoint and registers its model.
+
+    Raises:
+        ValueError: an unknown or unsupported input for this engine.
+    """
+
+@final
+class HttpService:
+    """An OpenAI-compatible HTTP ingress following the runtime's model cards."""
+
+    def __new__(cls, port: Optional[int] = None) -> HttpService: ...
+    async def run(self, runtime: DistributedRuntime) -> None:
+        """Serve until :meth:`shutdown` or the runtime stops."""
+
+    def shutdown(self) -> None:
+        """Stop serving."""
+
+@final
+class PythonAsyncEngine:
+    """A Python callable returning an async generator, wrapped as an engine."""
+
+    def __new__(cls, generator: Any, event_loop: Any) -> PythonAsyncEngine: ...
+
+@final
+class HttpAsyncEngine:
+    """A :class:`PythonAsyncEngine` whose ``HttpError`` exceptions map to HTTP statuses."""
+
+    def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...

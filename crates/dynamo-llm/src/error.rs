@@ -83,6 +83,9 @@ pub enum Error {
         /// The offending request parameter, when known.
         param: Option<String>,
     },
+    /// The distributed runtime (discovery store, request plane) failed.
+    #[error("runtime: {0}")]
+    Runtime(String),
 }
 
 impl Error {

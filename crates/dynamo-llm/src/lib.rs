@@ -11,6 +11,11 @@
 //! * [`kv_routing`]: KV-aware routing between processes: event and metrics publishers,
 //!   recovery, and the async `KvRouter` used by the frontend.
 //!
+//! * [`discovery`]: model cards in discovery (`register_model`) and the frontend's model
+//!   watcher.
+//! * [`http`]: the OpenAI-compatible HTTP frontend (routing, migration, metrics).
+//! * [`entrypoint`]: the mocker served as a worker endpoint.
+//!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
 //!
@@ -25,7 +30,10 @@
 //! # Ok::<(), dynamo_llm::Error>(())
 //! ```
 
+pub mod discovery;
+pub mod entrypoint;
 pub mod error;
+pub mod http;
 pub mod kv_routing;
 pub mod mocker;
 pub mod model_card;

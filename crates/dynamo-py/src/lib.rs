@@ -18,6 +18,8 @@
 //! * [`dlpack`]: DLPack capsules (PyCapsule glue over the core crate's managed tensors).
 //! * [`llm`]: model types, runtime config, model deployment card, `MockEngineArgs`,
 //!   `lora_name_to_id`, `fetch_model`.
+//! * [`llm_serving`]: `register_model`, the OpenAI frontend (`HttpService`), entry points
+//!   (`EntrypointArgs`, `make_engine`, `run_input`).
 
 use pyo3::prelude::*;
 
@@ -32,6 +34,7 @@ mod json;
 mod kv;
 mod kv_routing;
 mod llm;
+mod llm_serving;
 mod logging;
 mod router;
 mod runtime;
@@ -48,5 +51,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     logging::register(m)?;
     block_manager::register(m)?;
     llm::register(m)?;
+    llm_serving::register(m)?;
     Ok(())
 }

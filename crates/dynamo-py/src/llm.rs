@@ -5,7 +5,7 @@
 //! The types, their validation and the card logic live in `dynamo_llm::model_card`; these
 //! classes convert arguments and delegate.
 
-mod mocker_args;
+pub(crate) mod mocker_args;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

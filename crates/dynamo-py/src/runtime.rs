@@ -207,6 +207,11 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
+    /// The runtime and the endpoint's name (for the LLM bindings).
+    pub(crate) fn parts(&self) -> (&dynamo_runtime::DistributedRuntime, &EndpointId) {
+        (&self.runtime, &self.id)
+    }
+
     fn serve<'py>(
         &self,
         py: Python<'py>,
@@ -706,4 +711,11 @@ fn kv_generate<'py>(
         },
         false,
     )
+}
+
+impl DistributedRuntime {
+    /// The core runtime (for the LLM bindings).
+    pub(crate) fn core(&self) -> &dynamo_runtime::DistributedRuntime {
+        &self.inner
+    }
 }

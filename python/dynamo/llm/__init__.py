@@ -8,6 +8,11 @@ from dynamo._core import ApproxKvIndexer as ApproxKvIndexer
 from dynamo._core import Block as Block
 from dynamo._core import BlockList as BlockList
 from dynamo._core import BlockManager as BlockManager
+from dynamo._core import EngineConfig as EngineConfig
+from dynamo._core import EngineType as EngineType
+from dynamo._core import EntrypointArgs as EntrypointArgs
+from dynamo._core import HttpAsyncEngine as HttpAsyncEngine
+from dynamo._core import HttpService as HttpService
 from dynamo._core import KvbmRequest as KvbmRequest
 from dynamo._core import KvEventPublisher as KvEventPublisher
 from dynamo._core import KvIndexer as KvIndexer
@@ -20,6 +25,7 @@ from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
 from dynamo._core import ModelType as ModelType
 from dynamo._core import OverlapScores as OverlapScores
+from dynamo._core import PythonAsyncEngine as PythonAsyncEngine
 from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
@@ -29,11 +35,19 @@ from dynamo._core import WorkerType as WorkerType
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
 from dynamo._core import fetch_model as fetch_model
 from dynamo._core import lora_name_to_id as lora_name_to_id
+from dynamo._core import make_engine as make_engine
+from dynamo._core import register_model as register_model
+from dynamo._core import run_input as run_input
+from dynamo._core import unregister_model as unregister_model
+from dynamo._core import update_model_taints as update_model_taints
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
 
 #: Older name of :func:`fetch_model`.
 fetch_llm = fetch_model
+#: Older names of :func:`register_model` / :func:`unregister_model`.
+register_llm = register_model
+unregister_llm = unregister_model
 
 __all__ = [
     "AicPerfConfig",
@@ -41,7 +55,12 @@ __all__ = [
     "Block",
     "BlockList",
     "BlockManager",
+    "EngineConfig",
+    "EngineType",
+    "EntrypointArgs",
+    "HttpAsyncEngine",
     "HttpError",
+    "HttpService",
     "KvEventPublisher",
     "KvIndexer",
     "KvRemovedEventInput",
@@ -54,6 +73,7 @@ __all__ = [
     "ModelRuntimeConfig",
     "ModelType",
     "OverlapScores",
+    "PythonAsyncEngine",
     "RadixTree",
     "RouterConfig",
     "RouterMode",
@@ -65,4 +85,11 @@ __all__ = [
     "fetch_llm",
     "fetch_model",
     "lora_name_to_id",
+    "make_engine",
+    "register_llm",
+    "register_model",
+    "run_input",
+    "unregister_llm",
+    "unregister_model",
+    "update_model_taints",
 ]

@@ -1,0 +1,48 @@
+"""Start a frontend or a mocker worker through the ``dynamo._core`` entry-point API only.
+
+Run by ``bench_frontend.py`` under this project's interpreter and under the reference's, so
+both implementations start through the same code path (``EntrypointArgs`` ->
+``make_engine`` -> ``run_input``); the reference runtime wheel ships no ``dynamo.frontend``
+or ``dynamo.mocker`` modules.
+
+Usage: ``serve_launcher.py frontend PORT`` or ``serve_launcher.py mocker MODEL_DIR JSON``
+(``JSON``: the mocker's engine arguments, e.g. ``{"speedup_ratio": 1000}``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import tempfile
+
+import dynamo._core as core
+from dynamo.llm import EngineType, EntrypointArgs, make_engine, run_input
+from dynamo.runtime import DistributedRuntime
+
+
+async def main(argv: list[str]) -> None:
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "file", "tcp")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runtime.shutdown)
+    if argv[0] == "frontend":
+        args = EntrypointArgs(EngineType.Dynamic, http_host="127.0.0.1", http_port=int(argv[1]))
+        await run_input(runtime, "http", await make_engine(runtime, args))
+    else:
+        config = json.loads(argv[2])
+        if hasattr(core, "_normalize_mocker_config"):
+            # Newer reference wheels take the canonical {"engine": {...}} layout.
+            config = {"engine": config}
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(config, f)
+        args = EntrypointArgs(
+            EngineType.Mocker, model_path=argv[1], model_name="tiny", extra_engine_args=f.name
+        )
+        engine = await make_engine(runtime, args)
+        await run_input(runtime, "dyn://dynamo.backend.generate", engine)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

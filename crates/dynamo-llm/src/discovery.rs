@@ -1,0 +1,411 @@
+//! Model cards in discovery: workers publish, frontends follow.
+//!
+//! A worker's [`register_model`] stores its [`ModelDeploymentCard`] in the runtime's
+//! key-value store at `v1/mdc/{ns}/{component}/{endpoint}/{instance_id:x}` (a LoRA adapter
+//! adds `/{lora_slug}`), next to the instance key. The key belongs to the worker process,
+//! so it disappears with it: deleted on shutdown, expired by the store's lease/TTL when the
+//! process dies.
+//!
+//! A frontend's [`ModelWatcher`] re-lists `v1/mdc/` whenever the store reports a change and
+//! keeps a [`ModelManager`] in step: a model appears with its first card and disappears
+//! with its last one. Invariant: every name in the manager has at least one live card; the
+//! first card seen for a name fixes its endpoint and preprocessing (later cards of other
+//! endpoints under the same name are counted but routed to the first endpoint's workers).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, RwLock};
+
+use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
+
+use crate::error::{Error, Result};
+use crate::model_card::{ModelDeploymentCard, ModelInput, slugify};
+use crate::preprocessor::Preprocessor;
+
+/// Prefix of every model card key.
+pub const MDC_ROOT: &str = "v1/mdc/";
+
+/// The key of the card of `endpoint` served by `instance_id` (plus a LoRA adapter).
+pub fn card_key(endpoint: &EndpointId, instance_id: u64, lora_name: Option<&str>) -> String {
+    let base = format!(
+        "{MDC_ROOT}{}/{}/{}/{instance_id:x}",
+        endpoint.namespace, endpoint.component, endpoint.name
+    );
+    match lora_name {
+        Some(l) => format!("{base}/{}", slugify(l)),
+        None => base,
+    }
+}
+
+fn runtime_err(e: dynamo_runtime::Error) -> Error {
+    Error::Runtime(e.to_string())
+}
+
+/// Publish `card` for this process's instance of `endpoint`.
+///
+/// # Errors
+/// [`Error::Runtime`] when the store fails.
+pub async fn register_model(
+    runtime: &DistributedRuntime,
+    endpoint: &EndpointId,
+    card: &ModelDeploymentCard,
+) -> Result<()> {
+    let lora = card.lora.as_ref().map(|l| l.name.as_str());
+    let key = card_key(endpoint, runtime.connection_id(), lora);
+    let json = card.to_json_str()?;
+    runtime
+        .kv_store()
+        .put(&key, &json)
+        .await
+        .map_err(runtime_err)
+}
+
+/// Remove this process's base card (or its LoRA adapter card) for `endpoint`.
+///
+/// # Errors
+/// [`Error::Runtime`] when the store fails.
+pub async fn unregister_model(
+    runtime: &DistributedRuntime,
+    endpoint: &EndpointId,
+    lora_name: Option<&str>,
+) -> Result<()> {
+    let key = card_key(endpoint, runtime.connection_id(), lora_name);
+    runtime.kv_store().delete(&key).await.map_err(runtime_err)
+}
+
+/// Replace the caller-managed taints of this process's base card for `endpoint`.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for reserved taints or when no card is registered here;
+/// [`Error::Runtime`] when the store fails.
+pub async fn update_model_taints(
+    runtime: &DistributedRuntime,
+    endpoint: &EndpointId,
+    taints: BTreeSet<String>,
+) -> Result<()> {
+    crate::model_card::ModelRuntimeConfig::check_taints(taints.iter())?;
+    let key = card_key(endpoint, runtime.connection_id(), None);
+    let store = runtime.kv_store();
+    let found = store
+        .list(&key)
+        .await
+        .map_err(runtime_err)?
+        .into_iter()
+        .find(|(k, _)| *k == key);
+    let Some((_, json)) = found else {
+        return Err(Error::InvalidConfig {
+            field: "endpoint".into(),
+            reason: format!("no model is registered on {endpoint} by this worker"),
+        });
+    };
+    let mut card = ModelDeploymentCard::from_json_str(&json)?;
+    card.runtime_config.taints = taints;
+    store
+        .put(&key, &card.to_json_str()?)
+        .await
+        .map_err(runtime_err)
+}
+
+/// A served model as the frontend sees it.
+pub struct ModelEntry {
+    /// Served name.
+    pub name: String,
+    /// The first card seen.
+    pub card: ModelDeploymentCard,
+    /// The endpoint its workers serve.
+    pub endpoint: EndpointId,
+    /// Client of that endpoint (follows its instances).
+    pub client: Client,
+    /// For `ModelInput::Tokens` models: template, tokenizer and stop handling.
+    pub preprocessor: Option<Preprocessor>,
+    /// Unix seconds when the model appeared.
+    pub created: u64,
+}
+
+impl ModelEntry {
+    /// Whether the frontend tokenizes for this model.
+    pub fn is_tokens(&self) -> bool {
+        self.card.model_input == ModelInput::Tokens
+    }
+}
+
+/// Models by served name (cheap to clone).
+#[derive(Clone, Default)]
+pub struct ModelManager {
+    inner: Arc<RwLock<HashMap<String, Arc<ModelEntry>>>>,
+}
+
+impl ModelManager {
+    /// An empty manager.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The model served under `name` (or one of its aliases).
+    pub fn get(&self, name: &str) -> Option<Arc<ModelEntry>> {
+        let map = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.get(name).cloned().or_else(|| {
+            map.values()
+                .find(|e| e.card.model_aliases.iter().any(|a| a == name))
+                .cloned()
+        })
+    }
+
+    /// All models, sorted by name.
+    pub fn list(&self) -> Vec<Arc<ModelEntry>> {
+        let map = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v: Vec<_> = map.values().cloned().collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    fn replace(&self, models: HashMap<String, Arc<ModelEntry>>) {
+        *self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = models;
+    }
+}
+
+fn endpoint_of_key(key: &str) -> Option<EndpointId> {
+    let rest = key.strip_prefix(MDC_ROOT)?;
+    let mut parts = rest.split('/');
+    let (ns, comp, ep) = (parts.next()?, parts.next()?, parts.next()?);
+    EndpointId::parse(&format!("{ns}.{comp}.{ep}")).ok()
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Follows model cards in discovery and keeps a [`ModelManager`] up to date.
+pub struct ModelWatcher;
+
+impl ModelWatcher {
+    /// Start following cards (of `namespace` only, when given) until the runtime stops.
+    /// Must be called inside the tokio runtime. Resolves after the first listing, so the
+    /// models registered before the call are known when it returns.
+    pub async fn start(
+        runtime: DistributedRuntime,
+        namespace: Option<String>,
+        manager: ModelManager,
+    ) {
+        let mut state = WatchState::default();
+        let store = Arc::clone(runtime.kv_store());
+        let mut changes = store.changes();
+        changes.mark_unchanged();
+        state.sync(&runtime, namespace.as_deref(), &manager).await;
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    r = changes.changed() => if r.is_err() { break },
+                    () = runtime.stopped() => break,
+                    // Safety net, as the instance watches: a missed notification costs at
+                    // most this much staleness.
+                    () = tokio::time::sleep(dynamo_runtime::discovery::RELIST_INTERVAL) => {}
+                }
+                changes.mark_unchanged();
+                state.sync(&runtime, namespace.as_deref(), &manager).await;
+            }
+        });
+    }
+}
+
+#[derive(Default)]
+struct WatchState {
+    /// Cards by key (the raw JSON, to skip unchanged ones).
+    cards: BTreeMap<String, String>,
+    models: HashMap<String, Arc<ModelEntry>>,
+}
+
+impl WatchState {
+    async fn sync(
+        &mut self,
+        runtime: &DistributedRuntime,
+        namespace: Option<&str>,
+        manager: &ModelManager,
+    ) {
+        let listed = match runtime.kv_store().list(MDC_ROOT).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "model card listing failed");
+                return;
+            }
+        };
+        let listed: BTreeMap<String, String> = listed
+            .into_iter()
+            .filter(|(k, _)| {
+                namespace.is_none_or(|ns| k[MDC_ROOT.len()..].starts_with(&format!("{ns}/")))
+            })
+            .collect();
+        if listed == self.cards {
+            return;
+        }
+        // Cards still live, grouped by model name.
+        let mut live: HashMap<String, Vec<(EndpointId, ModelDeploymentCard)>> = HashMap::new();
+        for (key, json) in &listed {
+            let Some(ep) = endpoint_of_key(key) else {
+                continue;
+            };
+            match ModelDeploymentCard::from_json_str(json) {
+                Ok(card) if card.model_type.has_openai_surface() => {
+                    live.entry(card.display_name.clone())
+                        .or_default()
+                        .push((ep, card));
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%key, error = %e, "ignoring malformed model card"),
+            }
+        }
+        let mut models = HashMap::new();
+        for (name, cards) in live {
+            if let Some(existing) = self.models.get(&name)
+                && cards.iter().any(|(ep, _)| *ep == existing.endpoint)
+            {
+                models.insert(name, Arc::clone(existing));
+                continue;
+            }
+            let (endpoint, card) = cards.into_iter().next().expect("non-empty group");
+            let preprocessor = if card.model_input == ModelInput::Tokens {
+                match Preprocessor::from_card(&card) {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        tracing::warn!(model = %name, error = %e, "cannot load the model's tokenizer; model not served");
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            tracing::info!(model = %name, endpoint = %endpoint, "model added");
+            let client = runtime.client(&endpoint);
+            models.insert(
+                name.clone(),
+                Arc::new(ModelEntry {
+                    name,
+                    card,
+                    endpoint,
+                    client,
+                    preprocessor,
+                    created: now_secs(),
+                }),
+            );
+        }
+        for name in self.models.keys() {
+            if !models.contains_key(name) {
+                tracing::info!(model = %name, "model removed");
+            }
+        }
+        manager.replace(models.clone());
+        self.models = models;
+        self.cards = listed;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use dynamo_runtime::RuntimeConfig;
+    use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
+
+    use super::*;
+    use crate::model_card::{ModelType, RegisterModelArgs};
+
+    fn tiny_card(name: &str) -> ModelDeploymentCard {
+        RegisterModelArgs {
+            model_input: ModelInput::Tokens,
+            model_type: ModelType::CHAT,
+            model_path: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-model").into(),
+            model_name: Some(name.into()),
+            ..Default::default()
+        }
+        .build_card()
+        .expect("card")
+    }
+
+    async fn until(manager: &ModelManager, want: &[&str]) {
+        tokio::time::timeout(Duration::from_secs(3), async {
+            loop {
+                let names: Vec<String> = manager.list().iter().map(|m| m.name.clone()).collect();
+                if names == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("models never became {want:?}"));
+    }
+
+    #[test]
+    fn card_keys_sit_next_to_the_instance() {
+        let ep = EndpointId::parse("ns.comp.ep").expect("ep");
+        assert_eq!(card_key(&ep, 0xab, None), "v1/mdc/ns/comp/ep/ab");
+        assert_eq!(
+            card_key(&ep, 0xab, Some("My Adapter")),
+            format!("v1/mdc/ns/comp/ep/ab/{}", slugify("My Adapter"))
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watcher_follows_registrations_taints_and_namespaces() {
+        let ns = format!("w{}", fastrand::u64(..));
+        let worker = DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .expect("runtime");
+        let frontend = DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .expect("runtime");
+        let manager = ModelManager::new();
+        ModelWatcher::start(frontend.clone(), Some(ns.clone()), manager.clone()).await;
+        let ep = EndpointId::parse(&format!("{ns}.backend.generate")).expect("ep");
+        let other = EndpointId::parse("elsewhere.backend.generate").expect("ep");
+        register_model(&worker, &ep, &tiny_card("tiny"))
+            .await
+            .expect("register");
+        register_model(&worker, &other, &tiny_card("hidden"))
+            .await
+            .expect("register");
+        until(&manager, &["tiny"]).await;
+        let entry = manager.get("tiny").expect("tiny");
+        assert!(entry.is_tokens() && entry.preprocessor.is_some());
+        assert_eq!(entry.endpoint, ep);
+
+        update_model_taints(&worker, &ep, BTreeSet::from(["gpu-a".to_owned()]))
+            .await
+            .expect("taints");
+        let key = card_key(&ep, worker.connection_id(), None);
+        let stored = worker.kv_store().list(&key).await.expect("list");
+        let card = ModelDeploymentCard::from_json_str(&stored[0].1).expect("card");
+        assert!(card.runtime_config.taints.contains("gpu-a"));
+        assert!(
+            update_model_taints(&frontend, &ep, BTreeSet::new())
+                .await
+                .is_err()
+        );
+
+        unregister_model(&worker, &ep, None)
+            .await
+            .expect("unregister");
+        until(&manager, &[]).await;
+        unregister_model(&worker, &other, None)
+            .await
+            .expect("unregister");
+        worker.shutdown();
+        frontend.shutdown();
+    }
+}

@@ -1,0 +1,268 @@
+//! From a routed request to a stream of worker items: worker selection, the request plane
+//! call, and migration.
+//!
+//! [`WorkerSelector`] is the routing hook: round-robin and random are plain client routes;
+//! a KV-aware selector (issue 6) implements the same trait and answers
+//! [`Route::Direct`] with the worker of the best prefix overlap.
+//!
+//! [`WorkerStream`] hides migration: when a stream breaks with a migratable error
+//! (connection lost, worker gone, `EngineShutdown`) and migrations are left, it re-sends
+//! the request to another worker with the tokens generated so far appended to the prompt
+//! and `max_tokens` reduced ([`PreprocessedRequest::continued`]), so its caller sees one
+//! stream. `Cancelled` and any error after the client went away never migrate.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use dynamo_runtime::transport::ErrorKind;
+use dynamo_runtime::transport::client::ResponseStream;
+use dynamo_runtime::{Client, Context, Route};
+
+use super::error::HttpError;
+use super::metrics::{Metrics, MigrationType};
+use crate::discovery::ModelEntry;
+use crate::preprocessor::{LLMEngineOutput, PreprocessedRequest};
+
+/// How the frontend picks a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RouterMode {
+    /// Next instance in turn.
+    #[default]
+    RoundRobin,
+    /// A random instance.
+    Random,
+    /// KV-cache aware: needs a [`WorkerSelector`] from the KV router; without one the
+    /// frontend falls back to round-robin.
+    Kv,
+}
+
+impl RouterMode {
+    /// Parse `round-robin` / `round_robin` / `random` / `kv`.
+    ///
+    /// # Errors
+    /// A message naming the accepted values.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().replace('_', "-").as_str() {
+            "round-robin" | "roundrobin" => Ok(Self::RoundRobin),
+            "random" => Ok(Self::Random),
+            "kv" => Ok(Self::Kv),
+            other => Err(format!(
+                "unknown router mode {other:?}: expected round-robin, random or kv"
+            )),
+        }
+    }
+}
+
+/// Chooses the worker of one request: the routing hook of the frontend.
+pub trait WorkerSelector: Send + Sync + 'static {
+    /// The route of `request` to `model`'s workers (`client` lists the live instances).
+    fn select(&self, model: &ModelEntry, client: &Client, request: &RoutedRequest<'_>) -> Route;
+}
+
+/// What a selector may look at.
+pub enum RoutedRequest<'a> {
+    /// A preprocessed (`ModelInput::Tokens`) request.
+    Tokens(&'a PreprocessedRequest),
+    /// A raw OpenAI request body (`ModelInput::Text`).
+    Text(&'a [u8]),
+}
+
+/// Round-robin or random over live instances.
+pub struct SimpleSelector(pub Route);
+
+impl WorkerSelector for SimpleSelector {
+    fn select(&self, _: &ModelEntry, _: &Client, _: &RoutedRequest<'_>) -> Route {
+        self.0
+    }
+}
+
+/// One response item on the request plane: the runtime's annotated envelope
+/// `{"data": item, "id"?, "event"?, "comment"?}` (what Python handlers' items become).
+#[derive(serde::Deserialize, serde::Serialize)]
+pub struct Annotated<T> {
+    /// The item (absent on pure annotations).
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub data: Option<T>,
+    /// `"error"` ends the stream with the comments as message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Annotations or the error message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<Vec<String>>,
+}
+
+impl<T> Annotated<T> {
+    /// Wrap an item.
+    pub fn data(item: T) -> Self {
+        Self {
+            data: Some(item),
+            event: None,
+            comment: None,
+        }
+    }
+}
+
+/// Decode one envelope: `Ok(None)` for pure annotations, an error for error events.
+pub(crate) fn decode_item<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<Option<T>, HttpError> {
+    let a: Annotated<T> = serde_json::from_slice(bytes)
+        .map_err(|e| HttpError::internal(format!("malformed worker output: {e}")))?;
+    if a.event.as_deref() == Some("error") {
+        let msg = a
+            .comment
+            .map_or_else(|| "error".to_owned(), |c| c.join("; "));
+        return Err(HttpError::internal(format!("engine error: {msg}")));
+    }
+    Ok(a.data)
+}
+
+/// Map a request-plane error to the client's HTTP error.
+pub(crate) fn route_error(e: &dynamo_runtime::Error) -> HttpError {
+    use dynamo_runtime::Error as E;
+    match e {
+        E::NoInstances(_) | E::UnknownInstance { .. } => {
+            HttpError::unavailable(format!("no workers available: {e}"))
+        }
+        E::Remote(w) if w.kind == ErrorKind::InvalidArgument => {
+            HttpError::bad_request(w.message.clone(), None)
+        }
+        E::Remote(w) if w.kind == ErrorKind::Unavailable => {
+            HttpError::unavailable(format!("no worker accepted the request: {}", w.message))
+        }
+        E::MessageTooLarge { .. } => HttpError::bad_request(e.to_string(), None),
+        _ => HttpError::internal(format!("worker failed: {e}")),
+    }
+}
+
+/// A worker's response stream for one `ModelInput::Tokens` request, with migration.
+pub struct WorkerStream {
+    model: Arc<ModelEntry>,
+    selector: Arc<dyn WorkerSelector>,
+    metrics: Arc<Metrics>,
+    request: PreprocessedRequest,
+    context: Context,
+    generated: Vec<u32>,
+    migrations_left: u32,
+    stream: Option<ResponseStream>,
+    done: bool,
+}
+
+impl WorkerStream {
+    /// Send `request` and return its stream once a worker accepted it.
+    ///
+    /// # Errors
+    /// [`HttpError`] 503 when no worker is available, 500 for other worker failures.
+    pub async fn open(
+        model: Arc<ModelEntry>,
+        selector: Arc<dyn WorkerSelector>,
+        metrics: Arc<Metrics>,
+        request: PreprocessedRequest,
+        context: Context,
+        migration_limit: u32,
+    ) -> Result<Self, HttpError> {
+        let mut s = Self {
+            model,
+            selector,
+            metrics,
+            request,
+            context,
+            generated: Vec::new(),
+            migrations_left: migration_limit,
+            stream: None,
+            done: false,
+        };
+        s.connect(MigrationType::NewRequest).await?;
+        Ok(s)
+    }
+
+    async fn connect(&mut self, kind: MigrationType) -> Result<(), HttpError> {
+        loop {
+            let request = if self.generated.is_empty() {
+                self.request.clone()
+            } else {
+                self.request.continued(&self.generated)
+            };
+            let body = serde_json::to_vec(&request)
+                .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))?;
+            let route = self.selector.select(
+                &self.model,
+                &self.model.client,
+                &RoutedRequest::Tokens(&request),
+            );
+            // Each attempt gets a linked child: dropping a broken attempt stops only it.
+            let ctx = self.context.child();
+            match self
+                .model
+                .client
+                .generate(Bytes::from(body), route, ctx, None)
+                .await
+            {
+                Ok(s) => {
+                    self.stream = Some(s);
+                    return Ok(());
+                }
+                Err(e) if e.is_migratable() && self.may_migrate() => {
+                    self.migrations_left -= 1;
+                    self.metrics.migration(&self.model.name, kind);
+                    tracing::info!(model = %self.model.name, error = %e, "migrating request");
+                }
+                Err(e) => return Err(route_error(&e)),
+            }
+        }
+    }
+
+    fn may_migrate(&self) -> bool {
+        self.migrations_left > 0 && !self.context.is_stopped()
+    }
+
+    /// The next worker item; `None` at the end.
+    pub async fn next(&mut self) -> Option<Result<LLMEngineOutput, HttpError>> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let stream = self.stream.as_mut()?;
+            match stream.next().await {
+                None => {
+                    self.done = true;
+                    return None;
+                }
+                Some(Ok(bytes)) => {
+                    return Some(match decode_item::<LLMEngineOutput>(&bytes) {
+                        Ok(Some(item)) => {
+                            self.generated.extend_from_slice(&item.token_ids);
+                            Ok(item)
+                        }
+                        Ok(None) => continue,
+                        Err(e) => {
+                            self.done = true;
+                            Err(e)
+                        }
+                    });
+                }
+                Some(Err(e)) => {
+                    self.stream = None;
+                    if e.is_migratable() && self.may_migrate() {
+                        self.migrations_left -= 1;
+                        self.metrics
+                            .migration(&self.model.name, MigrationType::OngoingRequest);
+                        tracing::info!(model = %self.model.name, error = %e, generated = self.generated.len(), "stream broke; migrating");
+                        if let Err(e) = self.connect(MigrationType::NewRequest).await {
+                            self.done = true;
+                            return Some(Err(e));
+                        }
+                        continue;
+                    }
+                    self.done = true;
+                    let cancelled = matches!(&e, dynamo_runtime::Error::Remote(w) if w.kind == ErrorKind::Cancelled);
+                    return Some(Err(if cancelled {
+                        HttpError::internal("the request was cancelled".to_owned())
+                    } else {
+                        HttpError::internal(format!("stream ended with an error: {e}"))
+                    }));
+                }
+            }
+        }
+    }
+}

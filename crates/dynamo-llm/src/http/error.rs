@@ -1,0 +1,111 @@
+//! HTTP errors in OpenAI's envelope `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+/// An error answered to a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    /// HTTP status.
+    pub status: u16,
+    /// Message.
+    pub message: String,
+    /// The offending parameter.
+    pub param: Option<String>,
+}
+
+impl HttpError {
+    /// Any status.
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>, param: Option<String>) -> Self {
+        Self {
+            status: 400,
+            message: message.into(),
+            param,
+        }
+    }
+
+    /// 404 for an unknown model.
+    pub fn model_not_found(model: &str) -> Self {
+        Self {
+            status: 404,
+            message: format!("The model `{model}` does not exist."),
+            param: Some("model".into()),
+        }
+    }
+
+    /// 503.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(503, message)
+    }
+
+    /// 500.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(500, message)
+    }
+
+    /// OpenAI's error type for the status.
+    pub fn kind(&self) -> &'static str {
+        match self.status {
+            400 | 413 | 422 => "invalid_request_error",
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            429 => "rate_limit_error",
+            503 | 529 => "service_unavailable",
+            _ => "internal_server_error",
+        }
+    }
+
+    /// The envelope.
+    pub fn body(&self) -> serde_json::Value {
+        let code = match self.status {
+            404 => serde_json::Value::String("model_not_found".into()),
+            _ => serde_json::Value::Null,
+        };
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": code,
+            }
+        })
+    }
+}
+
+impl From<crate::Error> for HttpError {
+    fn from(e: crate::Error) -> Self {
+        let param = match &e {
+            crate::Error::InvalidRequest { param, .. } => param.clone(),
+            crate::Error::Template(_) => Some("messages".into()),
+            _ => None,
+        };
+        Self {
+            status: e.http_status(),
+            message: e.to_string(),
+            param,
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = self.body().to_string();
+        (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response()
+    }
+}

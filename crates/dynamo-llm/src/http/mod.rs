@@ -1,0 +1,219 @@
+//! The OpenAI-compatible HTTP frontend (axum on hyper, HTTP/1).
+//!
+//! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
+//! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
+//! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
+//! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
+//! the limit), 503 (no workers).
+//!
+//! Models come from a [`ModelManager`] that a [`crate::discovery::ModelWatcher`] keeps in
+//! step with the cards workers register. For `ModelInput::Tokens` models the frontend
+//! templates and tokenizes ([`crate::preprocessor::Preprocessor`]), sends a
+//! [`crate::preprocessor::PreprocessedRequest`] and turns the worker's token stream back
+//! into text with the stop conditions applied; `ModelInput::Text` models receive the raw
+//! OpenAI body and stream OpenAI chunks back.
+//!
+//! Cancellation: the response body owns the worker stream, so a client that disconnects
+//! drops it, which sends a stop to the worker.
+
+pub mod engine;
+pub mod error;
+pub mod metrics;
+mod openai_routes;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use dynamo_runtime::{DistributedRuntime, Route};
+use tokio::sync::watch;
+
+pub use engine::{RoutedRequest, RouterMode, SimpleSelector, WorkerSelector, WorkerStream};
+pub use error::HttpError;
+pub use metrics::Metrics;
+
+use crate::discovery::{ModelManager, ModelWatcher};
+use crate::error::{Error, Result};
+
+/// Default request body limit (the reference's `DYN_HTTP_BODY_LIMIT_MB`, 192 MiB).
+pub const DEFAULT_BODY_LIMIT: usize = 192 * 1024 * 1024;
+
+/// Frontend settings.
+#[derive(Debug, Clone)]
+pub struct FrontendConfig {
+    /// Listen address.
+    pub host: String,
+    /// Listen port (0: any free port).
+    pub port: u16,
+    /// Worker selection.
+    pub router_mode: RouterMode,
+    /// Re-dispatches allowed per request when a worker stream breaks.
+    pub migration_limit: u32,
+    /// Follow only this namespace's models.
+    pub namespace: Option<String>,
+    /// Largest accepted request body.
+    pub body_limit: usize,
+}
+
+impl Default for FrontendConfig {
+    fn default() -> Self {
+        Self {
+            host: "0.0.0.0".into(),
+            port: 8080,
+            router_mode: RouterMode::RoundRobin,
+            migration_limit: 0,
+            namespace: None,
+            body_limit: body_limit_from_env(),
+        }
+    }
+}
+
+/// `DYN_HTTP_BODY_LIMIT_MB`, else [`DEFAULT_BODY_LIMIT`].
+pub fn body_limit_from_env() -> usize {
+    std::env::var("DYN_HTTP_BODY_LIMIT_MB")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .map_or(DEFAULT_BODY_LIMIT, |mb| mb * 1024 * 1024)
+}
+
+/// State shared by the handlers.
+pub(crate) struct Shared {
+    pub(crate) models: ModelManager,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) selector: Arc<dyn WorkerSelector>,
+    pub(crate) migration_limit: u32,
+}
+
+/// The HTTP service.
+pub struct HttpService {
+    config: FrontendConfig,
+    models: ModelManager,
+    metrics: Arc<Metrics>,
+    selector: std::sync::Mutex<Option<Arc<dyn WorkerSelector>>>,
+    stop: watch::Sender<bool>,
+    bound: watch::Sender<Option<SocketAddr>>,
+}
+
+impl HttpService {
+    /// A service with `config` (nothing runs until [`Self::run`]).
+    pub fn new(config: FrontendConfig) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            models: ModelManager::new(),
+            metrics: Arc::new(Metrics::default()),
+            selector: std::sync::Mutex::new(None),
+            stop: watch::channel(false).0,
+            bound: watch::channel(None).0,
+        })
+    }
+
+    /// The models it serves.
+    pub fn models(&self) -> &ModelManager {
+        &self.models
+    }
+
+    /// Its metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Install a worker selector (the KV router's hook); replaces the one implied by the
+    /// router mode. Takes effect at the next [`Self::run`].
+    pub fn set_selector(&self, selector: Arc<dyn WorkerSelector>) {
+        *self
+            .selector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(selector);
+    }
+
+    fn selector(&self) -> Arc<dyn WorkerSelector> {
+        let installed = self
+            .selector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        installed.unwrap_or_else(|| match self.config.router_mode {
+            RouterMode::Random => Arc::new(SimpleSelector(Route::Random)),
+            RouterMode::RoundRobin => Arc::new(SimpleSelector(Route::RoundRobin)),
+            RouterMode::Kv => {
+                tracing::warn!("KV routing is not wired into this frontend yet; using round-robin");
+                Arc::new(SimpleSelector(Route::RoundRobin))
+            }
+        })
+    }
+
+    /// The address it listens on, once bound.
+    pub async fn local_addr(&self) -> Option<SocketAddr> {
+        let mut rx = self.bound.subscribe();
+        rx.wait_for(Option::is_some).await.ok().and_then(|a| *a)
+    }
+
+    /// The axum router (for embedding or tests).
+    pub fn router(&self) -> Router {
+        let shared = Arc::new(Shared {
+            models: self.models.clone(),
+            metrics: Arc::clone(&self.metrics),
+            selector: self.selector(),
+            migration_limit: self.config.migration_limit,
+        });
+        Router::new()
+            .route(
+                "/v1/chat/completions",
+                post(openai_routes::chat_completions),
+            )
+            .route("/v1/completions", post(openai_routes::completions))
+            .route("/v1/models", get(openai_routes::list_models))
+            .route("/health", get(openai_routes::health))
+            .route("/live", get(openai_routes::live))
+            .route("/metrics", get(openai_routes::metrics))
+            .fallback(openai_routes::not_found)
+            .layer(DefaultBodyLimit::max(self.config.body_limit))
+            .with_state(shared)
+    }
+
+    /// Follow the runtime's model cards and serve HTTP until [`Self::shutdown`] or the
+    /// runtime stops.
+    ///
+    /// # Errors
+    /// [`Error::Runtime`] when the listener cannot be bound.
+    pub async fn run(self: Arc<Self>, runtime: DistributedRuntime) -> Result<()> {
+        ModelWatcher::start(
+            runtime.clone(),
+            self.config.namespace.clone(),
+            self.models.clone(),
+        )
+        .await;
+        let addr = format!("{}:{}", self.config.host, self.config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| Error::Runtime(format!("cannot listen on {addr}: {e}")))?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| Error::Runtime(e.to_string()))?;
+        tracing::info!(address = %local, "OpenAI frontend listening");
+        self.bound.send_replace(Some(local));
+        let mut stop = self.stop.subscribe();
+        let shutdown = async move {
+            tokio::select! {
+                _ = stop.wait_for(|s| *s) => {}
+                () = runtime.stopped() => {}
+            }
+        };
+        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle plus the client's
+        // delayed ACK adds ~40 ms to every short streamed response.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, self.router())
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|e| Error::Runtime(format!("HTTP server failed: {e}")))
+    }
+
+    /// Stop serving (idempotent).
+    pub fn shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+}

@@ -1,0 +1,644 @@
+//! The route handlers.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use dynamo_runtime::Context;
+
+use super::Shared;
+use super::engine::{RoutedRequest, WorkerStream, decode_item, route_error};
+use super::error::HttpError;
+use crate::discovery::ModelEntry;
+use crate::preprocessor::OutputProcessor;
+use crate::preprocessor::openai::{self, ResponseFactory, Usage};
+
+/// Which OpenAI surface a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    Chat,
+    Completions,
+}
+
+impl Surface {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Chat => "chat_completions",
+            Self::Completions => "completions",
+        }
+    }
+}
+
+fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, HttpError> {
+    body.map_err(|e| {
+        let status = e.status().as_u16();
+        HttpError::new(status, format!("request body rejected: {}", e.body_text()))
+    })
+}
+
+fn json_response(value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(v) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            v,
+        )
+            .into_response(),
+        Err(e) => HttpError::internal(e.to_string()).into_response(),
+    }
+}
+
+/// The model of a request, peeked without a full parse (for the 404 before validation).
+fn lookup(shared: &Shared, model: &str, surface: Surface) -> Result<Arc<ModelEntry>, HttpError> {
+    let entry = shared
+        .models
+        .get(model)
+        .ok_or_else(|| HttpError::model_not_found(model))?;
+    let t = entry.card.model_type;
+    let ok = match surface {
+        Surface::Chat => t.supports_chat(),
+        Surface::Completions => t.supports_completions(),
+    };
+    if ok {
+        Ok(entry)
+    } else {
+        Err(HttpError::model_not_found(model))
+    }
+}
+
+fn fail(shared: &Shared, model: &str, surface: Surface, streaming: bool, e: HttpError) -> Response {
+    shared.metrics.error(model, e.kind());
+    shared
+        .metrics
+        .request(model, surface.label(), streaming, "error");
+    e.into_response()
+}
+
+pub(super) async fn chat_completions(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, body, Surface::Chat).await
+}
+
+pub(super) async fn completions(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(shared, body, Surface::Completions).await
+}
+
+/// Peek `model` and `stream` from a body that parsed as JSON.
+fn peek(body: &[u8]) -> (String, bool) {
+    #[derive(serde::Deserialize)]
+    struct Peek {
+        #[serde(default)]
+        model: Option<serde_json::Value>,
+        #[serde(default)]
+        stream: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Peek>(body) {
+        Ok(p) => (
+            p.model
+                .as_ref()
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            p.stream
+                .as_ref()
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false),
+        ),
+        Err(_) => (String::new(), false),
+    }
+}
+
+async fn handle(
+    shared: Arc<Shared>,
+    body: Result<Bytes, BytesRejection>,
+    surface: Surface,
+) -> Response {
+    let started = Instant::now();
+    let body = match body_bytes(body) {
+        Ok(b) => b,
+        Err(e) => return fail(&shared, "", surface, false, e),
+    };
+    let (model, streaming) = peek(&body);
+    // Unknown models answer 404 even when the rest of the body is invalid, as OpenAI does,
+    // but a body that is not JSON at all is a 400.
+    let entry = if model.is_empty() {
+        None
+    } else {
+        match lookup(&shared, &model, surface) {
+            Ok(e) => Some(e),
+            Err(e) => return fail(&shared, &model, surface, streaming, e),
+        }
+    };
+    let id_prefix = match surface {
+        Surface::Chat => "chatcmpl",
+        Surface::Completions => "cmpl",
+    };
+    let ctx = Context::default();
+    let factory = ResponseFactory::new(format!("{id_prefix}-{}", ctx.id()), model.clone());
+    let (preq, include_usage, streaming) = match surface {
+        Surface::Chat => match openai::parse_chat_request(&body) {
+            Ok(r) => {
+                let Some(entry) = &entry else {
+                    return fail(
+                        &shared,
+                        &model,
+                        surface,
+                        streaming,
+                        HttpError::model_not_found(&r.model),
+                    );
+                };
+                if !entry.is_tokens() {
+                    return text_request(
+                        shared,
+                        Arc::clone(entry),
+                        body,
+                        surface,
+                        r.is_stream(),
+                        factory,
+                        ctx,
+                        started,
+                    )
+                    .await;
+                }
+                let pre = entry
+                    .preprocessor
+                    .as_ref()
+                    .expect("tokens models have a preprocessor");
+                (pre.preprocess_chat(&r), r.include_usage(), r.is_stream())
+            }
+            Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
+        },
+        Surface::Completions => match openai::parse_completion_request(&body) {
+            Ok(r) => {
+                let Some(entry) = &entry else {
+                    return fail(
+                        &shared,
+                        &model,
+                        surface,
+                        streaming,
+                        HttpError::model_not_found(&r.model),
+                    );
+                };
+                if !entry.is_tokens() {
+                    return text_request(
+                        shared,
+                        Arc::clone(entry),
+                        body,
+                        surface,
+                        r.is_stream(),
+                        factory,
+                        ctx,
+                        started,
+                    )
+                    .await;
+                }
+                let pre = entry
+                    .preprocessor
+                    .as_ref()
+                    .expect("tokens models have a preprocessor");
+                (
+                    pre.preprocess_completion(&r),
+                    r.include_usage(),
+                    r.is_stream(),
+                )
+            }
+            Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
+        },
+    };
+    let Some(entry) = entry else {
+        return fail(
+            &shared,
+            &model,
+            surface,
+            streaming,
+            HttpError::bad_request("Missing required parameter: 'model'.", Some("model".into())),
+        );
+    };
+    let preq = match preq {
+        Ok(p) => p,
+        Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
+    };
+    let processor = entry
+        .preprocessor
+        .as_ref()
+        .expect("tokens models have a preprocessor")
+        .output_processor(&preq);
+    let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
+    shared.metrics.inflight(&model, 1);
+    let guard = Inflight {
+        shared: Arc::clone(&shared),
+        model: model.clone(),
+        surface,
+        streaming,
+        status: "error",
+        started,
+        first: None,
+        last: None,
+        tokens: 0,
+    };
+    let stream = match WorkerStream::open(
+        Arc::clone(&entry),
+        Arc::clone(&shared.selector),
+        Arc::clone(&shared.metrics),
+        preq,
+        ctx,
+        shared.migration_limit,
+    )
+    .await
+    {
+        Ok(s) => s,
+        Err(e) => {
+            shared.metrics.error(&model, e.kind());
+            drop(guard);
+            return e.into_response();
+        }
+    };
+    let run = TokenRun {
+        stream,
+        processor,
+        factory,
+        surface,
+        prompt_tokens,
+        include_usage,
+        first_chunk: true,
+        guard,
+    };
+    if streaming {
+        sse_response(run)
+    } else {
+        run.collect().await
+    }
+}
+
+/// Records the request's metrics when it ends, however it ends.
+struct Inflight {
+    shared: Arc<Shared>,
+    model: String,
+    surface: Surface,
+    streaming: bool,
+    status: &'static str,
+    started: Instant,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: u32,
+}
+
+impl Inflight {
+    fn tokens(&mut self, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if self.first.is_none() {
+            self.first = Some(now);
+            self.shared.metrics.ttft(&self.model, now - self.started);
+        }
+        self.last = Some(now);
+        self.tokens += n;
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        let m = &self.shared.metrics;
+        m.inflight(&self.model, -1);
+        m.request(
+            &self.model,
+            self.surface.label(),
+            self.streaming,
+            self.status,
+        );
+        let itl = match (self.first, self.last) {
+            (Some(f), Some(l)) if self.tokens > 1 => Some((l - f) / (self.tokens - 1)),
+            _ => None,
+        };
+        m.finished(&self.model, self.started.elapsed(), itl, self.tokens);
+    }
+}
+
+struct TokenRun {
+    stream: WorkerStream,
+    processor: OutputProcessor,
+    factory: ResponseFactory,
+    surface: Surface,
+    prompt_tokens: u32,
+    include_usage: bool,
+    first_chunk: bool,
+    guard: Inflight,
+}
+
+/// One step of a token run.
+enum Step {
+    /// Text (possibly empty) and, at the end, the finish reason.
+    Delta(String, Option<openai::OpenAiFinishReason>),
+    /// Failed.
+    Error(HttpError),
+}
+
+impl TokenRun {
+    async fn step(&mut self) -> Step {
+        loop {
+            let item = match self.stream.next().await {
+                Some(Ok(item)) => item,
+                Some(Err(e)) => return Step::Error(e),
+                None => match self.processor.end_of_stream() {
+                    Ok(Some(out)) => {
+                        return Step::Delta(out.text, Some(openai::OpenAiFinishReason::Stop));
+                    }
+                    Ok(None) => {
+                        return Step::Delta(String::new(), Some(openai::OpenAiFinishReason::Stop));
+                    }
+                    Err(e) => return Step::Error(e.into()),
+                },
+            };
+            let before = self.processor.completion_tokens();
+            match self.processor.process(&item) {
+                Ok(out) => {
+                    self.guard.tokens(out.completion_tokens - before);
+                    if let Some(reason) = &out.finish_reason {
+                        if let crate::preprocessor::FinishReason::Error(msg) = reason {
+                            return Step::Error(HttpError::internal(format!(
+                                "engine error: {msg}"
+                            )));
+                        }
+                        return Step::Delta(out.text, reason.to_openai());
+                    }
+                    if !out.text.is_empty() {
+                        return Step::Delta(out.text, None);
+                    }
+                }
+                Err(e) => return Step::Error(e.into()),
+            }
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        Usage::new(self.prompt_tokens, self.processor.completion_tokens())
+    }
+
+    fn chunk(&mut self, text: String, finish: Option<openai::OpenAiFinishReason>) -> Vec<u8> {
+        let v = match self.surface {
+            Surface::Chat => {
+                let first = std::mem::replace(&mut self.first_chunk, false);
+                serde_json::to_vec(&self.factory.chat_chunk(Some(text), first, finish))
+            }
+            Surface::Completions => {
+                serde_json::to_vec(&self.factory.completion(text, finish, None))
+            }
+        };
+        sse_data(&v.unwrap_or_default())
+    }
+
+    fn usage_chunk(&self) -> Vec<u8> {
+        let usage = self.usage();
+        let v = match self.surface {
+            Surface::Chat => serde_json::to_vec(&self.factory.chat_usage_chunk(usage)),
+            Surface::Completions => serde_json::to_vec(&self.factory.completion_usage_chunk(usage)),
+        };
+        sse_data(&v.unwrap_or_default())
+    }
+
+    async fn collect(mut self) -> Response {
+        let mut text = String::new();
+        loop {
+            match self.step().await {
+                Step::Delta(t, None) => text.push_str(&t),
+                Step::Delta(t, Some(reason)) => {
+                    text.push_str(&t);
+                    self.guard.status = "success";
+                    let usage = self.usage();
+                    return match self.surface {
+                        Surface::Chat => {
+                            json_response(&self.factory.chat_response(text, Some(reason), usage))
+                        }
+                        Surface::Completions => {
+                            json_response(&self.factory.completion(text, Some(reason), Some(usage)))
+                        }
+                    };
+                }
+                Step::Error(e) => {
+                    self.guard.shared.metrics.error(&self.guard.model, e.kind());
+                    return e.into_response();
+                }
+            }
+        }
+    }
+}
+
+fn sse_data(json: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(json.len() + 8);
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(json);
+    out.extend_from_slice(b"\n\n");
+    out
+}
+
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+fn sse_headers(body: Body) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|e| HttpError::internal(e.to_string()).into_response())
+}
+
+fn sse_response(run: TokenRun) -> Response {
+    // The body owns the run: a client that disconnects drops it, and with it the worker
+    // stream, which stops the request on the worker.
+    let stream = futures_util::stream::unfold(Some(run), |state| async move {
+        let mut run = state?;
+        let (bytes, next) = match run.step().await {
+            Step::Delta(t, None) => (run.chunk(t, None), Some(run)),
+            Step::Delta(t, Some(reason)) => {
+                let mut out = run.chunk(t, Some(reason));
+                if run.include_usage {
+                    out.extend_from_slice(&run.usage_chunk());
+                }
+                out.extend_from_slice(DONE);
+                run.guard.status = "success";
+                (out, None)
+            }
+            Step::Error(e) => {
+                run.guard.shared.metrics.error(&run.guard.model, e.kind());
+                let mut out = b"event: error\n".to_vec();
+                out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
+                (out, None)
+            }
+        };
+        Some((Ok::<_, Infallible>(Bytes::from(bytes)), next))
+    });
+    sse_headers(Body::from_stream(stream))
+}
+
+/// `ModelInput::Text` models: forward the raw body; the worker streams OpenAI chunks.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the request's parts, passed once"
+)]
+async fn text_request(
+    shared: Arc<Shared>,
+    entry: Arc<ModelEntry>,
+    body: Bytes,
+    surface: Surface,
+    streaming: bool,
+    factory: ResponseFactory,
+    ctx: Context,
+    started: Instant,
+) -> Response {
+    let model = entry.name.clone();
+    let route = shared
+        .selector
+        .select(&entry, &entry.client, &RoutedRequest::Text(&body));
+    shared.metrics.inflight(&model, 1);
+    let mut guard = Inflight {
+        shared: Arc::clone(&shared),
+        model: model.clone(),
+        surface,
+        streaming,
+        status: "error",
+        started,
+        first: None,
+        last: None,
+        tokens: 0,
+    };
+    let mut stream = match entry.client.generate(body, route, ctx, None).await {
+        Ok(s) => s,
+        Err(e) => {
+            let e = route_error(&e);
+            shared.metrics.error(&model, e.kind());
+            return e.into_response();
+        }
+    };
+    if streaming {
+        let s = futures_util::stream::unfold(Some((stream, guard)), |state| async move {
+            let (mut stream, mut guard) = state?;
+            match stream.next().await {
+                Some(Ok(item)) => match decode_item::<serde_json::Value>(&item) {
+                    Ok(Some(v)) => {
+                        guard.tokens(1);
+                        let json = serde_json::to_vec(&v).unwrap_or_default();
+                        Some((
+                            Ok::<_, Infallible>(Bytes::from(sse_data(&json))),
+                            Some((stream, guard)),
+                        ))
+                    }
+                    Ok(None) => Some((Ok(Bytes::new()), Some((stream, guard)))),
+                    Err(e) => {
+                        let mut out = b"event: error\n".to_vec();
+                        out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
+                        Some((Ok(Bytes::from(out)), None))
+                    }
+                },
+                None => {
+                    guard.status = "success";
+                    Some((Ok(Bytes::from_static(DONE)), None))
+                }
+                Some(Err(e)) => {
+                    let e = HttpError::internal(format!("stream ended with an error: {e}"));
+                    let mut out = b"event: error\n".to_vec();
+                    out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
+                    Some((Ok(Bytes::from(out)), None))
+                }
+            }
+        });
+        return sse_headers(Body::from_stream(s));
+    }
+    // Fold the chunks into one response.
+    let mut text = String::new();
+    let mut finish = None;
+    let mut usage = None;
+    while let Some(item) = stream.next().await {
+        let item = match item {
+            Ok(i) => i,
+            Err(e) => {
+                return HttpError::internal(format!("stream ended with an error: {e}"))
+                    .into_response();
+            }
+        };
+        let v = match decode_item::<serde_json::Value>(&item) {
+            Ok(Some(v)) => v,
+            Ok(None) => continue,
+            Err(e) => return e.into_response(),
+        };
+        guard.tokens(1);
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = serde_json::from_value::<Usage>(u.clone()).ok();
+        }
+        if let Some(c) = v.get("choices").and_then(|c| c.get(0)) {
+            let piece = match surface {
+                Surface::Chat => c
+                    .get("delta")
+                    .or_else(|| c.get("message"))
+                    .and_then(|d| d.get("content")),
+                Surface::Completions => c.get("text"),
+            };
+            if let Some(s) = piece.and_then(serde_json::Value::as_str) {
+                text.push_str(s);
+            }
+            if let Some(f) = c.get("finish_reason").filter(|f| !f.is_null()) {
+                finish = serde_json::from_value(f.clone()).ok();
+            }
+        }
+    }
+    guard.status = "success";
+    let usage = usage.unwrap_or_default();
+    match surface {
+        Surface::Chat => json_response(&factory.chat_response(text, finish, usage)),
+        Surface::Completions => json_response(&factory.completion(text, finish, Some(usage))),
+    }
+}
+
+pub(super) async fn list_models(State(shared): State<Arc<Shared>>) -> Response {
+    let data: Vec<serde_json::Value> = shared
+        .models
+        .list()
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "id": m.name,
+                "object": "model",
+                "created": m.created,
+                "owned_by": "nvidia",
+            })
+        })
+        .collect();
+    json_response(&serde_json::json!({"object": "list", "data": data}))
+}
+
+pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
+    let models = shared.models.list();
+    let instances: Vec<serde_json::Value> = models
+        .iter()
+        .map(|m| serde_json::json!({"model": m.name, "endpoint": m.endpoint.to_string(), "instances": m.client.instance_ids()}))
+        .collect();
+    json_response(&serde_json::json!({"status": "healthy", "models": instances}))
+}
+
+pub(super) async fn live() -> Response {
+    json_response(&serde_json::json!({"status": "live"}))
+}
+
+pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        shared.metrics.render(),
+    )
+        .into_response()
+}
+
+pub(super) async fn not_found() -> Response {
+    HttpError::new(404, "not found").into_response()
+}

@@ -1,0 +1,493 @@
+//! Serving bindings: `register_model`, `unregister_model`, `update_model_taints`,
+//! `EngineType`, `EntrypointArgs`, `EngineConfig`, `make_engine`, `run_input`,
+//! `HttpService`, `PythonAsyncEngine`, `HttpAsyncEngine`. Each converts its arguments and
+//! calls one function of [`dynamo_llm::discovery`], [`dynamo_llm::http`] or
+//! [`dynamo_llm::entrypoint`].
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use dynamo_llm::entrypoint::{MockerWorkerConfig, serve_mocker};
+use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, RouterMode};
+use dynamo_llm::mocker::MockEngineArgs;
+use dynamo_llm::model_card::RegisterModelArgs;
+use dynamo_runtime::EndpointId;
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::errors::runtime_error;
+use crate::llm::mocker_args::PyMockEngineArgs;
+use crate::llm::{
+    PyModelInput, PyModelRuntimeConfig, PyModelType, PyWorkerType, llm_error, py_to_json,
+};
+use crate::runtime::{DistributedRuntime, Endpoint};
+
+/// Register the serving classes and functions.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(register_model, m)?)?;
+    m.add_function(wrap_pyfunction!(unregister_model, m)?)?;
+    m.add_function(wrap_pyfunction!(update_model_taints, m)?)?;
+    m.add_function(wrap_pyfunction!(make_engine, m)?)?;
+    m.add_function(wrap_pyfunction!(run_input, m)?)?;
+    m.add_class::<EngineType>()?;
+    m.add_class::<EngineConfig>()?;
+    m.add_class::<EntrypointArgs>()?;
+    m.add_class::<HttpService>()?;
+    m.add_class::<PythonAsyncEngine>()?;
+    m.add_class::<HttpAsyncEngine>()?;
+    Ok(())
+}
+
+/// An awaitable of `fut` on the running loop (cancelling it aborts `fut`).
+fn py_async<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    crate::aio::py_future(py, fut, true)
+}
+
+fn opt_json(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<serde_json::Value>> {
+    obj.filter(|o| !o.is_none()).map(py_to_json).transpose()
+}
+
+/// Publish this worker's model card in discovery, next to its endpoint instance.
+#[pyfunction]
+#[pyo3(signature = (
+    model_input, model_type, endpoint, model_path, model_name = None, *, worker_type = None,
+    context_length = None, kv_cache_block_size = None, router_mode = None, router_config = None,
+    runtime_config = None, tensor_model_config = None, user_data = None,
+    custom_template_path = None, media_decoder = None, media_fetcher = None,
+    forward_inline_media_in_messages = None, lora_name = None, base_model_path = None,
+    needs = None, self_host_metadata = None, ignore_weights = false, max_gpu_lora_count = None,
+    model_aliases = None, migration_limit = 0
+))]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the Python signature of register_model"
+)]
+#[expect(unused_variables, reason = "accepted for compatibility; not modelled")]
+fn register_model<'py>(
+    py: Python<'py>,
+    model_input: PyModelInput,
+    model_type: PyModelType,
+    endpoint: &Endpoint,
+    model_path: String,
+    model_name: Option<String>,
+    worker_type: Option<PyWorkerType>,
+    context_length: Option<u32>,
+    kv_cache_block_size: Option<u32>,
+    router_mode: Option<&Bound<'py, PyAny>>,
+    router_config: Option<&Bound<'py, PyAny>>,
+    runtime_config: Option<PyModelRuntimeConfig>,
+    tensor_model_config: Option<&Bound<'py, PyAny>>,
+    user_data: Option<&Bound<'py, PyAny>>,
+    custom_template_path: Option<PathBuf>,
+    media_decoder: Option<&Bound<'py, PyAny>>,
+    media_fetcher: Option<&Bound<'py, PyAny>>,
+    forward_inline_media_in_messages: Option<bool>,
+    lora_name: Option<String>,
+    base_model_path: Option<String>,
+    needs: Option<Vec<Vec<PyWorkerType>>>,
+    self_host_metadata: Option<bool>,
+    ignore_weights: bool,
+    max_gpu_lora_count: Option<u32>,
+    model_aliases: Option<Vec<String>>,
+    migration_limit: u32,
+) -> PyResult<Bound<'py, PyAny>> {
+    let args = RegisterModelArgs {
+        model_input: model_input.into(),
+        model_type: model_type.inner,
+        model_path,
+        model_name,
+        worker_type: worker_type.map(Into::into),
+        kv_cache_block_size,
+        context_length,
+        runtime_config: runtime_config.map(|c| c.inner),
+        tensor_model_config: opt_json(tensor_model_config)?,
+        user_data: opt_json(user_data)?,
+        custom_template_path,
+        lora_name,
+        base_model_path,
+        needs: needs.map(|n| {
+            n.into_iter()
+                .map(|set| set.into_iter().map(Into::into).collect())
+                .collect()
+        }),
+        ignore_weights,
+        max_gpu_lora_count,
+        model_aliases: model_aliases.unwrap_or_default(),
+        migration_limit,
+    };
+    let (runtime, id) = endpoint.parts();
+    let (runtime, id) = (runtime.clone(), id.clone());
+    py_async(py, async move {
+        let card = args.build_card().map_err(llm_error)?;
+        dynamo_llm::discovery::register_model(&runtime, &id, &card)
+            .await
+            .map_err(llm_error)
+    })
+}
+
+/// Remove this worker's model card (or its LoRA adapter card).
+#[pyfunction]
+#[pyo3(signature = (endpoint, lora_name = None))]
+fn unregister_model<'py>(
+    py: Python<'py>,
+    endpoint: &Endpoint,
+    lora_name: Option<String>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (runtime, id) = endpoint.parts();
+    let (runtime, id) = (runtime.clone(), id.clone());
+    py_async(py, async move {
+        dynamo_llm::discovery::unregister_model(&runtime, &id, lora_name.as_deref())
+            .await
+            .map_err(llm_error)
+    })
+}
+
+/// Replace the caller-managed taints of this worker's base model card.
+#[pyfunction]
+#[pyo3(signature = (endpoint, taints))]
+fn update_model_taints<'py>(
+    py: Python<'py>,
+    endpoint: &Endpoint,
+    taints: BTreeSet<String>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let (runtime, id) = endpoint.parts();
+    let (runtime, id) = (runtime.clone(), id.clone());
+    py_async(py, async move {
+        dynamo_llm::discovery::update_model_taints(&runtime, &id, taints)
+            .await
+            .map_err(llm_error)
+    })
+}
+
+/// The engine an entry point runs.
+#[pyclass(
+    name = "EngineType",
+    module = "dynamo._core",
+    eq,
+    eq_int,
+    frozen,
+    hash,
+    from_py_object
+)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum EngineType {
+    Echo = 1,
+    Dynamic = 2,
+    Mocker = 3,
+}
+
+/// `RoundRobin` / `Random` / `KV` from a `RouterConfig` (its `router_mode`).
+fn router_mode_of(config: Option<&Bound<'_, PyAny>>) -> PyResult<RouterMode> {
+    let Some(config) = config.filter(|c| !c.is_none()) else {
+        return Ok(RouterMode::RoundRobin);
+    };
+    let mode = config.getattr("router_mode")?;
+    let text: String = mode
+        .repr()?
+        .to_string()
+        .to_ascii_lowercase()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .collect();
+    if text.ends_with("roundrobin") {
+        Ok(RouterMode::RoundRobin)
+    } else if text.ends_with("random") {
+        Ok(RouterMode::Random)
+    } else if text.ends_with("kv") {
+        Ok(RouterMode::Kv)
+    } else {
+        Err(PyValueError::new_err(format!(
+            "router mode {text:?} is not supported by this frontend: use RoundRobin, Random or KV"
+        )))
+    }
+}
+
+/// Arguments of `make_engine`.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct EntrypointArgs {
+    engine_type: EngineType,
+    model_path: Option<String>,
+    model_name: Option<String>,
+    http_host: Option<String>,
+    http_port: Option<u16>,
+    router_mode: RouterMode,
+    mock_args: Option<MockEngineArgs>,
+    namespace: Option<String>,
+    migration_limit: u32,
+}
+
+#[pymethods]
+impl EntrypointArgs {
+    #[new]
+    #[pyo3(signature = (
+        engine_type, model_path = None, model_name = None, endpoint_id = None,
+        context_length = None, template_file = None, router_config = None,
+        kv_cache_block_size = None, http_host = None, http_port = None,
+        http_metrics_port = None, tls_cert_path = None, tls_key_path = None,
+        extra_engine_args = None, mocker_engine_args = None, runtime_config = None,
+        namespace = None, namespace_prefix = None, is_prefill = false, is_decode = false,
+        migration_limit = 0, migration_max_seq_len = None, chat_engine_factory = None,
+        aic_perf_config = None, *, metrics_prefix = None, enable_anthropic_api = None,
+        strip_anthropic_preamble = None, enable_streaming_tool_dispatch = None,
+        enable_streaming_reasoning_dispatch = None, tokenizer_backend = None
+    ))]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the Python signature of EntrypointArgs"
+    )]
+    #[expect(unused_variables, reason = "accepted for compatibility; not modelled")]
+    fn new(
+        engine_type: EngineType,
+        model_path: Option<String>,
+        model_name: Option<String>,
+        endpoint_id: Option<String>,
+        context_length: Option<u32>,
+        template_file: Option<String>,
+        router_config: Option<&Bound<'_, PyAny>>,
+        kv_cache_block_size: Option<u32>,
+        http_host: Option<String>,
+        http_port: Option<u16>,
+        http_metrics_port: Option<u16>,
+        tls_cert_path: Option<String>,
+        tls_key_path: Option<String>,
+        extra_engine_args: Option<PathBuf>,
+        mocker_engine_args: Option<PyMockEngineArgs>,
+        runtime_config: Option<PyModelRuntimeConfig>,
+        namespace: Option<String>,
+        namespace_prefix: Option<String>,
+        is_prefill: bool,
+        is_decode: bool,
+        migration_limit: u32,
+        migration_max_seq_len: Option<u32>,
+        chat_engine_factory: Option<&Bound<'_, PyAny>>,
+        aic_perf_config: Option<&Bound<'_, PyAny>>,
+        metrics_prefix: Option<String>,
+        enable_anthropic_api: Option<bool>,
+        strip_anthropic_preamble: Option<bool>,
+        enable_streaming_tool_dispatch: Option<bool>,
+        enable_streaming_reasoning_dispatch: Option<bool>,
+        tokenizer_backend: Option<String>,
+    ) -> PyResult<Self> {
+        if tls_cert_path.is_some() != tls_key_path.is_some() {
+            return Err(PyValueError::new_err(
+                "tls_cert_path and tls_key_path must be given together",
+            ));
+        }
+        let mock_args = match (mocker_engine_args, extra_engine_args) {
+            (Some(a), _) => Some(a.inner),
+            (None, Some(path)) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| {
+                    PyValueError::new_err(format!("cannot read {}: {e}", path.display()))
+                })?;
+                Some(MockEngineArgs::from_json(&text).map_err(llm_error)?)
+            }
+            (None, None) => None,
+        };
+        Ok(Self {
+            engine_type,
+            model_path,
+            model_name,
+            http_host,
+            http_port,
+            router_mode: router_mode_of(router_config)?,
+            mock_args,
+            namespace,
+            migration_limit,
+        })
+    }
+}
+
+/// What `make_engine` built (opaque).
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct EngineConfig {
+    kind: EngineKind,
+}
+
+#[derive(Clone)]
+enum EngineKind {
+    Frontend(FrontendConfig),
+    Mocker {
+        model_path: String,
+        model_name: Option<String>,
+        args: MockEngineArgs,
+    },
+}
+
+/// Build the engine described by `args`.
+#[pyfunction]
+#[pyo3(signature = (distributed_runtime, args))]
+fn make_engine<'py>(
+    py: Python<'py>,
+    distributed_runtime: &DistributedRuntime,
+    args: &EntrypointArgs,
+) -> PyResult<Bound<'py, PyAny>> {
+    let _ = distributed_runtime;
+    let kind = match args.engine_type {
+        EngineType::Dynamic => {
+            let mut c = FrontendConfig::default();
+            if let Some(h) = &args.http_host {
+                c.host.clone_from(h);
+            }
+            if let Some(p) = args.http_port {
+                c.port = p;
+            }
+            c.router_mode = args.router_mode;
+            c.migration_limit = args.migration_limit;
+            c.namespace.clone_from(&args.namespace);
+            EngineKind::Frontend(c)
+        }
+        EngineType::Mocker => EngineKind::Mocker {
+            model_path: args
+                .model_path
+                .clone()
+                .ok_or_else(|| PyValueError::new_err("the mocker needs model_path"))?,
+            model_name: args.model_name.clone(),
+            args: args.mock_args.clone().unwrap_or_default(),
+        },
+        EngineType::Echo => {
+            return Err(PyValueError::new_err(
+                "EngineType.Echo is not available in this build; use Mocker",
+            ));
+        }
+    };
+    let config = EngineConfig { kind };
+    py_async(py, async move { Ok(config) })
+}
+
+/// Run `engine_config` behind `input` (`"http"` or `"dyn://ns.comp.ep"`) until the runtime
+/// stops.
+#[pyfunction]
+#[pyo3(signature = (runtime, input, engine_config, frontend_route_extensions = None))]
+fn run_input<'py>(
+    py: Python<'py>,
+    runtime: &DistributedRuntime,
+    input: &str,
+    engine_config: &EngineConfig,
+    frontend_route_extensions: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    if frontend_route_extensions.is_some_and(|f| !f.is_none()) {
+        return Err(PyValueError::new_err(
+            "frontend_route_extensions are not supported by this build",
+        ));
+    }
+    let drt = runtime.core().clone();
+    match (&engine_config.kind, input) {
+        (EngineKind::Frontend(c), "http") => {
+            let service = CoreHttpService::new(c.clone());
+            py_async(py, async move { service.run(drt).await.map_err(llm_error) })
+        }
+        (
+            EngineKind::Mocker {
+                model_path,
+                model_name,
+                args,
+            },
+            ep,
+        ) if ep.starts_with("dyn://") => {
+            let config = MockerWorkerConfig {
+                model_path: model_path.clone(),
+                model_name: model_name.clone(),
+                endpoint: EndpointId::parse(ep).map_err(runtime_error)?,
+                engine_args: args.clone(),
+            };
+            py_async(py, async move {
+                serve_mocker(drt, config).await.map_err(llm_error)
+            })
+        }
+        (_, "http" | "grpc" | "text" | "stdin") => Err(PyValueError::new_err(format!(
+            "input {input:?} is not supported for this engine in this build"
+        ))),
+        (EngineKind::Frontend(_), ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
+            "a dynamic (frontend) engine cannot be served as a worker endpoint",
+        )),
+        _ => Err(PyValueError::new_err(format!(
+            "unknown input {input:?}: expected \"http\", \"text\", \"stdin\", \"grpc\" or \"dyn://namespace.component.endpoint\""
+        ))),
+    }
+}
+
+/// An OpenAI-compatible HTTP ingress following the runtime's model cards.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct HttpService {
+    inner: Arc<CoreHttpService>,
+}
+
+#[pymethods]
+impl HttpService {
+    #[new]
+    #[pyo3(signature = (port = None))]
+    fn new(port: Option<u16>) -> Self {
+        let mut c = FrontendConfig::default();
+        if let Some(p) = port {
+            c.port = p;
+        }
+        Self {
+            inner: CoreHttpService::new(c),
+        }
+    }
+
+    /// Serve until `shutdown()` or the runtime stops.
+    #[pyo3(signature = (runtime))]
+    fn run<'py>(
+        &self,
+        py: Python<'py>,
+        runtime: &DistributedRuntime,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let service = Arc::clone(&self.inner);
+        let drt = runtime.core().clone();
+        py_async(py, async move { service.run(drt).await.map_err(llm_error) })
+    }
+
+    /// Stop serving.
+    #[pyo3(signature = ())]
+    fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}
+
+/// A Python async-generator callable wrapped as an engine (`generator(request)`).
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct PythonAsyncEngine {
+    #[expect(dead_code, reason = "held for the in-process engine path")]
+    generator: Py<PyAny>,
+    #[expect(dead_code, reason = "held for the in-process engine path")]
+    event_loop: Py<PyAny>,
+}
+
+#[pymethods]
+impl PythonAsyncEngine {
+    #[new]
+    #[pyo3(signature = (generator, event_loop))]
+    fn new(generator: Py<PyAny>, event_loop: Py<PyAny>, py: Python<'_>) -> PyResult<Self> {
+        if !generator.bind(py).is_callable() {
+            return Err(PyTypeError::new_err("generator must be callable"));
+        }
+        Ok(Self {
+            generator,
+            event_loop,
+        })
+    }
+}
+
+/// A `PythonAsyncEngine` whose `HttpError`s map to their HTTP status.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct HttpAsyncEngine {
+    #[expect(dead_code, reason = "held for the in-process engine path")]
+    engine: PythonAsyncEngine,
+}
+
+#[pymethods]
+impl HttpAsyncEngine {
+    #[new]
+    #[pyo3(signature = (generator, event_loop))]
+    fn new(generator: Py<PyAny>, event_loop: Py<PyAny>, py: Python<'_>) -> PyResult<Self> {
+        Ok(Self {
+            engine: PythonAsyncEngine::new(generator, event_loop, py)?,
+        })
+    }
+}

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP frontend: ``python -m dynamo.frontend``."""

@@ -1,0 +1,104 @@
+"""``python -m dynamo.frontend``: an OpenAI-compatible HTTP frontend over discovered workers.
+
+Thin argparse over :mod:`dynamo._core`: the flags become a :class:`RouterConfig` and an
+:class:`EntrypointArgs` (``EngineType.Dynamic``); ``make_engine`` and ``run_input(runtime,
+"http", engine)`` do the rest in Rust. Workers appear as they call ``register_model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from dynamo._core import (
+    DistributedRuntime,
+    EngineType,
+    EntrypointArgs,
+    KvRouterConfig,
+    RouterConfig,
+    RouterMode,
+    make_engine,
+    run_input,
+)
+from dynamo.runtime import _default_discovery_backend
+
+_MODES = {
+    "round-robin": RouterMode.RoundRobin,
+    "random": RouterMode.Random,
+    "kv": RouterMode.KV,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dynamo.frontend",
+        description="OpenAI-compatible HTTP frontend (chat, completions, models, metrics).",
+    )
+    p.add_argument("--http-host", default=os.environ.get("DYN_HTTP_HOST", "0.0.0.0"))
+    p.add_argument("--http-port", type=int, default=int(os.environ.get("DYN_HTTP_PORT", "8000")))
+    p.add_argument(
+        "--router-mode",
+        choices=sorted(_MODES),
+        default=os.environ.get("DYN_ROUTER_MODE", "round-robin"),
+    )
+    p.add_argument(
+        "--migration-limit",
+        type=int,
+        default=int(os.environ.get("DYN_MIGRATION_LIMIT", "0")),
+        help="re-dispatches per request when a worker stream breaks (0: off)",
+    )
+    p.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE"))
+    p.add_argument(
+        "--discovery-backend",
+        default=None,
+        help="file (default without etcd) or mem",
+    )
+    # KV router flags: accepted and passed to the router configuration.
+    p.add_argument("--kv-cache-block-size", type=int, default=None)
+    p.add_argument("--router-temperature", type=float, default=0.0)
+    p.add_argument("--kv-overlap-score-weight", type=float, default=1.0)
+    p.add_argument(
+        "--router-kv-events",
+        dest="use_kv_events",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+    )
+    p.add_argument("--router-replica-sync", action="store_true")
+    p.add_argument("--router-reset-states", action="store_true")
+    return p.parse_args(argv)
+
+
+async def main(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    backend = args.discovery_backend or _default_discovery_backend()
+    runtime = DistributedRuntime(loop, backend, "tcp")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, runtime.shutdown)
+    kv = KvRouterConfig(
+        overlap_score_weight=args.kv_overlap_score_weight,
+        router_temperature=args.router_temperature,
+        use_kv_events=args.use_kv_events,
+        router_replica_sync=args.router_replica_sync,
+    )
+    entry = EntrypointArgs(
+        EngineType.Dynamic,
+        http_host=args.http_host,
+        http_port=args.http_port,
+        router_config=RouterConfig(_MODES[args.router_mode], kv),
+        kv_cache_block_size=args.kv_cache_block_size,
+        namespace=args.namespace,
+        migration_limit=args.migration_limit,
+    )
+    engine = await make_engine(runtime, entry)
+    await run_input(runtime, "http", engine)
+
+
+def run(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    asyncio.run(main(args))
+
+
+if __name__ == "__main__":
+    run()

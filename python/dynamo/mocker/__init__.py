@@ -1,0 +1,1 @@
+"""The GPU-free mocker worker: ``python -m dynamo.mocker``."""

@@ -1,0 +1,111 @@
+"""``python -m dynamo.mocker``: simulated inference workers that register a model.
+
+Thin argparse over :mod:`dynamo._core`: the flags become a :class:`MockEngineArgs` (engine
+settings are defined and validated once, in Rust); each of ``--num-workers`` workers is
+``make_engine(EntrypointArgs(EngineType.Mocker, ...))`` served by ``run_input(runtime,
+"dyn://ns.comp.ep", engine)`` with its own runtime, so each registers as its own instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+
+from dynamo._core import (
+    DistributedRuntime,
+    EngineType,
+    EntrypointArgs,
+    MockEngineArgs,
+    make_engine,
+    run_input,
+)
+from dynamo.runtime import _default_discovery_backend
+
+
+def _default_endpoint() -> str:
+    return f"dyn://{os.environ.get('DYN_NAMESPACE', 'dynamo')}.backend.generate"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m dynamo.mocker",
+        description="Simulated (GPU-free) inference workers serving a model over Dynamo.",
+    )
+    p.add_argument("--model-path", required=True, help="local model directory")
+    p.add_argument("--model-name", default=None, help="served name (default: the path)")
+    p.add_argument("--endpoint", default=_default_endpoint())
+    p.add_argument("--num-workers", type=int, default=1)
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--speedup-ratio", type=float, default=None)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--data-parallel-size", type=int, default=None)
+    p.add_argument("--startup-time", type=float, default=None)
+    p.add_argument(
+        "--extra-engine-args",
+        default=None,
+        help="JSON object (or a path to a JSON file) of MockEngineArgs fields",
+    )
+    p.add_argument("--discovery-backend", default=None, help="file (default) or mem")
+    return p.parse_args(argv)
+
+
+def engine_args(args: argparse.Namespace) -> MockEngineArgs:
+    """The mocker settings: ``--extra-engine-args`` first, explicit flags on top."""
+    fields: dict[str, object] = {}
+    if args.extra_engine_args:
+        text = args.extra_engine_args
+        if os.path.isfile(text):
+            with open(text) as f:
+                text = f.read()
+        fields.update(json.loads(text))
+    for flag, name in [
+        ("block_size", "block_size"),
+        ("num_gpu_blocks_override", "num_gpu_blocks"),
+        ("max_num_seqs", "max_num_seqs"),
+        ("max_num_batched_tokens", "max_num_batched_tokens"),
+        ("speedup_ratio", "speedup_ratio"),
+        ("enable_prefix_caching", "enable_prefix_caching"),
+        ("enable_chunked_prefill", "enable_chunked_prefill"),
+        ("data_parallel_size", "dp_size"),
+        ("startup_time", "startup_time"),
+    ]:
+        value = getattr(args, flag)
+        if value is not None:
+            fields[name] = value
+    return MockEngineArgs(**fields)
+
+
+async def main(args: argparse.Namespace) -> None:
+    loop = asyncio.get_running_loop()
+    backend = args.discovery_backend or _default_discovery_backend()
+    mock = engine_args(args)
+    runtimes = [DistributedRuntime(loop, backend, "tcp") for _ in range(args.num_workers)]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: [rt.shutdown() for rt in runtimes])
+    tasks = []
+    for runtime in runtimes:
+        entry = EntrypointArgs(
+            EngineType.Mocker,
+            model_path=args.model_path,
+            model_name=args.model_name,
+            mocker_engine_args=mock,
+        )
+        engine = await make_engine(runtime, entry)
+        tasks.append(run_input(runtime, args.endpoint, engine))
+    await asyncio.gather(*tasks)
+
+
+def run(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    asyncio.run(main(args))
+
+
+if __name__ == "__main__":
+    run()
