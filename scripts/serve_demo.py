@@ -1,4 +1,4 @@
-"""The main job: a frontend and N mocker workers on a generated tiny model, one request.
+"""The main job: a KV-routing frontend and N mocker workers on a generated tiny model.
 
 Generates the tiny model (no downloads), starts ``python -m dynamo.frontend`` and
 ``python -m dynamo.mocker --num-workers N`` on a private file-discovery directory, waits for
@@ -49,7 +49,7 @@ def main() -> int:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
-                 "--http-port", str(port), "--router-mode", "round-robin"],
+                 "--http-port", str(port), "--router-mode", "kv"],
                 env=env,
             ),
             subprocess.Popen(

@@ -9,6 +9,10 @@
 
 use std::path::Path;
 use std::sync::Arc;
+
+use dynamo_kv_router::protocols::WorkerWithDpRank;
+
+use crate::kv_routing::KvEventPublisher;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
@@ -178,7 +182,14 @@ pub async fn serve_mocker(runtime: DistributedRuntime, config: MockerWorkerConfi
     let mut args = config.engine_args.clone();
     let vocab = model_vocab_size(&card.local_dir()).unwrap_or(args.vocab_size);
     args.vocab_size = vocab;
-    let runner = MockEngineRunner::spawn(args, Box::new(|_events| {}))?;
+    // The engine's KV events go to routers on the event plane (with a worker-local index for
+    // their gap recovery), numbered per rank like a real engine's.
+    let worker = WorkerWithDpRank::new(runtime.connection_id(), 0);
+    let publisher = Arc::new(
+        KvEventPublisher::new_raw(&runtime, &config.endpoint, worker, true)
+            .map_err(|e| Error::Runtime(e.to_string()))?,
+    );
+    let runner = MockEngineRunner::spawn(args, publisher.event_sink())?;
     let handler = Arc::new(MockerHandler::new(runner, vocab));
     register_model(&runtime, &config.endpoint, &card).await?;
     runtime

@@ -18,6 +18,7 @@
 
 pub mod engine;
 pub mod error;
+pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
 
@@ -55,6 +56,8 @@ pub struct FrontendConfig {
     pub namespace: Option<String>,
     /// Largest accepted request body.
     pub body_limit: usize,
+    /// KV router configuration (`--router-mode kv`).
+    pub kv_router_config: dynamo_kv_router::scheduling::config::KvRouterConfig,
 }
 
 impl Default for FrontendConfig {
@@ -66,6 +69,7 @@ impl Default for FrontendConfig {
             migration_limit: 0,
             namespace: None,
             body_limit: body_limit_from_env(),
+            kv_router_config: Default::default(),
         }
     }
 }
@@ -137,10 +141,9 @@ impl HttpService {
         installed.unwrap_or_else(|| match self.config.router_mode {
             RouterMode::Random => Arc::new(SimpleSelector(Route::Random)),
             RouterMode::RoundRobin => Arc::new(SimpleSelector(Route::RoundRobin)),
-            RouterMode::Kv => {
-                tracing::warn!("KV routing is not wired into this frontend yet; using round-robin");
-                Arc::new(SimpleSelector(Route::RoundRobin))
-            }
+            // `run` installs the KV selector; a router built before `run` (tests, embedding)
+            // has no runtime to follow yet.
+            RouterMode::Kv => Arc::new(SimpleSelector(Route::RoundRobin)),
         })
     }
 
@@ -179,6 +182,17 @@ impl HttpService {
     /// # Errors
     /// [`Error::Runtime`] when the listener cannot be bound.
     pub async fn run(self: Arc<Self>, runtime: DistributedRuntime) -> Result<()> {
+        let no_selector = self
+            .selector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_none();
+        if self.config.router_mode == RouterMode::Kv && no_selector {
+            self.set_selector(Arc::new(kv_selector::KvSelector::new(
+                runtime.clone(),
+                self.config.kv_router_config.clone(),
+            )));
+        }
         ModelWatcher::start(
             runtime.clone(),
             self.config.namespace.clone(),
