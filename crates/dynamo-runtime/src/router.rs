@@ -1,9 +1,9 @@
 //! [`Client`]: routes requests of one endpoint over its live instances.
 //!
 //! The routable set is the discovered instances minus those this client saw fail
-//! (connection refused or lost, worker unavailable), which stay excluded for
-//! `inhibited_duration` or until discovery drops them. If every discovered instance is
-//! excluded, all of them are tried again rather than failing outright.
+//! (connection refused or lost, worker unavailable, engine shutting down), which stay
+//! excluded for `inhibited_duration` or until discovery drops them. If every discovered
+//! instance is excluded, all of them are tried again rather than failing outright.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,6 +81,14 @@ impl Client {
     /// The discovered instances, sorted by id.
     pub fn instances(&self) -> Vec<Instance> {
         self.inner.instances.borrow().as_ref().clone()
+    }
+
+    /// A receiver of this client's view of the discovered instances. Components that
+    /// pick instances themselves and then call [`Route::Direct`] (the KV router) watch
+    /// this same channel, so any instance they have seen is already routable here; a
+    /// second, independent discovery watch could lag behind and reject it as unknown.
+    pub fn watch_instances(&self) -> watch::Receiver<Arc<Vec<Instance>>> {
+        self.inner.instances.clone()
     }
 
     /// The discovered instance ids, sorted.
