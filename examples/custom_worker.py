@@ -43,7 +43,10 @@ class EchoEngine:
 
     async def generate_streaming(self, request):
         max_tokens = request["stop_conditions"].get("max_tokens") or 16
-        prompt = request["token_ids"]
+        # Without its end-of-sequence tokens (the chat template's BOS is one): echoing
+        # those would end the answer at once.
+        eos = set(request.get("eos_token_ids") or [])
+        prompt = [t for t in request["token_ids"] if t not in eos] or request["token_ids"]
         for i in range(max_tokens):
             await asyncio.sleep(0.01)
             yield {"token_ids": [prompt[i % len(prompt)]]}

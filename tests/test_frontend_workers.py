@@ -44,6 +44,14 @@ def _until(what: str, cond, timeout: float = 15.0) -> None:
     raise AssertionError(f"{what}: not within {timeout} s")
 
 
+def _models(client: openai.OpenAI) -> set[str]:
+    """The served model names; none while the frontend is not listening yet."""
+    try:
+        return {m.id for m in client.models.list().data}
+    except openai.APIConnectionError:
+        return set()
+
+
 def _events(trace: Path, event: str) -> list[list[str]]:
     """``[request id, pid]`` of each ``event`` line the example wrote."""
     if not trace.exists():
@@ -82,8 +90,8 @@ def test_custom_worker_example_answers_and_sees_client_disconnects(example_stack
     assert r.usage.completion_tokens == 64
     # The engine echoes the templated prompt's tokens: the user's words come back.
     assert "Hello there!" in r.choices[0].message.content
-    c = client.completions.create(model="tiny-echo", prompt="once upon a time", max_tokens=4)
-    assert c.choices[0].text.split() == ["once", "upon", "a", "time"]
+    c = client.completions.create(model="tiny-echo", prompt="once upon a time", max_tokens=64)
+    assert c.choices[0].text.startswith("once upon a time"), c.choices[0].text
 
     stream = client.chat.completions.create(
         model="tiny-echo", messages=MESSAGES, max_tokens=2000, stream=True
@@ -265,7 +273,7 @@ def test_registered_model_without_instances_answers_503(tmp_path, model_dir, mod
         procs.start("slow", [str(WORKERS / "llm_worker.py"), str(model_dir)])
         client = _client(base)
         # The card is registered; the endpoint is not served yet.
-        _until("model listed", lambda: "slow" in {m.id for m in client.models.list().data})
+        _until("model listed", lambda: "slow" in _models(client))
         with pytest.raises(openai.APIStatusError) as e:
             client.chat.completions.create(model="slow", messages=MESSAGES, max_tokens=2)
         assert e.value.status_code == 503
