@@ -35,6 +35,8 @@ enum Behaviour {
     HoldThenToken,
     /// One token, then fail with `EngineShutdown`.
     TokenThenShutdown,
+    /// Three items of six tokens each, then hold until released (or stopped), then end.
+    BurstThenHold,
 }
 
 struct Worker {
@@ -56,6 +58,17 @@ impl Handler for Worker {
                 Behaviour::TokenThenHold | Behaviour::TokenThenShutdown
             ) {
                 let _ = out.send(TOKEN);
+            }
+            if matches!(behaviour, Behaviour::BurstThenHold) {
+                for _ in 0..3 {
+                    let _ = out.send(br#"{"data":{"token_ids":[1,2,3,4,5,6]}}"#);
+                }
+                tokio::select! {
+                    () = release.cancelled() => {}
+                    () = ctx.stopped() => return,
+                }
+                out.finish();
+                return;
             }
             if matches!(behaviour, Behaviour::TokenThenShutdown) {
                 out.fail(WireError::new(
@@ -108,6 +121,14 @@ struct Cluster {
 
 impl Cluster {
     async fn start(behaviours: &[Behaviour], thresholds: LoadThresholds) -> Self {
+        Self::with_config(behaviours, KvRouterConfig::default(), thresholds).await
+    }
+
+    async fn with_config(
+        behaviours: &[Behaviour],
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+    ) -> Self {
         let ns = format!("kvsel{}", fastrand::u32(..));
         let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
         let release = CancellationToken::new();
@@ -158,11 +179,7 @@ impl Cluster {
             preprocessor: None,
             created: 0,
         });
-        let selector = Arc::new(KvSelector::new(
-            frontend.clone(),
-            KvRouterConfig::default(),
-            thresholds,
-        ));
+        let selector = Arc::new(KvSelector::new(frontend.clone(), config, thresholds));
         let router = selector.router(&model).unwrap();
         let n = behaviours.len();
         until("workers registered", || router.core().workers().len() == n).await;
@@ -421,6 +438,34 @@ fn busy_workers_answer_529_and_missing_workers_503() {
         })
         .await;
         assert_eq!(c.open(&prompt, 0).await.err(), Some(503));
+        c.shutdown();
+    });
+}
+
+#[test]
+fn output_blocks_are_booked_as_tokens_stream_and_freed_on_disconnect() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let config = KvRouterConfig {
+            router_track_output_blocks: true,
+            ..KvRouterConfig::default()
+        };
+        let c = Cluster::with_config(
+            &[Behaviour::BurstThenHold],
+            config,
+            LoadThresholds::default(),
+        )
+        .await;
+        let prompt = long_prompt();
+        let mut stream = c.open(&prompt, 0).await.unwrap();
+        assert_eq!(c.booked().2, 32, "the prompt's blocks");
+        for _ in 0..3 {
+            assert_eq!(stream.next().await.unwrap().unwrap().token_ids.len(), 6);
+        }
+        // 18 output tokens: four more full blocks of 4.
+        assert_eq!(c.booked(), (1, 0, 32 + 4));
+        drop(stream);
+        assert_eq!(c.booked(), (0, 0, 0));
         c.shutdown();
     });
 }
