@@ -11,11 +11,15 @@ then ``curl localhost:8000/v1/chat/completions -d '{"model": "tiny-echo", "messa
 [{"role": "user", "content": "hi"}], "max_tokens": 8}' -H 'Content-Type: application/json'``.
 The engine "generates" the prompt's tokens back. SIGUSR1 makes in-flight requests end
 with ``EngineShutdown``, which the frontend migrates to another worker, then stops.
+With ``DYN_EXAMPLE_TRACE=<file>`` the handler appends one line per request event
+(``start``, ``cancelled``, ``migrating``, with the request id and the worker's pid) to
+that file: the tests watch it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 
@@ -25,13 +29,24 @@ from dynamo.llm import ModelInput, ModelType, register_model
 from dynamo.llm.exceptions import EngineShutdown
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 
+TRACE = os.environ.get("DYN_EXAMPLE_TRACE")
+
+
+def trace(event: str, context) -> None:
+    if TRACE:
+        with open(TRACE, "a") as f:
+            f.write(f"{event} {context.id()} {os.getpid()}\n")
+
 
 class EchoEngine:
     """Streams the prompt's token ids back, one every 10 ms."""
 
     async def generate_streaming(self, request):
         max_tokens = request["stop_conditions"].get("max_tokens") or 16
-        prompt = request["token_ids"]
+        # Without its end-of-sequence tokens (the chat template's BOS is one): echoing
+        # those would end the answer at once.
+        eos = set(request.get("eos_token_ids") or [])
+        prompt = [t for t in request["token_ids"] if t not in eos] or request["token_ids"]
         for i in range(max_tokens):
             await asyncio.sleep(0.01)
             yield {"token_ids": [prompt[i % len(prompt)]]}
@@ -46,14 +61,22 @@ class RequestHandler:
 
     async def generate(self, request, context):
         """Generate, with cancellation and migration support."""
-        async for result in self.engine.generate_streaming(request):
+        trace("start", context)
+        try:
+            async for result in self.engine.generate_streaming(request):
+                if context.is_stopped():
+                    # The client went away: stop working on it.
+                    break
+                if self.shutting_down:
+                    # Closes the stream as incomplete; the frontend migrates the request.
+                    trace("migrating", context)
+                    raise EngineShutdown("Worker shutting down, migrating request")
+                yield result
+        finally:
+            # Reached by the stop check above, or when the runtime closes this generator
+            # because the client went away while it waited at a `yield`.
             if context.is_stopped():
-                # The client went away: stop working on it.
-                break
-            if self.shutting_down:
-                # Closes the stream as incomplete; the frontend migrates the request.
-                raise EngineShutdown("Worker shutting down, migrating request")
-            yield result
+                trace("cancelled", context)
 
 
 @dynamo_worker()

@@ -2,6 +2,10 @@
 
 ``ModelInput.Tokens``: it streams token ids slowly and, when the frontend stops the
 request (client disconnect), writes ``cancelled <request id>`` to ``$MARKER`` and stops.
+
+Optional: ``$MODEL`` (served name, default ``slow``); while the file ``$HOLD`` exists a
+request waits before its first token (it stays in prefill); the worker registers its model
+at once but serves its endpoint only once the file ``$SERVE_AFTER`` exists.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from dynamo.runtime import DistributedRuntime, dynamo_worker
 class RequestHandler:
     async def generate(self, request, context):
         max_tokens = request["stop_conditions"].get("max_tokens") or 100
+        hold = os.environ.get("HOLD")
         try:
+            while hold and os.path.exists(hold) and not context.is_stopped():
+                await asyncio.sleep(0.02)
             for i in range(max_tokens):
                 if context.is_stopped():
                     return
@@ -41,8 +48,11 @@ async def worker(runtime: DistributedRuntime) -> None:
         ModelType.Chat | ModelType.Completions,
         endpoint,
         sys.argv[1],
-        "slow",
+        os.environ.get("MODEL", "slow"),
     )
+    serve_after = os.environ.get("SERVE_AFTER")
+    while serve_after and not os.path.exists(serve_after):
+        await asyncio.sleep(0.05)
     await endpoint.serve_endpoint(RequestHandler().generate)
 
 

@@ -8,6 +8,8 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dynamo_kv_router::scheduling::config::KvRouterConfig;
+use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_llm::entrypoint::{MockerWorkerConfig, serve_mocker};
 use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, RouterMode};
 use dynamo_llm::mocker::MockEngineArgs;
@@ -21,6 +23,7 @@ use crate::llm::mocker_args::PyMockEngineArgs;
 use crate::llm::{
     PyModelInput, PyModelRuntimeConfig, PyModelType, PyWorkerType, llm_error, py_to_json,
 };
+use crate::router::PyRouterConfig;
 use crate::runtime::{DistributedRuntime, Endpoint};
 
 /// Register the serving classes and functions.
@@ -216,6 +219,8 @@ pub(crate) struct EntrypointArgs {
     http_host: Option<String>,
     http_port: Option<u16>,
     router_mode: RouterMode,
+    /// The KV router's configuration and busy thresholds (from `router_config`).
+    kv_router: Option<(KvRouterConfig, LoadThresholds)>,
     mock_args: Option<MockEngineArgs>,
     namespace: Option<String>,
     migration_limit: u32,
@@ -295,6 +300,9 @@ impl EntrypointArgs {
             http_host,
             http_port,
             router_mode: router_mode_of(router_config)?,
+            kv_router: router_config
+                .and_then(|c| c.extract::<PyRouterConfig>().ok())
+                .map(|c| (c.kv_router_config.inner, c.thresholds)),
             mock_args,
             namespace,
             migration_limit,
@@ -337,6 +345,10 @@ fn make_engine<'py>(
                 c.port = p;
             }
             c.router_mode = args.router_mode;
+            if let Some((config, thresholds)) = &args.kv_router {
+                c.kv_router_config = config.clone();
+                c.load_thresholds = *thresholds;
+            }
             c.migration_limit = args.migration_limit;
             c.namespace.clone_from(&args.namespace);
             EngineKind::Frontend(c)

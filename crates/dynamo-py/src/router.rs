@@ -284,7 +284,7 @@ pub(crate) struct PyRouterConfig {
     #[pyo3(get, set)]
     router_mode: PyRouterMode,
     #[pyo3(get, set)]
-    kv_router_config: PyKvRouterConfig,
+    pub(crate) kv_router_config: PyKvRouterConfig,
     pub(crate) thresholds: LoadThresholds,
     #[expect(
         dead_code,

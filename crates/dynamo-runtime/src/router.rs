@@ -1,9 +1,9 @@
 //! [`Client`]: routes requests of one endpoint over its live instances.
 //!
 //! The routable set is the discovered instances minus those this client saw fail
-//! (connection refused or lost, worker unavailable), which stay excluded for
-//! `inhibited_duration` or until discovery drops them. If every discovered instance is
-//! excluded, all of them are tried again rather than failing outright.
+//! (connection refused or lost, worker unavailable, engine shutting down), which stay
+//! excluded for `inhibited_duration` or until discovery drops them. If every discovered
+//! instance is excluded, all of them are tried again rather than failing outright.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

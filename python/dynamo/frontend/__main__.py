@@ -67,7 +67,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--router-replica-sync", action="store_true")
     p.add_argument("--router-reset-states", action="store_true")
+    p.add_argument(
+        "--router-track-output-blocks",
+        action="store_true",
+        help="book a decode block per block_size generated tokens (KV mode)",
+    )
+    p.add_argument(
+        "--router-queue-threshold",
+        type=float,
+        default=None,
+        help="park requests while every worker's prefill exceeds this fraction (KV mode)",
+    )
+    # Busy thresholds (KV mode): a worker over any of them is skipped; when every worker is
+    # over one, requests are rejected with 529.
+    p.add_argument(
+        "--active-decode-blocks-threshold",
+        type=float,
+        default=_env("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", float),
+    )
+    p.add_argument(
+        "--active-prefill-tokens-threshold",
+        type=int,
+        default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", int),
+    )
+    p.add_argument(
+        "--active-prefill-tokens-threshold-frac",
+        type=float,
+        default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", float),
+    )
     return p.parse_args(argv)
+
+
+def _env(name: str, kind: type) -> float | int | None:
+    value = os.environ.get(name)
+    return kind(value) if value else None
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -81,12 +114,21 @@ async def main(args: argparse.Namespace) -> None:
         router_temperature=args.router_temperature,
         use_kv_events=args.use_kv_events,
         router_replica_sync=args.router_replica_sync,
+        router_track_output_blocks=args.router_track_output_blocks,
+        router_queue_threshold=args.router_queue_threshold,
+    )
+    router = RouterConfig(
+        _MODES[args.router_mode],
+        kv,
+        active_decode_blocks_threshold=args.active_decode_blocks_threshold,
+        active_prefill_tokens_threshold=args.active_prefill_tokens_threshold,
+        active_prefill_tokens_threshold_frac=args.active_prefill_tokens_threshold_frac,
     )
     entry = EntrypointArgs(
         EngineType.Dynamic,
         http_host=args.http_host,
         http_port=args.http_port,
-        router_config=RouterConfig(_MODES[args.router_mode], kv),
+        router_config=router,
         kv_cache_block_size=args.kv_cache_block_size,
         namespace=args.namespace,
         migration_limit=args.migration_limit,

@@ -2,14 +2,19 @@
 //! call, and migration.
 //!
 //! [`WorkerSelector`] is the routing hook: round-robin and random are plain client routes;
-//! a KV-aware selector (issue 6) implements the same trait and answers
-//! [`Route::Direct`] with the worker of the best prefix overlap.
+//! the KV-aware selector ([`super::kv_selector`]) answers [`Route::Direct`] with the worker
+//! of the best prefix overlap weighed against load, and books the request's load there
+//! ([`RequestBooking`]) for as long as the attempt runs.
 //!
 //! [`WorkerStream`] hides migration: when a stream breaks with a migratable error
 //! (connection lost, worker gone, `EngineShutdown`) and migrations are left, it re-sends
 //! the request to another worker with the tokens generated so far appended to the prompt
 //! and `max_tokens` reduced ([`PreprocessedRequest::continued`]), so its caller sees one
 //! stream. `Cancelled` and any error after the client went away never migrate.
+//!
+//! Bookings: each attempt's booking lives in the [`WorkerStream`] and sees every worker
+//! item; it is dropped (releasing the load) when the stream ends, fails, migrates (before
+//! the next attempt books) or is dropped because the client went away.
 
 use std::sync::Arc;
 
@@ -17,6 +22,7 @@ use bytes::Bytes;
 use dynamo_runtime::transport::ErrorKind;
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::{Client, Context, Route};
+use futures_util::future::BoxFuture;
 
 use super::error::HttpError;
 use super::metrics::{Metrics, MigrationType};
@@ -57,9 +63,56 @@ impl RouterMode {
 pub trait WorkerSelector: Send + Sync + 'static {
     /// The route of `request` to `model`'s workers (`client` lists the live instances).
     fn select(&self, model: &ModelEntry, client: &Client, request: &RoutedRequest<'_>) -> Route;
+
+    /// Choose the worker of one attempt of a request and book the attempt's load there.
+    /// `attempt_id` is unique per attempt (a migrated request books again under a new
+    /// one); `avoid` lists the instances this request already failed on. The default
+    /// books nothing and answers [`Self::select`].
+    ///
+    /// # Errors
+    /// An [`HttpError`] for the client: 503 when no worker exists, 529 when every worker
+    /// is over the busy thresholds.
+    fn book<'a>(
+        &'a self,
+        model: &'a ModelEntry,
+        request: RoutedRequest<'a>,
+        attempt_id: &'a str,
+        avoid: &'a [u64],
+    ) -> BoxFuture<'a, Result<Selected, HttpError>> {
+        let _ = (attempt_id, avoid);
+        Box::pin(async move {
+            Ok(Selected {
+                route: self.select(model, &model.client, &request),
+                booking: None,
+            })
+        })
+    }
+}
+
+/// A request's hold on a worker's capacity, booked by a load-aware selector. The frontend
+/// reports each worker item to it and drops it when the attempt ends, however it ends;
+/// dropping releases the load.
+pub trait RequestBooking: Send + 'static {
+    /// A worker item carrying `tokens` output tokens arrived.
+    fn on_output(&mut self, tokens: usize);
+}
+
+impl RequestBooking for crate::kv_routing::Booking {
+    fn on_output(&mut self, tokens: usize) {
+        crate::kv_routing::Booking::on_output(self, tokens);
+    }
+}
+
+/// A selector's answer for one attempt.
+pub struct Selected {
+    /// Where to send it.
+    pub route: Route,
+    /// Its booking, if the selector books load.
+    pub booking: Option<Box<dyn RequestBooking>>,
 }
 
 /// What a selector may look at.
+#[derive(Clone, Copy)]
 pub enum RoutedRequest<'a> {
     /// A preprocessed (`ModelInput::Tokens`) request.
     Tokens(&'a PreprocessedRequest),
@@ -145,6 +198,14 @@ pub struct WorkerStream {
     generated: Vec<u32>,
     migrations_left: u32,
     stream: Option<ResponseStream>,
+    /// The current attempt's booking (dropped with the attempt).
+    booking: Option<Box<dyn RequestBooking>>,
+    /// Attempts made (names each attempt's booking).
+    attempts: u32,
+    /// The current attempt's instance, when the selector named one.
+    instance: Option<u64>,
+    /// Instances this request failed on.
+    failed: Vec<u64>,
     done: bool,
 }
 
@@ -170,6 +231,10 @@ impl WorkerStream {
             generated: Vec::new(),
             migrations_left: migration_limit,
             stream: None,
+            booking: None,
+            attempts: 0,
+            instance: None,
+            failed: Vec::new(),
             done: false,
         };
         s.connect(MigrationType::NewRequest).await?;
@@ -185,17 +250,30 @@ impl WorkerStream {
             };
             let body = serde_json::to_vec(&request)
                 .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))?;
-            let route = self.selector.select(
-                &self.model,
-                &self.model.client,
-                &RoutedRequest::Tokens(&request),
-            );
+            // The previous attempt's load is released before the next one books.
+            self.end_attempt();
+            let attempt_id = format!("{}#{}", self.context.id(), self.attempts);
+            self.attempts += 1;
+            let selected = self
+                .selector
+                .book(
+                    &self.model,
+                    RoutedRequest::Tokens(&request),
+                    &attempt_id,
+                    &self.failed,
+                )
+                .await?;
+            self.booking = selected.booking;
+            self.instance = match selected.route {
+                Route::Direct(id) => Some(id),
+                Route::RoundRobin | Route::Random => None,
+            };
             // Each attempt gets a linked child: dropping a broken attempt stops only it.
             let ctx = self.context.child();
             match self
                 .model
                 .client
-                .generate(Bytes::from(body), route, ctx, None)
+                .generate(Bytes::from(body), selected.route, ctx, None)
                 .await
             {
                 Ok(s) => {
@@ -203,13 +281,31 @@ impl WorkerStream {
                     return Ok(());
                 }
                 Err(e) if e.is_migratable() && self.may_migrate() => {
+                    self.attempt_failed();
                     self.migrations_left -= 1;
                     self.metrics.migration(&self.model.name, kind);
                     tracing::info!(model = %self.model.name, error = %e, "migrating request");
                 }
-                Err(e) => return Err(route_error(&e)),
+                Err(e) => {
+                    self.end_attempt();
+                    return Err(route_error(&e));
+                }
             }
         }
+    }
+
+    /// Release the current attempt (its stream and booking).
+    fn end_attempt(&mut self) {
+        self.stream = None;
+        self.booking = None;
+    }
+
+    /// The current attempt's worker failed: remember it, then release the attempt.
+    fn attempt_failed(&mut self) {
+        if let Some(id) = self.instance.take() {
+            self.failed.push(id);
+        }
+        self.end_attempt();
     }
 
     fn may_migrate(&self) -> bool {
@@ -226,23 +322,32 @@ impl WorkerStream {
             match stream.next().await {
                 None => {
                     self.done = true;
+                    self.end_attempt();
                     return None;
                 }
                 Some(Ok(bytes)) => {
                     return Some(match decode_item::<LLMEngineOutput>(&bytes) {
                         Ok(Some(item)) => {
+                            if let Some(b) = self.booking.as_mut() {
+                                b.on_output(item.token_ids.len());
+                            }
                             self.generated.extend_from_slice(&item.token_ids);
                             Ok(item)
                         }
                         Ok(None) => continue,
                         Err(e) => {
                             self.done = true;
+                            self.end_attempt();
                             Err(e)
                         }
                     });
                 }
                 Some(Err(e)) => {
-                    self.stream = None;
+                    if e.is_migratable() {
+                        self.attempt_failed();
+                    } else {
+                        self.end_attempt();
+                    }
                     if e.is_migratable() && self.may_migrate() {
                         self.migrations_left -= 1;
                         self.metrics

@@ -47,6 +47,12 @@ impl HttpError {
         Self::new(503, message)
     }
 
+    /// Every worker is over its busy thresholds: 529 (the reference's current answer), or
+    /// the status in `DYN_HTTP_OVERLOAD_STATUS_CODE` (e.g. 503, as older versions).
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(overload_status(), message)
+    }
+
     /// 500.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(500, message)
@@ -80,6 +86,19 @@ impl HttpError {
             }
         })
     }
+}
+
+/// The status of [`HttpError::overloaded`], read once from `DYN_HTTP_OVERLOAD_STATUS_CODE`
+/// (4xx or 5xx; anything else keeps the default 529).
+fn overload_status() -> u16 {
+    static STATUS: std::sync::OnceLock<u16> = std::sync::OnceLock::new();
+    *STATUS.get_or_init(|| {
+        std::env::var("DYN_HTTP_OVERLOAD_STATUS_CODE")
+            .ok()
+            .and_then(|v| v.trim().parse::<u16>().ok())
+            .filter(|s| (400..600).contains(s))
+            .unwrap_or(529)
+    })
 }
 
 impl From<crate::Error> for HttpError {

@@ -1,44 +1,62 @@
 //! KV-aware worker selection for the frontend (`--router-mode kv`).
 //!
 //! One [`KvRouter`] per served endpoint, created the first time a request for one of its
-//! models arrives (its index then follows the workers' KV events and discovery). Each
-//! request is hashed and sent to the worker whose cache holds the longest prefix, weighed
-//! against load ([`KvRouterCore::best_worker`], query only: the frontend's selector hook
-//! has no completion callback yet, so requests are not booked as active load).
-//! Text (`ModelInput::Text`) requests and requests for which the router knows no worker yet
-//! fall back to round-robin.
+//! models arrives; it follows the model's own [`Client`] view of the instances (so a worker
+//! it picks is always one that client can send to) and the workers' KV events. Each
+//! attempt of a request is hashed, sent to the worker whose cache holds the longest prefix
+//! weighed against load, and **booked** there ([`KvRouter::book`]): its prompt counts as
+//! prefill load until the first token, its blocks as decode load until the attempt ends,
+//! so concurrent requests spread by load instead of piling onto the prefix holder. The
+//! booking travels with the frontend's worker stream and is released when the stream
+//! ends, fails, migrates or is dropped (client disconnect).
+//!
+//! Errors: no instance → 503; every worker over the busy thresholds
+//! ([`LoadThresholds`]) → 529 ([`HttpError::overloaded`]). A migrated attempt avoids the
+//! workers the request already failed on.
+//!
+//! Text (`ModelInput::Text`) requests go round-robin (no tokens to route by).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use dynamo_kv_router::kv_router::RouteRequest;
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_runtime::{Client, DistributedRuntime, Route};
+use futures_util::future::BoxFuture;
 
-use super::engine::{RoutedRequest, WorkerSelector};
+use super::engine::{RoutedRequest, Selected, WorkerSelector};
+use super::error::HttpError;
 use crate::discovery::ModelEntry;
-use crate::kv_routing::KvRouter;
+use crate::kv_routing::{self, KvRouter, RouteOptions};
 use crate::model_card::DEFAULT_KV_CACHE_BLOCK_SIZE;
 
 /// The KV-routing selector.
 pub struct KvSelector {
     runtime: DistributedRuntime,
     config: KvRouterConfig,
+    thresholds: LoadThresholds,
     routers: Mutex<HashMap<String, Arc<KvRouter>>>,
 }
 
 impl KvSelector {
-    /// A selector whose routers use `config`.
-    pub fn new(runtime: DistributedRuntime, config: KvRouterConfig) -> Self {
+    /// A selector whose routers use `config` and reject requests when every worker is
+    /// over `thresholds`.
+    pub fn new(
+        runtime: DistributedRuntime,
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+    ) -> Self {
         Self {
             runtime,
             config,
+            thresholds,
             routers: Mutex::new(HashMap::new()),
         }
     }
 
-    fn router(&self, model: &ModelEntry) -> Option<Arc<KvRouter>> {
+    /// The router of `model`'s endpoint (created on first use; `None` when it cannot be
+    /// built, and the selector then falls back to round-robin).
+    pub fn router(&self, model: &ModelEntry) -> Option<Arc<KvRouter>> {
         let key = model.endpoint.to_string();
         let mut routers = self
             .routers
@@ -51,12 +69,12 @@ impl KvSelector {
             0 => DEFAULT_KV_CACHE_BLOCK_SIZE,
             b => b,
         };
-        match KvRouter::new(
+        match KvRouter::with_client(
             &self.runtime,
-            &model.endpoint,
+            model.client.clone(),
             block_size,
             self.config.clone(),
-            LoadThresholds::default(),
+            self.thresholds,
         ) {
             Ok(r) => {
                 routers.insert(key, Arc::clone(&r));
@@ -70,20 +88,104 @@ impl KvSelector {
     }
 }
 
+/// The client's answer for a routing failure.
+fn routing_error(model: &ModelEntry, e: &kv_routing::Error) -> HttpError {
+    use dynamo_kv_router::Error as R;
+    match e {
+        kv_routing::Error::Router(R::AllWorkersBusy { .. }) => {
+            HttpError::overloaded(format!("All workers are busy, please retry later ({e})"))
+        }
+        kv_routing::Error::Router(
+            R::NoWorkers | R::NoEligibleWorkers | R::UnknownWorker { .. },
+        ) => HttpError::unavailable(format!("no workers available for {}: {e}", model.name)),
+        kv_routing::Error::Runtime(e) => super::engine::route_error(e),
+        _ => HttpError::internal(format!("routing failed: {e}")),
+    }
+}
+
+/// Pin `opts` to the least-loaded rank outside `avoid` when the router's own choice could
+/// be one of them (a migrated request must not go back to the worker that failed it; its
+/// cached prefix would otherwise draw it there).
+fn avoid_failed(router: &KvRouter, tokens: &[u32], avoid: &[u64], opts: &mut RouteOptions) {
+    if avoid.is_empty() {
+        return;
+    }
+    let Ok(loads) = router.potential_loads(tokens, &RouteOptions::default()) else {
+        return;
+    };
+    opts.pinned = loads
+        .iter()
+        .filter(|l| !avoid.contains(&l.worker.worker_id))
+        .min_by_key(|l| {
+            (
+                l.potential_prefill_tokens
+                    .saturating_add(l.potential_decode_blocks * u64::from(router.block_size())),
+                l.active_requests,
+            )
+        })
+        .map(|l| l.worker);
+}
+
 impl WorkerSelector for KvSelector {
     fn select(&self, model: &ModelEntry, _client: &Client, request: &RoutedRequest<'_>) -> Route {
+        // Query only (no booking): callers that do not report completion.
         let RoutedRequest::Tokens(req) = request else {
             return Route::RoundRobin;
         };
         let Some(router) = self.router(model) else {
             return Route::RoundRobin;
         };
-        match router.core().best_worker(&RouteRequest {
-            tokens: &req.token_ids,
-            ..Default::default()
-        }) {
+        match router
+            .core()
+            .best_worker(&dynamo_kv_router::kv_router::RouteRequest {
+                tokens: &req.token_ids,
+                ..Default::default()
+            }) {
             Ok(sel) => Route::Direct(sel.worker.worker_id),
             Err(_) => Route::RoundRobin,
         }
     }
+
+    fn book<'a>(
+        &'a self,
+        model: &'a ModelEntry,
+        request: RoutedRequest<'a>,
+        attempt_id: &'a str,
+        avoid: &'a [u64],
+    ) -> BoxFuture<'a, Result<Selected, HttpError>> {
+        Box::pin(async move {
+            let plain = |route| Selected {
+                route,
+                booking: None,
+            };
+            let RoutedRequest::Tokens(req) = request else {
+                return Ok(plain(Route::RoundRobin));
+            };
+            if model.client.instance_ids().is_empty() {
+                return Err(HttpError::unavailable(format!(
+                    "no workers available for {}: no instances found for endpoint {}",
+                    model.name, model.endpoint
+                )));
+            }
+            let Some(router) = self.router(model) else {
+                return Ok(plain(Route::RoundRobin));
+            };
+            let mut opts = RouteOptions {
+                request_id: Some(attempt_id.to_owned()),
+                ..Default::default()
+            };
+            avoid_failed(&router, &req.token_ids, avoid, &mut opts);
+            let (selection, booking) = router
+                .book(&req.token_ids, &opts)
+                .await
+                .map_err(|e| routing_error(model, &e))?;
+            Ok(Selected {
+                route: Route::Direct(selection.worker.worker_id),
+                booking: Some(Box::new(booking)),
+            })
+        })
+    }
 }
+
+#[cfg(test)]
+mod tests;

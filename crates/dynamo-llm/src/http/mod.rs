@@ -4,7 +4,7 @@
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
 //! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
-//! the limit), 503 (no workers).
+//! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
 //!
 //! Models come from a [`ModelManager`] that a [`crate::discovery::ModelWatcher`] keeps in
 //! step with the cards workers register. For `ModelInput::Tokens` models the frontend
@@ -31,7 +31,10 @@ use axum::routing::{get, post};
 use dynamo_runtime::{DistributedRuntime, Route};
 use tokio::sync::watch;
 
-pub use engine::{RoutedRequest, RouterMode, SimpleSelector, WorkerSelector, WorkerStream};
+pub use engine::{
+    RequestBooking, RoutedRequest, RouterMode, Selected, SimpleSelector, WorkerSelector,
+    WorkerStream,
+};
 pub use error::HttpError;
 pub use metrics::Metrics;
 
@@ -58,6 +61,9 @@ pub struct FrontendConfig {
     pub body_limit: usize,
     /// KV router configuration (`--router-mode kv`).
     pub kv_router_config: dynamo_kv_router::scheduling::config::KvRouterConfig,
+    /// Busy thresholds of the KV router: when every worker is over one, requests are
+    /// rejected with 529.
+    pub load_thresholds: dynamo_kv_router::scheduling::selector::LoadThresholds,
 }
 
 impl Default for FrontendConfig {
@@ -70,6 +76,7 @@ impl Default for FrontendConfig {
             namespace: None,
             body_limit: body_limit_from_env(),
             kv_router_config: Default::default(),
+            load_thresholds: Default::default(),
         }
     }
 }
@@ -191,6 +198,7 @@ impl HttpService {
             self.set_selector(Arc::new(kv_selector::KvSelector::new(
                 runtime.clone(),
                 self.config.kv_router_config.clone(),
+                self.config.load_thresholds,
             )));
         }
         ModelWatcher::start(

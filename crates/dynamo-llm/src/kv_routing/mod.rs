@@ -47,7 +47,7 @@ use std::sync::{Mutex, MutexGuard};
 
 pub use block_events::BlockManagerEventSink;
 pub use publisher::{ActiveLoad, KvEventPublisher, WorkerMetricsPublisher};
-pub use router::{KvRouter, RouteOptions, RoutedStream};
+pub use router::{Booking, KvRouter, RouteOptions, RoutedStream};
 
 /// KV events topic.
 pub const KV_EVENTS_TOPIC: &str = "kv-events";

@@ -173,6 +173,29 @@ impl KvRouter {
         config: KvRouterConfig,
         thresholds: LoadThresholds,
     ) -> Result<Arc<Self>> {
+        Self::with_client(
+            runtime,
+            runtime.client(endpoint),
+            block_size,
+            config,
+            thresholds,
+        )
+    }
+
+    /// A router over the workers of `client`'s endpoint that follows `client`'s own view
+    /// of the instances: a caller that sends the routed requests through the same client
+    /// (the frontend) can never be handed a worker that client does not know yet.
+    ///
+    /// # Errors
+    /// As [`Self::new`].
+    pub fn with_client(
+        runtime: &DistributedRuntime,
+        client: dynamo_runtime::Client,
+        block_size: u32,
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+    ) -> Result<Arc<Self>> {
+        let endpoint = &client.endpoint().clone();
         let use_events = config.use_kv_events;
         let policy = config.router_queue_policy;
         let queued = config.router_queue_threshold.is_some();
@@ -193,7 +216,6 @@ impl KvRouter {
 
         // Worker discovery, through the client's own watch: a worker becomes routable
         // here only once the client that sends to it knows its address.
-        let client = runtime.client(endpoint);
         let mut watch = client.watch_instances();
         tokio::spawn({
             let shared = Arc::clone(&shared);
@@ -378,6 +400,39 @@ impl KvRouter {
         Ok(())
     }
 
+    /// Choose a worker rank for `tokens` as [`Self::route`] does and book the request's
+    /// load there under `opts.request_id` (required). The returned [`Booking`] marks
+    /// prefill complete at the first output, books output blocks when
+    /// `router_track_output_blocks` is on, and frees the load when dropped.
+    ///
+    /// # Errors
+    /// As [`Self::route`]; a missing request id is [`super::Error::InvalidArgument`].
+    pub async fn book(
+        self: &Arc<Self>,
+        tokens: &[u32],
+        opts: &RouteOptions,
+    ) -> Result<(Selection, Booking)> {
+        let Some(request_id) = opts.request_id.clone() else {
+            return Err(super::Error::InvalidArgument(
+                "booking a request needs a request id".into(),
+            ));
+        };
+        let selection = self.route(tokens, opts).await?;
+        let booking = Booking {
+            router: Arc::clone(self),
+            request_id,
+            prefilled: false,
+            freed: false,
+            output_tokens: self
+                .shared
+                .core
+                .config()
+                .router_track_output_blocks
+                .then_some(0),
+        };
+        Ok((selection, booking))
+    }
+
     /// Route `body` (a JSON request for the worker) by `tokens` and send it to the chosen
     /// worker. The request is booked under the context's id (or `opts.request_id`); the
     /// returned stream marks prefill complete at its first item and frees the booking
@@ -392,22 +447,9 @@ impl KvRouter {
         mut opts: RouteOptions,
         context: Context,
     ) -> Result<RoutedStream> {
-        let request_id = opts
-            .request_id
-            .get_or_insert_with(|| context.id().to_owned())
-            .clone();
-        let selection = self.route(tokens, &opts).await?;
-        let guard = RequestGuard {
-            router: Arc::clone(self),
-            request_id,
-            prefilled: false,
-            output_tokens: self
-                .shared
-                .core
-                .config()
-                .router_track_output_blocks
-                .then_some(0),
-        };
+        opts.request_id
+            .get_or_insert_with(|| context.id().to_owned());
+        let (selection, booking) = self.book(tokens, &opts).await?;
         let stream = self
             .client
             .generate(
@@ -420,7 +462,7 @@ impl KvRouter {
         Ok(RoutedStream {
             stream,
             selection,
-            guard,
+            booking,
         })
     }
 
@@ -447,18 +489,64 @@ impl KvRouter {
     }
 }
 
-/// Frees a routed request's booking when dropped; marks prefill at the first item.
-struct RequestGuard {
+/// One request's load booked in the router's scheduler (see [`KvRouter::book`]).
+///
+/// The first [`Self::on_output`] marks the prompt's prefill complete (its tokens stop
+/// counting as prefill load); with `router_track_output_blocks` every `block_size` output
+/// tokens book one more decode block. [`Self::release`], or dropping the booking, frees
+/// the request's load (once).
+pub struct Booking {
     router: Arc<KvRouter>,
     request_id: String,
     prefilled: bool,
+    freed: bool,
     /// Output tokens seen, when output blocks are tracked.
     output_tokens: Option<usize>,
 }
 
-impl Drop for RequestGuard {
+impl Booking {
+    /// The id the load is booked under.
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    /// Whether output tokens are counted (`router_track_output_blocks`): callers may skip
+    /// counting them otherwise.
+    pub fn tracks_output(&self) -> bool {
+        self.output_tokens.is_some()
+    }
+
+    /// The worker produced an item carrying `tokens` output tokens.
+    pub fn on_output(&mut self, tokens: usize) {
+        if self.freed {
+            return;
+        }
+        if !self.prefilled {
+            self.prefilled = true;
+            let _ = self.router.mark_prefill_complete(&self.request_id);
+        }
+        let block = self.router.block_size().max(1) as usize;
+        let Some(seen) = self.output_tokens.as_mut() else {
+            return;
+        };
+        let before = *seen / block;
+        *seen += tokens;
+        for _ in before..*seen / block {
+            let _ = self.router.core().add_output_block(&self.request_id);
+        }
+    }
+
+    /// Free the request's load now (idempotent; dropping does the same).
+    pub fn release(&mut self) {
+        if !std::mem::replace(&mut self.freed, true) {
+            let _ = self.router.free(&self.request_id);
+        }
+    }
+}
+
+impl Drop for Booking {
     fn drop(&mut self) {
-        let _ = self.router.free(&self.request_id);
+        self.release();
     }
 }
 
@@ -466,7 +554,7 @@ impl Drop for RequestGuard {
 pub struct RoutedStream {
     stream: ResponseStream,
     selection: Selection,
-    guard: RequestGuard,
+    booking: Booking,
 }
 
 impl RoutedStream {
@@ -481,51 +569,16 @@ impl RoutedStream {
     }
 
     fn seen(&mut self, item: Option<&dynamo_runtime::Result<Bytes>>) {
-        if let (Some(Ok(bytes)), Some(_)) = (item, self.guard.output_tokens) {
-            self.count_output(bytes);
-        }
         match item {
-            Some(Ok(_)) if !self.guard.prefilled => {
-                self.guard.prefilled = true;
-                let _ = self
-                    .guard
-                    .router
-                    .mark_prefill_complete(&self.guard.request_id);
+            Some(Ok(bytes)) => {
+                let tokens = if self.booking.tracks_output() {
+                    output_token_count(bytes)
+                } else {
+                    0
+                };
+                self.booking.on_output(tokens);
             }
-            Some(Ok(_)) => {}
-            Some(Err(_)) | None => {
-                let _ = self.guard.router.free(&self.guard.request_id);
-            }
-        }
-    }
-
-    /// Output-block tracking: count the item's `token_ids` (in its `data`, as an
-    /// `LLMEngineOutput`) and book one block per `block_size` tokens generated.
-    fn count_output(&mut self, bytes: &[u8]) {
-        #[derive(serde::Deserialize)]
-        struct Output {
-            #[serde(default)]
-            token_ids: Vec<serde::de::IgnoredAny>,
-        }
-        #[derive(serde::Deserialize)]
-        struct Envelope {
-            data: Option<Output>,
-        }
-        let Ok(Envelope { data: Some(out) }) = serde_json::from_slice::<Envelope>(bytes) else {
-            return;
-        };
-        let block = self.guard.router.block_size().max(1) as usize;
-        let Some(seen) = self.guard.output_tokens.as_mut() else {
-            return;
-        };
-        let before = *seen / block;
-        *seen += out.token_ids.len();
-        for _ in before..*seen / block {
-            let _ = self
-                .guard
-                .router
-                .core()
-                .add_output_block(&self.guard.request_id);
+            Some(Err(_)) | None => self.booking.release(),
         }
     }
 
@@ -542,6 +595,24 @@ impl RoutedStream {
         let item = self.stream.next().await;
         self.seen(item.as_ref());
         item
+    }
+}
+
+/// The number of `token_ids` in a worker item (an `LLMEngineOutput` in the envelope's
+/// `data`); 0 for annotations and anything else.
+fn output_token_count(bytes: &[u8]) -> usize {
+    #[derive(serde::Deserialize)]
+    struct Output {
+        #[serde(default)]
+        token_ids: Vec<serde::de::IgnoredAny>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        data: Option<Output>,
+    }
+    match serde_json::from_slice::<Envelope>(bytes) {
+        Ok(Envelope { data: Some(out) }) => out.token_ids.len(),
+        _ => 0,
     }
 }
 

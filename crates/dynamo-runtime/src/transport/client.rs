@@ -406,8 +406,9 @@ impl ResponseStream {
         Ok(s)
     }
 
-    /// Call `f` when the stream breaks because the connection was lost (used to report the
-    /// instance down).
+    /// Call `f` when the stream breaks because the connection was lost or the worker's
+    /// engine is shutting down (`EngineShutdown`): used to report the instance down, so
+    /// a migrated request does not go back to it.
     pub fn set_on_disconnect(&mut self, f: Box<dyn Fn() + Send + Sync>) {
         self.on_disconnect = Some(f);
     }
@@ -470,6 +471,11 @@ impl ResponseStream {
             }
             Some(Event::Error(e)) => {
                 self.finish();
+                if e.kind == super::ErrorKind::EngineShutdown
+                    && let Some(f) = &self.on_disconnect
+                {
+                    f();
+                }
                 Some(Err(Error::Remote(e)))
             }
             Some(Event::Disconnected(m)) => {
