@@ -245,13 +245,18 @@ def _ours_build() -> str:
             ["git", "-C", str(src), *args], capture_output=True, text=True, check=True
         ).stdout.strip()
 
+    so = max(src.glob("_core*.so"), key=lambda f: f.stat().st_mtime, default=None)
+    built = so.stat().st_mtime if so else 0.0
     try:
         commit = git("rev-parse", "--short", "HEAD")
         if git("status", "--porcelain", "--untracked-files=no"):
             commit += " plus uncommitted changes"
-    except (OSError, subprocess.CalledProcessError):
+        elif int(git("log", "-1", "--format=%ct")) > built:
+            commit += ", which is newer than the extension: it was built from an earlier tree"
+    except (OSError, subprocess.CalledProcessError, ValueError):
         commit = "unknown"
-    return f"`dynamo` from `{src}` (commit {commit}), release build of `dynamo._core`"
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(built))
+    return f"`dynamo` from `{src}` (checkout at {commit}); `dynamo._core` release build of {stamp}"
 
 
 def _median(rounds: list[dict]) -> dict:
