@@ -7,6 +7,13 @@ or ``dynamo.mocker`` modules.
 
 Usage: ``serve_launcher.py frontend PORT`` or ``serve_launcher.py mocker MODEL_DIR JSON``
 (``JSON``: the mocker's engine arguments, e.g. ``{"speedup_ratio": 1000}``).
+
+The mocker must be told the endpoint it is served on (``endpoint_id``), not only
+``run_input``: the reference's mocker engine waits until instances of the component named
+by ``endpoint_id`` appear in discovery before it generates. Without ``endpoint_id`` it
+makes up a component (``<uuid>/local_model``) that nobody serves, so it polls for it forever
+("Component service not available yet, retrying..." at ``DYN_LOG=debug``) and never answers
+a request, although the frontend lists the model and routes to the worker.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ import tempfile
 import dynamo._core as core
 from dynamo.llm import EngineType, EntrypointArgs, make_engine, run_input
 from dynamo.runtime import DistributedRuntime
+
+ENDPOINT = "dyn://dynamo.backend.generate"
 
 
 async def main(argv: list[str]) -> None:
@@ -38,10 +47,14 @@ async def main(argv: list[str]) -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(config, f)
         args = EntrypointArgs(
-            EngineType.Mocker, model_path=argv[1], model_name="tiny", extra_engine_args=f.name
+            EngineType.Mocker,
+            model_path=argv[1],
+            model_name="tiny",
+            endpoint_id=ENDPOINT,
+            extra_engine_args=f.name,
         )
         engine = await make_engine(runtime, args)
-        await run_input(runtime, "dyn://dynamo.backend.generate", engine)
+        await run_input(runtime, ENDPOINT, engine)
 
 
 if __name__ == "__main__":
