@@ -2,121 +2,16 @@
 //! `nats-server` (event plane over NATS, reconnection and gap detection, payload limit) and
 //! `etcd` (discovery with a lease, event channels advertised in etcd).
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{WAIT, etcd_server, free_port, nats_server};
 
 use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane};
 use dynamo_runtime::events::{EventScope, EventSubscriber};
 use dynamo_runtime::{DistributedRuntime, EndpointId, RuntimeConfig};
-
-const WAIT: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// A server process, killed on drop.
-struct Server {
-    child: Option<Child>,
-    args: Vec<String>,
-    program: &'static str,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(program: &'static str, port: u16, args: Vec<String>, dir: tempfile::TempDir) -> Self {
-        let mut s = Self {
-            child: None,
-            args,
-            program,
-            port,
-            _dir: dir,
-        };
-        s.restart();
-        s
-    }
-
-    fn restart(&mut self) {
-        let child = Command::new(self.program)
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {} (scripts/test.sh installs it): {e}",
-                    self.program
-                )
-            });
-        self.child = Some(child);
-        let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "{} did not start", self.program);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn nats_server(extra: &[&str]) -> Server {
-    let port = free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut args = vec![
-        "-a".into(),
-        "127.0.0.1".into(),
-        "-p".into(),
-        port.to_string(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    Server::start("nats-server", port, args, dir)
-}
-
-fn etcd_server() -> Server {
-    let port = free_port();
-    let peer = free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data: PathBuf = dir.path().join("data");
-    let client = format!("http://127.0.0.1:{port}");
-    let peer = format!("http://127.0.0.1:{peer}");
-    let args = [
-        "--name",
-        "t",
-        "--data-dir",
-        data.to_str().expect("utf-8 path"),
-        "--listen-client-urls",
-        &client,
-        "--advertise-client-urls",
-        &client,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &format!("t={peer}"),
-        "--log-level",
-        "error",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    Server::start("etcd", port, args, dir)
-}
 
 fn nats_config(port: u16) -> RuntimeConfig {
     RuntimeConfig {
@@ -422,4 +317,77 @@ async fn nats_request_plane_round_trips_and_names_the_payload_limit() {
         .unwrap()
         .unwrap();
     caller.shutdown();
+}
+
+/// Streams `n` items (the request body says how many), 20 ms apart.
+struct Slow;
+
+impl dynamo_runtime::transport::server::Handler for Slow {
+    fn start(
+        &self,
+        request: dynamo_runtime::transport::server::Request,
+        mut out: dynamo_runtime::transport::server::Responder,
+    ) {
+        let n: u32 = serde_json::from_slice(&request.body).unwrap_or(1);
+        tokio::spawn(async move {
+            for i in 0..n {
+                let _ = out.send(i.to_string().as_bytes());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            out.finish();
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_request_plane_shutdown_drains_streams_to_the_end() {
+    let server = nats_server(&[]);
+    // Each round: a stream in flight when the worker shuts down must end with every item
+    // and a clean end (the last frames leave before the NATS connection closes).
+    for round in 0..10 {
+        let rt = || {
+            DistributedRuntime::new(
+                DiscoveryBackend::Mem,
+                RequestPlane::Nats,
+                nats_config(server.port),
+            )
+            .unwrap()
+        };
+        let (worker, caller) = (rt(), rt());
+        let ep = EndpointId::parse(&format!("natsdrain{round}.backend.generate")).unwrap();
+        let serving = {
+            let (worker, ep) = (worker.clone(), ep.clone());
+            tokio::spawn(async move { worker.serve_endpoint(&ep, Arc::new(Slow), true).await })
+        };
+        let client = caller.client(&ep);
+        tokio::time::timeout(WAIT, client.wait_for_instances())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut stream = client
+            .generate(
+                bytes::Bytes::from_static(b"10"),
+                dynamo_runtime::Route::RoundRobin,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"0");
+        worker.shutdown();
+        let mut rest = Vec::new();
+        while let Some(item) = tokio::time::timeout(WAIT, stream.next()).await.unwrap() {
+            let item = item.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            rest.push(String::from_utf8(item.to_vec()).unwrap());
+        }
+        let want: Vec<String> = (1..10).map(|i| i.to_string()).collect();
+        assert_eq!(rest, want, "round {round}");
+        tokio::time::timeout(WAIT, serving)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        caller.shutdown();
+        tokio::time::timeout(WAIT, caller.stopped()).await.unwrap();
+    }
 }
