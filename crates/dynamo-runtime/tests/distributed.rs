@@ -319,6 +319,93 @@ async fn nats_request_plane_round_trips_and_names_the_payload_limit() {
     caller.shutdown();
 }
 
+/// Retry `op` (an etcd request that fails while the client reconnects) until it succeeds.
+async fn until_ok<F, Fut>(mut op: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = dynamo_runtime::Result<()>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "etcd never came back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_watch_resyncs_after_an_etcd_restart() {
+    let mut etcd = etcd_server();
+    let connect = || {
+        DistributedRuntime::connect(
+            DiscoveryBackend::Etcd,
+            RequestPlane::Tcp,
+            etcd_config(etcd.port, 10),
+        )
+    };
+    let (watcher, writer) = (connect().await.unwrap(), connect().await.unwrap());
+    let prefix = "v1/mdc/resync/".to_owned();
+    let key = |name: &str| format!("{prefix}{name}");
+    let mut view =
+        dynamo_runtime::discovery::watch_prefix(Arc::clone(watcher.kv_store()), prefix.clone());
+    let mut changes = watcher.kv_store().changes();
+    writer.kv_store().put(&key("gone"), "1").await.unwrap();
+    let names = |v: &[(String, String)]| -> Vec<String> {
+        v.iter()
+            .map(|(k, _)| k[prefix.len()..].to_owned())
+            .collect()
+    };
+    let converge = |view: &mut tokio::sync::watch::Receiver<_>, want: Vec<&str>| {
+        let want: Vec<String> = want.into_iter().map(str::to_owned).collect();
+        let mut view = view.clone();
+        async move {
+            tokio::time::timeout(
+                WAIT,
+                view.wait_for(|v: &Arc<Vec<(String, String)>>| names(v) == want),
+            )
+            .await
+            .expect("the watcher's view converges")
+            .expect("view open");
+        }
+    };
+    converge(&mut view, vec!["gone"]).await;
+
+    // etcd goes away for less than the lease TTL; while the watcher's watch is broken,
+    // one key is deleted and two are put as soon as etcd is back.
+    etcd.stop();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.restart();
+    let w = &writer;
+    until_ok(|| async move { w.kv_store().delete(&key("gone")).await }).await;
+    until_ok(|| async move { w.kv_store().put(&key("new-a"), "2").await }).await;
+    until_ok(|| async move { w.kv_store().put(&key("new-b"), "3").await }).await;
+    converge(&mut view, vec!["new-a", "new-b"]).await;
+
+    // The watch itself is live again: a later change is signalled (not just re-listed).
+    tokio::time::timeout(WAIT, async {
+        loop {
+            changes.mark_unchanged();
+            writer.kv_store().put(&key("later"), "4").await.unwrap();
+            if tokio::time::timeout(Duration::from_millis(500), changes.changed())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the etcd watch signals changes after the restart");
+    converge(&mut view, vec!["later", "new-a", "new-b"]).await;
+    drop(view);
+    for rt in [watcher, writer] {
+        rt.shutdown();
+        tokio::time::timeout(WAIT, rt.stopped()).await.unwrap();
+    }
+}
+
 /// Streams `n` items (the request body says how many), 20 ms apart.
 struct Slow;
 
