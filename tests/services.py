@@ -4,6 +4,7 @@ and data, so fault tests can take a service away and bring it back."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -127,22 +128,48 @@ class Etcd(Service):
 
 
 class Nats(Service):
-    """A nats-server on 127.0.0.1 (core NATS, no JetStream)."""
+    """A nats-server on 127.0.0.1 (core NATS, no JetStream), optionally requiring a user
+    and password or a token; ``auth_env`` holds the matching ``NATS_AUTH_*`` variables."""
 
     name = "nats"
 
-    def __init__(self, max_payload: int | None = None, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        max_payload: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        user: str | None = None,
+        password: str | None = None,
+        token: str | None = None,
+    ) -> None:
         super().__init__(host)
         self.max_payload = max_payload
+        self.user, self.password, self.token = user, password, token
 
     @property
     def url(self) -> str:
         return f"nats://{self.host}:{self.port}"
 
+    @property
+    def auth_env(self) -> dict[str, str]:
+        if self.user is not None:
+            return {"NATS_AUTH_USERNAME": self.user, "NATS_AUTH_PASSWORD": self.password or ""}
+        if self.token is not None:
+            return {"NATS_AUTH_TOKEN": self.token}
+        return {}
+
     def command(self) -> list[str]:
         cmd = [_need("nats-server"), "-a", self.host, "-p", str(self.port)]
+        conf = []
         if self.max_payload is not None:
-            conf = self.dir / "nats.conf"
-            conf.write_text(f"max_payload: {self.max_payload}\n")
-            cmd += ["-c", str(conf)]
+            conf.append(f"max_payload: {self.max_payload}")
+        if self.user is not None:
+            user, password = json.dumps(self.user), json.dumps(self.password or "")
+            conf.append(f"authorization {{ user: {user}, password: {password} }}")
+        elif self.token is not None:
+            conf.append(f"authorization {{ token: {json.dumps(self.token)} }}")
+        if conf:
+            path = self.dir / "nats.conf"
+            path.write_text("\n".join(conf) + "\n")
+            cmd += ["-c", str(path)]
         return cmd

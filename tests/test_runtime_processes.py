@@ -157,14 +157,7 @@ async def test_worker_killed_mid_stream(workers) -> None:
         await wait_until(lambda: client.instance_ids() == [b.instance_id], timeout=8)
 
 
-async def test_sigterm_drains_in_flight_streams(workers, backend, request) -> None:
-    if backend.get("DYN_REQUEST_PLANE") == "nats":
-        # Known race (issue 5, open): on the NATS request plane a SIGTERMed worker sometimes
-        # goes silent for the 2 s liveness window before its drained stream completes (about
-        # 1 run in 5 here). The test still runs and reports XPASS/XFAIL; TCP must always pass.
-        request.applymarker(
-            pytest.mark.xfail(reason="NATS request-plane drain race on SIGTERM", strict=False)
-        )
+async def test_sigterm_drains_in_flight_streams(workers) -> None:
     a = workers()
     async with local_runtime(workers.backend) as rt:
         client = await connect(workers.ns, rt, {a.instance_id})

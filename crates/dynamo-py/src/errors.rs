@@ -148,8 +148,8 @@ pub(crate) fn runtime_error(err: dynamo_runtime::Error) -> PyErr {
         | E::MessageTooLarge { .. }
         | E::NatsPayloadTooLarge { .. }
         | E::Codec(_) => PyValueError::new_err(msg),
-        // etcd or NATS unreachable (or failing).
-        E::Discovery(_) | E::Nats(_) => CannotConnect::new_err(msg),
+        // etcd or NATS unreachable (or failing, or refusing the credentials).
+        E::Discovery(_) | E::Nats(_) | E::NatsAuth(_) => CannotConnect::new_err(msg),
         E::UnknownInstance { .. } => PyValueError::new_err(msg),
         E::CannotConnect { .. } | E::NoInstances(_) => CannotConnect::new_err(msg),
         E::Disconnected(_) => Disconnected::new_err(msg),

@@ -50,12 +50,17 @@ pub struct RuntimeConfig {
     pub nats_server: String,
     /// Whether `NATS_SERVER` was set explicitly.
     pub nats_server_set: bool,
+    /// Credentials for the NATS connection (`NATS_AUTH_*`), shared by the request plane
+    /// and the event plane.
+    pub nats_auth: NatsAuth,
     /// etcd endpoints (`ETCD_ENDPOINTS`, default `http://localhost:2379`), comma-separated.
     pub etcd_endpoints: Vec<String>,
     /// Whether `ETCD_ENDPOINTS` was set explicitly.
     pub etcd_endpoints_set: bool,
     /// Lease TTL of the etcd registration (`ETCD_LEASE_TTL`, seconds, default 10).
     pub etcd_lease_ttl: Duration,
+    /// TLS to etcd (`ETCD_AUTH_CA`, `ETCD_AUTH_CLIENT_CERT`, `ETCD_AUTH_CLIENT_KEY`).
+    pub etcd_tls: EtcdTls,
     /// System status server port (`DYN_SYSTEM_PORT`: -1 disabled, the default; 0 random).
     pub system_port: i32,
     /// Host the status server binds (`DYN_SYSTEM_HOST`, default `0.0.0.0`).
@@ -87,9 +92,11 @@ impl Default for RuntimeConfig {
             event_subscriber_capacity: crate::events::DEFAULT_SUBSCRIBER_CAPACITY,
             nats_server: "nats://localhost:4222".into(),
             nats_server_set: false,
+            nats_auth: NatsAuth::None,
             etcd_endpoints: vec!["http://localhost:2379".into()],
             etcd_endpoints_set: false,
             etcd_lease_ttl: Duration::from_secs(10),
+            etcd_tls: EtcdTls::default(),
             system_port: -1,
             system_host: "0.0.0.0".into(),
             starting_health: None,
@@ -161,6 +168,7 @@ impl RuntimeConfig {
             c.nats_server = v;
             c.nats_server_set = true;
         }
+        c.nats_auth = NatsAuth::from_env()?;
         if let Some(v) = var("ETCD_ENDPOINTS") {
             c.etcd_endpoints = v
                 .split(',')
@@ -169,6 +177,11 @@ impl RuntimeConfig {
                 .collect();
             c.etcd_endpoints_set = true;
         }
+        c.etcd_tls = EtcdTls {
+            ca: var("ETCD_AUTH_CA").map(PathBuf::from),
+            client_cert: var("ETCD_AUTH_CLIENT_CERT").map(PathBuf::from),
+            client_key: var("ETCD_AUTH_CLIENT_KEY").map(PathBuf::from),
+        };
         if let Some(v) = secs("ETCD_LEASE_TTL")? {
             c.etcd_lease_ttl = v.max(Duration::from_secs(1));
         }
@@ -204,6 +217,93 @@ impl RuntimeConfig {
         c.file_kv_root = FileStore::default_root();
         c.file_kv_ttl = FileStore::default_ttl();
         Ok(c)
+    }
+}
+
+/// PEM files for TLS to etcd (all `None`: plain `http://`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA certificate that signed etcd's server certificate (`ETCD_AUTH_CA`).
+    pub ca: Option<PathBuf>,
+    /// Client certificate for mutual TLS (`ETCD_AUTH_CLIENT_CERT`).
+    pub client_cert: Option<PathBuf>,
+    /// Its private key (`ETCD_AUTH_CLIENT_KEY`).
+    pub client_key: Option<PathBuf>,
+}
+
+/// How the process authenticates to NATS: the reference's variables, in its priority
+/// order (the first one configured wins): `NATS_AUTH_USERNAME` + `NATS_AUTH_PASSWORD`,
+/// `NATS_AUTH_TOKEN`, `NATS_AUTH_NKEY` (an nkey seed, `SU...`), `NATS_AUTH_CREDENTIALS_FILE`
+/// (a `.creds` file with a user JWT and seed). `Debug` never prints a secret.
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NatsAuth {
+    /// No credentials (a server without authorization).
+    #[default]
+    None,
+    /// User and password.
+    UserPassword {
+        /// `NATS_AUTH_USERNAME`.
+        user: String,
+        /// `NATS_AUTH_PASSWORD`.
+        password: String,
+    },
+    /// A token (`NATS_AUTH_TOKEN`).
+    Token(String),
+    /// An nkey seed (`NATS_AUTH_NKEY`): the client signs the server's nonce with it.
+    Nkey(String),
+    /// A credentials file (`NATS_AUTH_CREDENTIALS_FILE`).
+    CredentialsFile(PathBuf),
+}
+
+impl std::fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => f.write_str("None"),
+            Self::UserPassword { user, .. } => write!(f, "UserPassword({user:?}, ***)"),
+            Self::Token(_) => f.write_str("Token(***)"),
+            Self::Nkey(_) => f.write_str("Nkey(***)"),
+            Self::CredentialsFile(p) => write!(f, "CredentialsFile({p:?})"),
+        }
+    }
+}
+
+impl NatsAuth {
+    /// Read `NATS_AUTH_*`. A user without a password (or the reverse) is an error rather
+    /// than a silent fall-through to the next method.
+    pub fn from_env() -> Result<Self> {
+        match (var("NATS_AUTH_USERNAME"), var("NATS_AUTH_PASSWORD")) {
+            (Some(user), Some(password)) => {
+                return Ok(Self::UserPassword { user, password });
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(Error::InvalidArgument(
+                    "NATS_AUTH_USERNAME and NATS_AUTH_PASSWORD must be set together".into(),
+                ));
+            }
+            (None, None) => {}
+        }
+        if let Some(token) = var("NATS_AUTH_TOKEN") {
+            return Ok(Self::Token(token));
+        }
+        if let Some(seed) = var("NATS_AUTH_NKEY") {
+            return Ok(Self::Nkey(seed.trim().to_owned()));
+        }
+        if let Some(path) = var("NATS_AUTH_CREDENTIALS_FILE") {
+            return Ok(Self::CredentialsFile(PathBuf::from(path)));
+        }
+        Ok(Self::None)
+    }
+
+    /// The variable(s) this method came from, for error messages.
+    pub fn source(&self) -> &'static str {
+        match self {
+            Self::None => "no NATS_AUTH_* variable set",
+            Self::UserPassword { .. } => "NATS_AUTH_USERNAME/NATS_AUTH_PASSWORD",
+            Self::Token(_) => "NATS_AUTH_TOKEN",
+            Self::Nkey(_) => "NATS_AUTH_NKEY",
+            Self::CredentialsFile(_) => "NATS_AUTH_CREDENTIALS_FILE",
+        }
     }
 }
 

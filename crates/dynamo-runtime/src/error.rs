@@ -67,6 +67,9 @@ pub enum Error {
     /// The NATS connection failed or a NATS operation failed.
     #[error("NATS: {0}")]
     Nats(String),
+    /// The NATS server refused the credentials (`NATS_AUTH_*`), or they could not be read.
+    #[error("NATS authorization failed: {0}")]
+    NatsAuth(String),
     /// A message is larger than the NATS server accepts.
     #[error(
         "message of {size} bytes exceeds the NATS server's max_payload of {max} bytes \

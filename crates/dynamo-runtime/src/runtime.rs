@@ -441,6 +441,10 @@ impl DistributedRuntime {
         }
         server.remove_endpoint(&path);
         lock(&self.inner.served).remove(&path);
+        // Drained: stop the NATS subject now, before `drain_guard` lets phase 3 close the
+        // NATS connection, so the last frames are published and flushed first (the
+        // server's `flushed` waits for them).
+        nats_ingress.cancel();
         drop(drain_guard);
         if runtime_stopping {
             // Phase 3 is run by `shutdown`; resolve once it is done.
@@ -542,8 +546,15 @@ async fn run_shutdown(inner: Arc<Inner>) {
     }
     inner.pool.close_all().await;
     if let Some(nats) = inner.nats.get() {
-        // Flush what is queued and close: no reconnection attempts after shutdown.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), nats.drain()).await;
+        // `flush` resolves once the server has everything published so far (the last
+        // response frames, events): `drain` alone only queues an unsubscribe-and-close
+        // command and returns, and the process may exit before the frames are written.
+        // Then close: no reconnection attempts after shutdown.
+        let bound = std::time::Duration::from_secs(1);
+        if tokio::time::timeout(bound, nats.flush()).await.is_err() {
+            tracing::warn!("NATS flush at shutdown timed out; the last messages may be lost");
+        }
+        let _ = tokio::time::timeout(bound, nats.drain()).await;
     }
     inner.discovery.shutdown().await;
     inner.primary.cancel();

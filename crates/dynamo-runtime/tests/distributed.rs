@@ -2,121 +2,16 @@
 //! `nats-server` (event plane over NATS, reconnection and gap detection, payload limit) and
 //! `etcd` (discovery with a lease, event channels advertised in etcd).
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use common::{WAIT, etcd_server, free_port, nats_server};
 
 use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane};
 use dynamo_runtime::events::{EventScope, EventSubscriber};
 use dynamo_runtime::{DistributedRuntime, EndpointId, RuntimeConfig};
-
-const WAIT: Duration = Duration::from_secs(10);
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
-
-/// A server process, killed on drop.
-struct Server {
-    child: Option<Child>,
-    args: Vec<String>,
-    program: &'static str,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    fn start(program: &'static str, port: u16, args: Vec<String>, dir: tempfile::TempDir) -> Self {
-        let mut s = Self {
-            child: None,
-            args,
-            program,
-            port,
-            _dir: dir,
-        };
-        s.restart();
-        s
-    }
-
-    fn restart(&mut self) {
-        let child = Command::new(self.program)
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {} (scripts/test.sh installs it): {e}",
-                    self.program
-                )
-            });
-        self.child = Some(child);
-        let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "{} did not start", self.program);
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn nats_server(extra: &[&str]) -> Server {
-    let port = free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut args = vec![
-        "-a".into(),
-        "127.0.0.1".into(),
-        "-p".into(),
-        port.to_string(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    Server::start("nats-server", port, args, dir)
-}
-
-fn etcd_server() -> Server {
-    let port = free_port();
-    let peer = free_port();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let data: PathBuf = dir.path().join("data");
-    let client = format!("http://127.0.0.1:{port}");
-    let peer = format!("http://127.0.0.1:{peer}");
-    let args = [
-        "--name",
-        "t",
-        "--data-dir",
-        data.to_str().expect("utf-8 path"),
-        "--listen-client-urls",
-        &client,
-        "--advertise-client-urls",
-        &client,
-        "--listen-peer-urls",
-        &peer,
-        "--initial-advertise-peer-urls",
-        &peer,
-        "--initial-cluster",
-        &format!("t={peer}"),
-        "--log-level",
-        "error",
-    ]
-    .iter()
-    .map(|s| (*s).to_owned())
-    .collect();
-    Server::start("etcd", port, args, dir)
-}
 
 fn nats_config(port: u16) -> RuntimeConfig {
     RuntimeConfig {
@@ -422,4 +317,164 @@ async fn nats_request_plane_round_trips_and_names_the_payload_limit() {
         .unwrap()
         .unwrap();
     caller.shutdown();
+}
+
+/// Retry `op` (an etcd request that fails while the client reconnects) until it succeeds.
+async fn until_ok<F, Fut>(mut op: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = dynamo_runtime::Result<()>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match op().await {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "etcd never came back: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_watch_resyncs_after_an_etcd_restart() {
+    let mut etcd = etcd_server();
+    let connect = || {
+        DistributedRuntime::connect(
+            DiscoveryBackend::Etcd,
+            RequestPlane::Tcp,
+            etcd_config(etcd.port, 10),
+        )
+    };
+    let (watcher, writer) = (connect().await.unwrap(), connect().await.unwrap());
+    let prefix = "v1/mdc/resync/".to_owned();
+    let key = |name: &str| format!("{prefix}{name}");
+    let mut view =
+        dynamo_runtime::discovery::watch_prefix(Arc::clone(watcher.kv_store()), prefix.clone());
+    let mut changes = watcher.kv_store().changes();
+    writer.kv_store().put(&key("gone"), "1").await.unwrap();
+    let names = |v: &[(String, String)]| -> Vec<String> {
+        v.iter()
+            .map(|(k, _)| k[prefix.len()..].to_owned())
+            .collect()
+    };
+    let converge = |view: &mut tokio::sync::watch::Receiver<_>, want: Vec<&str>| {
+        let want: Vec<String> = want.into_iter().map(str::to_owned).collect();
+        let mut view = view.clone();
+        async move {
+            tokio::time::timeout(
+                WAIT,
+                view.wait_for(|v: &Arc<Vec<(String, String)>>| names(v) == want),
+            )
+            .await
+            .expect("the watcher's view converges")
+            .expect("view open");
+        }
+    };
+    converge(&mut view, vec!["gone"]).await;
+
+    // etcd goes away for less than the lease TTL; while the watcher's watch is broken,
+    // one key is deleted and two are put as soon as etcd is back.
+    etcd.stop();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    etcd.restart();
+    let w = &writer;
+    until_ok(|| async move { w.kv_store().delete(&key("gone")).await }).await;
+    until_ok(|| async move { w.kv_store().put(&key("new-a"), "2").await }).await;
+    until_ok(|| async move { w.kv_store().put(&key("new-b"), "3").await }).await;
+    converge(&mut view, vec!["new-a", "new-b"]).await;
+
+    // The watch itself is live again: a later change is signalled (not just re-listed).
+    tokio::time::timeout(WAIT, async {
+        loop {
+            changes.mark_unchanged();
+            writer.kv_store().put(&key("later"), "4").await.unwrap();
+            if tokio::time::timeout(Duration::from_millis(500), changes.changed())
+                .await
+                .is_ok()
+            {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("the etcd watch signals changes after the restart");
+    converge(&mut view, vec!["later", "new-a", "new-b"]).await;
+    drop(view);
+    for rt in [watcher, writer] {
+        rt.shutdown();
+        tokio::time::timeout(WAIT, rt.stopped()).await.unwrap();
+    }
+}
+
+/// Streams `n` items (the request body says how many), 20 ms apart.
+struct Slow;
+
+impl dynamo_runtime::transport::server::Handler for Slow {
+    fn start(
+        &self,
+        request: dynamo_runtime::transport::server::Request,
+        mut out: dynamo_runtime::transport::server::Responder,
+    ) {
+        let n: u32 = serde_json::from_slice(&request.body).unwrap_or(1);
+        tokio::spawn(async move {
+            for i in 0..n {
+                let _ = out.send(i.to_string().as_bytes());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            out.finish();
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_request_plane_shutdown_drains_streams_to_the_end() {
+    let server = nats_server(&[]);
+    // Each round: a stream in flight when the worker shuts down must end with every item
+    // and a clean end (the last frames leave before the NATS connection closes).
+    for round in 0..10 {
+        let rt = || {
+            DistributedRuntime::new(
+                DiscoveryBackend::Mem,
+                RequestPlane::Nats,
+                nats_config(server.port),
+            )
+            .unwrap()
+        };
+        let (worker, caller) = (rt(), rt());
+        let ep = EndpointId::parse(&format!("natsdrain{round}.backend.generate")).unwrap();
+        let serving = {
+            let (worker, ep) = (worker.clone(), ep.clone());
+            tokio::spawn(async move { worker.serve_endpoint(&ep, Arc::new(Slow), true).await })
+        };
+        let client = caller.client(&ep);
+        tokio::time::timeout(WAIT, client.wait_for_instances())
+            .await
+            .unwrap()
+            .unwrap();
+        let mut stream = client
+            .generate(
+                bytes::Bytes::from_static(b"10"),
+                dynamo_runtime::Route::RoundRobin,
+                Default::default(),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"0");
+        worker.shutdown();
+        let mut rest = Vec::new();
+        while let Some(item) = tokio::time::timeout(WAIT, stream.next()).await.unwrap() {
+            let item = item.unwrap_or_else(|e| panic!("round {round}: {e}"));
+            rest.push(String::from_utf8(item.to_vec()).unwrap());
+        }
+        let want: Vec<String> = (1..10).map(|i| i.to_string()).collect();
+        assert_eq!(rest, want, "round {round}");
+        tokio::time::timeout(WAIT, serving)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        caller.shutdown();
+        tokio::time::timeout(WAIT, caller.stopped()).await.unwrap();
+    }
 }

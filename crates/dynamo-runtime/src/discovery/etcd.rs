@@ -14,21 +14,30 @@
 //!   "zombie" nobody can discover would only hide the failure. A supervisor restarts the
 //!   process, which registers with a new lease (a new instance id).
 //! * **Watch.** One etcd watch over `v1/` bumps the change counter on every event; watchers
-//!   re-list. When the watch stream breaks it is re-created (the counter is bumped then,
-//!   so every watcher re-lists: the resync after reconnect).
+//!   re-list. When the watch stream breaks it is re-created from the revision after the
+//!   last event it delivered, so etcd replays whatever changed in between, and the counter
+//!   is bumped then too (every watcher re-lists: the resync after reconnect). A compacted
+//!   revision restarts the watch from the current one, after the same re-list.
 //! * **Shutdown** revokes the lease, which deletes every key of the process at once.
 //!
-//! Auth: `ETCD_AUTH_USERNAME` + `ETCD_AUTH_PASSWORD`. TLS (`ETCD_AUTH_CA`, ...) is not in
-//! this build and is rejected with a clear error rather than ignored.
+//! Auth: `ETCD_AUTH_USERNAME` + `ETCD_AUTH_PASSWORD`, and/or TLS with `https://`
+//! endpoints: `ETCD_AUTH_CA` (PEM CA certificate that signed etcd's server certificate;
+//! no system roots are trusted) plus, for client-certificate auth, `ETCD_AUTH_CLIENT_CERT`
+//! and `ETCD_AUTH_CLIENT_KEY` (PEM). Inconsistent settings (TLS files with `http://`
+//! endpoints, `https://` without a CA, a certificate without its key) are rejected with an
+//! error naming the variables.
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, ConnectOptions, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, GetOptions, Identity, PutOptions, TlsOptions, WatchOptions,
+};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{BoxFuture, KvStore};
-use crate::config::RuntimeConfig;
+use crate::config::{EtcdTls, RuntimeConfig};
 use crate::error::{Error, Result};
 
 /// Delay between retries of a failed renewal or watch: short against a TTL of seconds.
@@ -61,18 +70,6 @@ impl EtcdStore {
     /// Connect to `config.etcd_endpoints`, grant the lease and start the keep-alive and
     /// watch tasks.
     pub async fn connect(config: &RuntimeConfig) -> Result<Self> {
-        for tls in [
-            "ETCD_AUTH_CA",
-            "ETCD_AUTH_CLIENT_CERT",
-            "ETCD_AUTH_CLIENT_KEY",
-        ] {
-            if env(tls).is_some() {
-                return Err(Error::InvalidArgument(format!(
-                    "{tls} is set, but this build has no TLS support for etcd; use plain \
-                     http:// endpoints (optionally with ETCD_AUTH_USERNAME/ETCD_AUTH_PASSWORD)"
-                )));
-            }
-        }
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_timeout(REQUEST_TIMEOUT)
@@ -80,6 +77,9 @@ impl EtcdStore {
             .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
         if let (Some(user), Some(pass)) = (env("ETCD_AUTH_USERNAME"), env("ETCD_AUTH_PASSWORD")) {
             opts = opts.with_user(user, pass);
+        }
+        if let Some(tls) = tls_options(&config.etcd_endpoints, &config.etcd_tls)? {
+            opts = opts.with_tls(tls);
         }
         let endpoints = &config.etcd_endpoints;
         let mut client = Client::connect(endpoints, Some(opts)).await.map_err(|e| {
@@ -203,17 +203,50 @@ async fn keep_alive(
     lost.cancel();
 }
 
+/// The store's current revision (`None` when etcd cannot be reached).
+async fn current_revision(client: &Client) -> Option<i64> {
+    let mut c = client.clone();
+    let opts = GetOptions::new().with_prefix().with_count_only();
+    let resp = c.get(WATCH_PREFIX, Some(opts)).await.ok()?;
+    resp.header().map(|h| h.revision())
+}
+
+/// Feed the change counter from one etcd watch over [`WATCH_PREFIX`], resumed after the
+/// last revision it delivered whenever it has to be re-created (etcd restarted, network
+/// cut, server-side cancel), so no put or delete between two watches goes unnoticed:
+/// etcd replays them on the new watch. If that revision was compacted meanwhile, the
+/// watch restarts from the current revision; the counter is bumped on every (re)start
+/// anyway, so watchers re-list and catch up either way.
 async fn watch_changes(client: Client, version: watch::Sender<u64>, cancel: CancellationToken) {
     let bump = || version.send_modify(|v| *v = v.wrapping_add(1));
+    // Every change up to `seen` has been signalled; 0: not known yet.
+    let mut seen: i64 = 0;
     loop {
-        let mut c = client.clone();
-        let opened = tokio::select! {
-            r = c.watch(WATCH_PREFIX, Some(WatchOptions::new().with_prefix())) => r,
-            () = cancel.cancelled() => return,
+        if seen == 0 {
+            let rev = tokio::select! {
+                r = current_revision(&client) => r,
+                () = cancel.cancelled() => return,
+            };
+            if let Some(rev) = rev {
+                seen = rev;
+            }
+        }
+        let opened = if seen == 0 {
+            None
+        } else {
+            let mut c = client.clone();
+            let opts = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(seen + 1);
+            tokio::select! {
+                r = c.watch(WATCH_PREFIX, Some(opts)) => Some(r),
+                () = cancel.cancelled() => return,
+            }
         };
         match opened {
-            Ok(mut stream) => {
-                // Anything may have changed while no watch was open: resync.
+            Some(Ok(mut stream)) => {
+                tracing::debug!(from = seen + 1, "etcd watch open");
+                // Watchers that listed while no watch was open re-list.
                 bump();
                 loop {
                     let msg = tokio::select! {
@@ -222,25 +255,100 @@ async fn watch_changes(client: Client, version: watch::Sender<u64>, cancel: Canc
                     };
                     match msg {
                         Ok(Some(resp)) => {
+                            if resp.compact_revision() > 0 {
+                                tracing::warn!(
+                                    compacted = resp.compact_revision(),
+                                    "etcd watch: revision compacted; restarting from now"
+                                );
+                                seen = 0;
+                                break;
+                            }
                             if resp.canceled() {
                                 break;
                             }
-                            if !resp.events().is_empty() {
+                            let events = resp.events();
+                            if let Some(rev) = events
+                                .iter()
+                                .filter_map(|e| e.kv())
+                                .map(|kv| kv.mod_revision())
+                                .max()
+                            {
+                                seen = seen.max(rev);
+                            }
+                            if !events.is_empty() {
                                 bump();
                             }
                         }
                         Ok(None) | Err(_) => break,
                     }
                 }
-                tracing::warn!("etcd watch broke; re-creating it");
+                tracing::warn!(resume_after = seen, "etcd watch broke; re-creating it");
             }
-            Err(e) => tracing::warn!(error = %e, "etcd watch: cannot open; retrying"),
+            Some(Err(e)) => tracing::warn!(error = %e, "etcd watch: cannot open; retrying"),
+            None => tracing::debug!("etcd watch: etcd unreachable; retrying"),
         }
         tokio::select! {
             () = tokio::time::sleep(RETRY) => {}
             () = cancel.cancelled() => return,
         }
     }
+}
+
+fn read_pem(var: &str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|e| {
+        Error::InvalidArgument(format!("cannot read {var} file {}: {e}", path.display()))
+    })
+}
+
+/// TLS settings from `ETCD_AUTH_CA` (the CA that signed etcd's certificate) and, for
+/// client-certificate auth, `ETCD_AUTH_CLIENT_CERT` + `ETCD_AUTH_CLIENT_KEY` (PEM files).
+/// `None` when none is set. TLS needs `https://` endpoints, and a CA: this build trusts no
+/// system roots, so the CA is what makes the server's certificate verifiable.
+fn tls_options(endpoints: &[String], files: &EtcdTls) -> Result<Option<TlsOptions>> {
+    let EtcdTls {
+        ca,
+        client_cert: cert,
+        client_key: key,
+    } = files;
+    if ca.is_none() && cert.is_none() && key.is_none() {
+        if let Some(e) = endpoints.iter().find(|e| e.starts_with("https://")) {
+            return Err(Error::InvalidArgument(format!(
+                "etcd endpoint {e} uses https but ETCD_AUTH_CA is not set (the CA certificate \
+                 that signed the server's certificate)"
+            )));
+        }
+        return Ok(None);
+    }
+    if let Some(e) = endpoints.iter().find(|e| !e.starts_with("https://")) {
+        return Err(Error::InvalidArgument(format!(
+            "ETCD_AUTH_CA/ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY are set, but etcd \
+             endpoint {e} is not https:// (ETCD_ENDPOINTS)"
+        )));
+    }
+    let Some(ca) = ca else {
+        return Err(Error::InvalidArgument(
+            "ETCD_AUTH_CLIENT_CERT/ETCD_AUTH_CLIENT_KEY need ETCD_AUTH_CA (the CA certificate \
+             that signed the server's certificate)"
+                .into(),
+        ));
+    };
+    let mut tls =
+        TlsOptions::new().ca_certificate(Certificate::from_pem(read_pem("ETCD_AUTH_CA", ca)?));
+    match (cert, key) {
+        (Some(cert), Some(key)) => {
+            tls = tls.identity(Identity::from_pem(
+                read_pem("ETCD_AUTH_CLIENT_CERT", cert)?,
+                read_pem("ETCD_AUTH_CLIENT_KEY", key)?,
+            ));
+        }
+        (None, None) => {}
+        _ => {
+            return Err(Error::InvalidArgument(
+                "ETCD_AUTH_CLIENT_CERT and ETCD_AUTH_CLIENT_KEY must be set together".into(),
+            ));
+        }
+    }
+    Ok(Some(tls))
 }
 
 impl KvStore for EtcdStore {

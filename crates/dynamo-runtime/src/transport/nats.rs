@@ -17,7 +17,7 @@
 //!   an error naming the limit.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::frame;
-use crate::context::lock;
+use super::server::LiveConnections;
 
 /// Worker → caller keep-alive period while streams are open.
 pub const PING_INTERVAL: Duration = Duration::from_millis(500);
@@ -121,10 +121,20 @@ pub(crate) async fn pump(
 
 /// Worker side: serve `subject`, dispatching frames to the server's endpoints through one
 /// virtual connection per caller inbox, until `cancel`.
+///
+/// Shutdown order matters: `cancel` must come only after the endpoint drained (callers'
+/// `STOP` and `CREDIT` frames arrive on this subscription while it drains). Then every
+/// virtual connection closes and its publisher sends what is queued, flushes, and ends;
+/// `live` counts the serving task and each publisher until then, so
+/// [`super::server::Server::flushed`] waits for the last `END` frames to reach the NATS
+/// server before the runtime drains and closes the NATS connection (a publish after
+/// `drain` is dropped silently, and the caller would only notice after
+/// [`LIVENESS_TIMEOUT`]).
 pub(crate) async fn serve_subject(
     client: async_nats::Client,
     subject: String,
     make_conn: Arc<dyn Fn(mpsc::UnboundedSender<Bytes>) -> Arc<dyn VirtualConn> + Send + Sync>,
+    live: Arc<LiveConnections>,
     cancel: CancellationToken,
 ) -> crate::Result<()> {
     let mut sub = client
@@ -135,9 +145,9 @@ pub(crate) async fn serve_subject(
         .flush()
         .await
         .map_err(|e| crate::Error::Nats(format!("flush failed: {e}")))?;
+    let serving = live.guard();
     tokio::spawn(async move {
-        let conns: Arc<Mutex<HashMap<String, Arc<dyn VirtualConn>>>> =
-            Arc::new(Mutex::new(HashMap::new()));
+        let mut conns: HashMap<String, Arc<dyn VirtualConn>> = HashMap::new();
         loop {
             let msg = tokio::select! {
                 m = sub.next() => m,
@@ -147,43 +157,53 @@ pub(crate) async fn serve_subject(
             let Some(reply) = msg.reply.map(|r| r.to_string()) else {
                 continue;
             };
-            let conn = {
-                let mut map = lock(&conns);
-                map.retain(|_, c| !c.is_finished());
-                Arc::clone(map.entry(reply.clone()).or_insert_with(|| {
-                    let (tx, rx) = mpsc::unbounded_channel();
-                    let conn = make_conn(tx.clone());
-                    tokio::spawn(pump(
-                        client.clone(),
-                        reply.clone(),
-                        None,
-                        rx,
-                        |stream, size, max| {
-                            Some(super::server::oversize_error_frame(stream, size, max))
-                        },
-                    ));
-                    tokio::spawn(ping(tx, Arc::clone(&conn)));
-                    conn
-                }))
-            };
+            let conn = Arc::clone(conns.entry(reply).or_insert_with_key(|reply| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let conn = make_conn(tx.clone());
+                let publishing = live.guard();
+                let client = client.clone();
+                let reply = reply.clone();
+                tokio::spawn(async move {
+                    pump(client.clone(), reply, None, rx, |stream, size, max| {
+                        Some(super::server::oversize_error_frame(stream, size, max))
+                    })
+                    .await;
+                    // Everything queued was handed to the client; make sure it left.
+                    let _ = tokio::time::timeout(FLUSH_TIMEOUT, client.flush()).await;
+                    drop(publishing);
+                });
+                tokio::spawn(ping(tx, Arc::clone(&conn)));
+                conn
+            }));
             for f in split_frames(msg.payload) {
                 conn.dispatch(f);
             }
         }
-        let all: Vec<_> = lock(&conns).drain().map(|(_, c)| c).collect();
-        for c in all {
+        tracing::debug!(%subject, callers = conns.len(), "request plane: NATS subject closing");
+        for (_, c) in conns.drain() {
             c.close();
         }
         let _ = sub.unsubscribe().await;
+        drop(serving);
     });
     Ok(())
 }
 
+/// Bound on the final flush of a closing virtual connection (the NATS server is local or
+/// close; a server that does not answer within this is gone anyway).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Send `PING` every [`PING_INTERVAL`] while `conn` has streams; ends (dropping its sender,
+/// so the publisher can finish) as soon as `conn` closes.
 async fn ping(tx: mpsc::UnboundedSender<Bytes>, conn: Arc<dyn VirtualConn>) {
     let ping = frame::encode(frame::PING, 0, &[]);
+    let closed = conn.closed();
     loop {
-        tokio::time::sleep(PING_INTERVAL).await;
-        if conn.is_finished() || tx.is_closed() {
+        tokio::select! {
+            () = tokio::time::sleep(PING_INTERVAL) => {}
+            () = closed.cancelled() => return,
+        }
+        if tx.is_closed() {
             return;
         }
         if conn.has_streams() && tx.send(ping.clone()).is_err() {
@@ -197,6 +217,6 @@ async fn ping(tx: mpsc::UnboundedSender<Bytes>, conn: Arc<dyn VirtualConn>) {
 pub(crate) trait VirtualConn: Send + Sync {
     fn dispatch(&self, f: frame::Frame);
     fn has_streams(&self) -> bool;
-    fn is_finished(&self) -> bool;
+    fn closed(&self) -> CancellationToken;
     fn close(&self);
 }

@@ -310,14 +310,24 @@ pub struct Server {
     live: Arc<LiveConnections>,
 }
 
-/// Count of connection tasks still running (to let the last frames flush at shutdown).
+/// Count of connection tasks still running (to let the last frames flush at shutdown):
+/// TCP connections, and for the NATS request plane each subject's serving task and each
+/// virtual connection's publisher.
 #[derive(Default)]
-struct LiveConnections {
+pub(crate) struct LiveConnections {
     count: AtomicUsize,
     idle: Notify,
 }
 
-struct LiveGuard(Arc<LiveConnections>);
+impl LiveConnections {
+    /// Count one more live task until the guard drops.
+    pub(crate) fn guard(self: &Arc<Self>) -> LiveGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        LiveGuard(Arc::clone(self))
+    }
+}
+
+pub(crate) struct LiveGuard(Arc<LiveConnections>);
 
 impl Drop for LiveGuard {
     fn drop(&mut self) {
@@ -351,8 +361,7 @@ impl Server {
                     Ok((sock, _)) => {
                         let endpoints = Arc::clone(&endpoints);
                         let cancel = cancel.clone();
-                        live.count.fetch_add(1, Ordering::AcqRel);
-                        let guard = LiveGuard(Arc::clone(&live));
+                        let guard = live.guard();
                         tokio::spawn(async move {
                             serve_connection(sock, endpoints, max_message, cancel).await;
                             drop(guard);
@@ -436,8 +445,8 @@ impl super::nats::VirtualConn for NatsConn {
         !lock(&self.conn.streams).is_empty()
     }
 
-    fn is_finished(&self) -> bool {
-        self.conn.closed.is_cancelled()
+    fn closed(&self) -> CancellationToken {
+        self.conn.closed.clone()
     }
 
     fn close(&self) {
@@ -475,7 +484,7 @@ impl Server {
                 endpoints: Arc::clone(&endpoints),
             })
         });
-        super::nats::serve_subject(client, subject, make, cancel).await
+        super::nats::serve_subject(client, subject, make, Arc::clone(&self.live), cancel).await
     }
 }
 
