@@ -287,6 +287,11 @@ impl PreCommit {
 }
 
 /// Where a token request's items come from.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per request, moved once into the response; boxing the worker stream would \
+              add an allocation to every remote request"
+)]
 pub(super) enum TokenSource {
     /// A remote worker (with migration).
     Worker(WorkerStream),
