@@ -102,6 +102,10 @@ def make_generator(rec: Recorder):
                 raise
             yield chunk(model, "never")
             return
+        if text.startswith("many "):
+            for i in range(int(text[5:])):
+                yield chunk(model, f"{i},")
+            return
         if text == "late":
             yield chunk(model, "He")
             raise HttpError(400, "late failure")
@@ -262,6 +266,17 @@ def test_completions_stream_and_fold(served, client) -> None:
         for c in client.completions.create(model="echo-chat", prompt="x y", stream=True)
     ]
     assert parts == ["x ", "y ", ""]
+
+
+def test_long_streams_pass_the_back_pressure_window(client) -> None:
+    # Far more chunks than the in-process window (64): the generator waits for credit.
+    want = "".join(f"{i}," for i in range(500))
+    parts = client.chat.completions.create(
+        model="echo-chat", messages=user("many 500"), stream=True
+    )
+    assert "".join(c.choices[0].delta.content for c in parts) == want
+    r = client.chat.completions.create(model="echo-chat", messages=user("many 500"))
+    assert r.choices[0].message.content == want
 
 
 def test_generator_gets_the_request_dict_and_a_context(served, client) -> None:
@@ -627,6 +642,16 @@ def test_stdin_input_with_a_dynamic_engine_waits_for_a_discovered_worker(
         )
         assert p.returncode == 0, p.stderr.decode()
         assert "routed prompt" in p.stdout.decode()
+        # The frontend's interactive mode is the same input.
+        chat = subprocess.run(
+            [sys.executable, "-m", "dynamo.frontend", "-i", "--namespace", ns],
+            input=b"typed line\n",
+            capture_output=True,
+            timeout=60,
+            env=env,
+        )
+        assert chat.returncode == 0, chat.stderr.decode()
+        assert "typed line" in chat.stdout.decode()
     finally:
         worker.terminate()
         worker.wait(10)
