@@ -10,7 +10,9 @@
 //! (`{"event_id":N,"data":{"stored":{"parent_hash":H|null,"blocks":[{"block_hash":H,
 //! "tokens_hash":H}]}}}`, `{"removed":{"block_hashes":[...]}}`), where `block_hash` is the
 //! sequence hash and `tokens_hash` the local block hash. Delivery goes through an
-//! [`EventSink`]; wiring a sink to the event plane is the runtime's job.
+//! [`EventSink`]. This crate does not depend on the runtime: the sink that publishes on the
+//! event plane, where KV routers consume the events, is
+//! `dynamo_llm::kv_routing::BlockManagerEventSink`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

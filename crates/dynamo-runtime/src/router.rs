@@ -88,6 +88,14 @@ impl Client {
         self.inner.instances.borrow().as_ref().clone()
     }
 
+    /// A receiver of this client's view of the discovered instances. Components that
+    /// pick instances themselves and then call [`Route::Direct`] (the KV router) watch
+    /// this same channel, so any instance they have seen is already routable here; a
+    /// second, independent discovery watch could lag behind and reject it as unknown.
+    pub fn watch_instances(&self) -> watch::Receiver<Arc<Vec<Instance>>> {
+        self.inner.instances.clone()
+    }
+
     /// The discovered instance ids, sorted.
     pub fn instance_ids(&self) -> Vec<u64> {
         self.inner

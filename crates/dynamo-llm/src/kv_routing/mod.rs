@@ -32,7 +32,12 @@
 //! Mocker use: one [`KvEventPublisher::new_raw`] per worker rank; its engine event sink
 //! calls [`KvEventPublisher::publish_raw`] with each step's `Vec<KvCacheEventData>`, and a
 //! [`WorkerMetricsPublisher`] reports `kv_used_blocks`.
+//!
+//! Block-manager use: give `KvBlockManager::new` a [`BlockManagerEventSink`] over a raw
+//! publisher, and routers learn the prefixes the manager registers (one Stored when a
+//! prefix first appears in any tier, one Removed when its last copy is gone).
 
+mod block_events;
 pub mod bus;
 mod publisher;
 mod router;
@@ -40,6 +45,7 @@ mod zmq;
 
 use std::sync::{Mutex, MutexGuard};
 
+pub use block_events::BlockManagerEventSink;
 pub use publisher::{ActiveLoad, KvEventPublisher, WorkerMetricsPublisher};
 pub use router::{KvRouter, RouteOptions, RoutedStream};
 

@@ -191,8 +191,10 @@ impl KvRouter {
         let ns = endpoint.namespace.clone();
         let comp = endpoint.component.clone();
 
-        // Worker discovery.
-        let mut watch = runtime.discovery().watch(endpoint);
+        // Worker discovery, through the client's own watch: a worker becomes routable
+        // here only once the client that sends to it knows its address.
+        let client = runtime.client(endpoint);
+        let mut watch = client.watch_instances();
         tokio::spawn({
             let shared = Arc::clone(&shared);
             let stop = stop.clone();
@@ -252,7 +254,7 @@ impl KvRouter {
             shared,
             runtime: runtime.clone(),
             endpoint: endpoint.clone(),
-            client: runtime.client(endpoint),
+            client,
             stop,
         }))
     }

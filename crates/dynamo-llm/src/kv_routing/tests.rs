@@ -307,3 +307,90 @@ fn output_blocks_are_tracked_while_streaming() {
         router_rt.shutdown();
     });
 }
+
+#[test]
+fn block_manager_prefixes_reach_the_router() {
+    use dynamo_block_manager::{
+        DType, KvBlockManager, KvBlockManagerConfig, KvbmRequest, Tier, TokenBlock,
+    };
+
+    use super::BlockManagerEventSink;
+
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("kvbm{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let worker = runtime();
+        let (w, ep2) = (worker.clone(), ep.clone());
+        tokio::spawn(async move { w.serve_endpoint(&ep2, Arc::new(Echo), false).await });
+        let router_rt = runtime();
+        let router = KvRouter::new(
+            &router_rt,
+            &ep,
+            4,
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+        )
+        .unwrap();
+        assert!(router.wait_for_workers(Duration::from_secs(2)).await);
+
+        let id = worker.connection_id();
+        let publisher = Arc::new(
+            KvEventPublisher::new_raw(&worker, &ep, WorkerWithDpRank::new(id, 0), false).unwrap(),
+        );
+        // Events published before the router's subscription connects are not replayed
+        // (no worker-local indexer here): wait for it.
+        until(|| publisher.subscriber_count() == 1).await;
+        // A host pool of exactly two 4-token blocks (system memory without CUDA).
+        let config = KvBlockManagerConfig::standard(id, 1, 2, 4, 8, DType::Fp16, Some(2), None, 0);
+        let manager =
+            KvBlockManager::new(config, BlockManagerEventSink::new(Arc::clone(&publisher)))
+                .unwrap();
+        let prompt: Vec<u32> = (0..8).collect();
+        let mut blocks = manager.allocate_blocks(Tier::Host, 2).unwrap();
+        for (b, tb) in blocks
+            .iter_mut()
+            .zip(TokenBlock::split(&prompt, 4, &KvbmRequest::default()))
+        {
+            b.apply_token_block(tb).unwrap();
+        }
+        let registered = manager.register_host_blocks(blocks).unwrap();
+        let overlap = || {
+            let r = Arc::clone(&router);
+            let p = prompt.clone();
+            async move {
+                r.route(&p, &RouteOptions::default())
+                    .await
+                    .unwrap()
+                    .overlap_blocks
+            }
+        };
+        for _ in 0..200 {
+            if overlap().await == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(overlap().await, 2, "the router sees both registered blocks");
+
+        // Released blocks stay cached; reallocating the whole pool evicts them, which the
+        // router hears as Removed.
+        drop(registered);
+        assert_eq!(overlap().await, 2);
+        let _fresh = manager.allocate_blocks(Tier::Host, 2).unwrap();
+        for _ in 0..200 {
+            if overlap().await == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            overlap().await,
+            0,
+            "evicted prefixes leave the router's index"
+        );
+        router.shutdown();
+        worker.shutdown();
+        router_rt.shutdown();
+    });
+}
