@@ -140,7 +140,7 @@ pub async fn instances_by_runtime_data(
 }
 
 /// How often [`wait_for_instance_by_runtime_data`] re-checks when no change was notified
-/// (instance lists follow discovery on their own schedule).
+/// (a safety net: card and instance changes wake it at once).
 const RUNTIME_DATA_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Wait until exactly one live instance of `client`'s endpoint has a model card whose
@@ -159,8 +159,10 @@ pub async fn wait_for_instance_by_runtime_data(
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     let runtime = client.runtime().clone();
     let mut changes = runtime.kv_store().changes();
+    let mut instances = client.watch_instances();
     loop {
         changes.mark_unchanged();
+        instances.mark_unchanged();
         let ids = instances_by_runtime_data(client, key, &want).await?;
         if let [id] = ids.as_slice() {
             return Ok(*id);
@@ -181,6 +183,7 @@ pub async fn wait_for_instance_by_runtime_data(
         };
         tokio::select! {
             _ = changes.changed() => {}
+            _ = instances.changed() => {}
             () = tokio::time::sleep_until(wake) => {}
             () = runtime.stopped() => return Err(Error::Runtime("the runtime is shutting down".into())),
         }
