@@ -265,6 +265,17 @@ class Client:
     async def wait_for_instances(self) -> List[int]:
         """Resolves with the instance ids once at least one instance exists."""
 
+    async def wait_for_instance_by_runtime_data(
+        self, key: str, value: str, timeout_s: Optional[float] = None
+    ) -> int:
+        """Wait until exactly one live instance's model card has
+        ``runtime_config.runtime_data[key]`` equal to the JSON string ``value``; its id.
+
+        Raises:
+            ValueError: ``timeout_s`` negative or not finite.
+            TimeoutError: after ``timeout_s`` seconds (the message names the last matches).
+        """
+
     async def random(
         self, request: Any, annotated: Optional[bool] = True, context: Optional[Context] = None
     ) -> AsyncIterator[Any]:
@@ -1518,7 +1529,8 @@ class EngineType:
     """The engine an entry point runs (an int-backed enum)."""
 
     Echo: EngineType
-    """An in-process echo engine (not available in this build)."""
+    """An in-process echo engine: streams the templated, tokenized prompt back as the answer
+    (``DYN_TOKEN_ECHO_DELAY_MS`` apart, default 10 ms)."""
     Dynamic: EngineType
     """The frontend: workers discovered through the runtime."""
     Mocker: EngineType
@@ -1577,7 +1589,13 @@ async def make_engine(
     distributed_runtime: DistributedRuntime, args: EntrypointArgs
 ) -> EngineConfig:
     """Build the engine: ``Dynamic`` → the discovery-driven frontend, ``Mocker`` → the
-    simulated engine (``mocker_engine_args``, else ``extra_engine_args``, else defaults)."""
+    simulated engine (``mocker_engine_args``, else ``extra_engine_args``, else defaults),
+    ``Echo`` → the echo engine. ``Echo`` and ``Mocker`` need a local ``model_path`` (its
+    tokenizer and chat template).
+
+    Raises:
+        ValueError: ``model_path`` missing or not a usable model directory.
+    """
 
 async def run_input(
     runtime: DistributedRuntime,
@@ -1585,8 +1603,18 @@ async def run_input(
     engine_config: EngineConfig,
     frontend_route_extensions: Optional[Any] = None,
 ) -> None:
-    """Run until the runtime stops: ``"http"`` serves the OpenAI API (frontend engines);
-    ``"dyn://ns.comp.ep"`` serves the engine as a worker endpoint and registers its model.
+    """Run ``engine_config`` behind ``input``:
+
+    * ``"http"``: the OpenAI API (discovered workers, plus the in-process engine of ``Echo``
+      / ``Mocker``) until the runtime stops;
+    * ``"dyn://ns.comp.ep"``: serve an ``Echo`` / ``Mocker`` engine as a worker endpoint and
+      register its model card, until the runtime stops;
+    * ``"text"``: an interactive chat on stdin/stdout (one message per line, the answer
+      streamed to stdout, the conversation kept) until EOF;
+    * ``"stdin"``: all of stdin is one message; prints the answer and returns.
+
+    ``text`` and ``stdin`` use the in-process engine, or for ``Dynamic`` wait for a
+    discovered chat model.
 
     Raises:
         ValueError: an unknown or unsupported input for this engine.
@@ -1594,9 +1622,61 @@ async def run_input(
 
 @final
 class HttpService:
-    """An OpenAI-compatible HTTP ingress following the runtime's model cards."""
+    """An OpenAI-compatible HTTP ingress following the runtime's model cards, plus in-process
+    models added with :meth:`add_chat_completions_model` / :meth:`add_completions_model`.
 
-    def __new__(cls, port: Optional[int] = None) -> HttpService: ...
+    Args:
+        port: the port (default 8080; 0 picks a free one).
+        wait_for_first_item: a streaming request to an added model waits for the engine's
+            first item before committing HTTP 200, so an error raised before the first
+            ``yield`` answers with its status, as for a non-streaming request. When False,
+            ``DYN_HTTP_PRE_COMMIT_ERROR_PEEK_MS`` (milliseconds, unset or 0: no wait)
+            applies and such an error is an SSE ``error`` event.
+    """
+
+    def __new__(
+        cls, port: Optional[int] = None, *, wait_for_first_item: bool = False
+    ) -> HttpService: ...
+    def add_chat_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Serve ``engine`` on ``/v1/chat/completions`` as ``model`` (replacing one of that
+        name); it is listed by ``/v1/models``."""
+
+    def add_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Serve ``engine`` on ``/v1/completions`` as ``model``."""
+
+    def remove_chat_completions_model(self, model: str) -> None:
+        """Stop serving chat model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def remove_completions_model(self, model: str) -> None:
+        """Stop serving completions model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def list_chat_completions_models(self) -> List[str]:
+        """The added chat models, sorted."""
+
+    def list_completions_models(self) -> List[str]:
+        """The added completions models, sorted."""
+
+    def enable_endpoint(self, endpoint_type: str, enabled: bool) -> None:
+        """Turn an endpoint family on or off (all are on by default; a disabled one answers
+        404). Types: ``chat``, ``completion``, ``embedding``, ``images``, ``audios``,
+        ``videos``, ``realtime``, ``classify``, ``pooling``, ``rerank``, ``responses``,
+        ``anthropic_messages``, ``generate``, ``batch``.
+
+        Raises:
+            ValueError: an unknown type.
+        """
     async def run(self, runtime: DistributedRuntime) -> None:
         """Serve until :meth:`shutdown` or the runtime stops."""
 
@@ -1605,12 +1685,20 @@ class HttpService:
 
 @final
 class PythonAsyncEngine:
-    """A Python callable returning an async generator, wrapped as an engine."""
+    """A Python callable returning an async generator, wrapped as an in-process engine.
+
+    ``generator(request)`` (or ``generator(request, context=...)`` when it declares a
+    ``context`` parameter) receives the OpenAI request as a dict and yields OpenAI response
+    chunk dicts; it runs on ``event_loop``. A client that disconnects cancels it (and stops
+    ``context``). Exceptions: ``ValueError`` / ``TypeError`` answer 400, anything else 500.
+    """
 
     def __new__(cls, generator: Any, event_loop: Any) -> PythonAsyncEngine: ...
 
 @final
 class HttpAsyncEngine:
-    """A :class:`PythonAsyncEngine` whose ``HttpError`` exceptions map to HTTP statuses."""
+    """A :class:`PythonAsyncEngine` whose ``HttpError`` exceptions (anything with an int
+    ``.code`` in 400..599 and a ``.message``) answer with that status; after the first
+    chunk they end the stream with an SSE ``error`` event."""
 
     def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...

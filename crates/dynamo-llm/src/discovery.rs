@@ -105,6 +105,91 @@ pub async fn update_model_taints(
         .map_err(runtime_err)
 }
 
+/// The live instances of `client`'s endpoint whose base model card has
+/// `runtime_config.runtime_data[key] == value`, sorted.
+///
+/// # Errors
+/// [`Error::Runtime`] when the store fails.
+pub async fn instances_by_runtime_data(
+    client: &Client,
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<Vec<u64>> {
+    let ep = client.endpoint();
+    let prefix = format!("{MDC_ROOT}{}/{}/{}/", ep.namespace, ep.component, ep.name);
+    let live: BTreeSet<u64> = client.instance_ids().into_iter().collect();
+    let cards = client
+        .runtime()
+        .kv_store()
+        .list(&prefix)
+        .await
+        .map_err(runtime_err)?;
+    let mut ids: Vec<u64> = cards
+        .iter()
+        .filter_map(|(k, json)| {
+            // Base cards only: LoRA adapter cards add a `/{slug}` level.
+            let id = u64::from_str_radix(k.strip_prefix(&prefix)?, 16).ok()?;
+            let card = ModelDeploymentCard::from_json_str(json).ok()?;
+            (live.contains(&id) && card.runtime_config.runtime_data_matches(key, value))
+                .then_some(id)
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// How often [`wait_for_instance_by_runtime_data`] re-checks when no change was notified
+/// (a safety net: card and instance changes wake it at once).
+const RUNTIME_DATA_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Wait until exactly one live instance of `client`'s endpoint has a model card whose
+/// `runtime_config.runtime_data[key]` is the JSON string `value`, and return its id.
+///
+/// # Errors
+/// [`Error::Timeout`] after `timeout` (naming how many instances matched last, and which);
+/// [`Error::Runtime`] when the store fails or the runtime stops.
+pub async fn wait_for_instance_by_runtime_data(
+    client: &Client,
+    key: &str,
+    value: &str,
+    timeout: Option<std::time::Duration>,
+) -> Result<u64> {
+    let want = serde_json::Value::String(value.to_owned());
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let runtime = client.runtime().clone();
+    let mut changes = runtime.kv_store().changes();
+    let mut instances = client.watch_instances();
+    loop {
+        changes.mark_unchanged();
+        instances.mark_unchanged();
+        let ids = instances_by_runtime_data(client, key, &want).await?;
+        if let [id] = ids.as_slice() {
+            return Ok(*id);
+        }
+        let now = tokio::time::Instant::now();
+        let wake = match deadline {
+            Some(d) if d <= now => {
+                return Err(Error::Timeout(format!(
+                    "no single instance of {} has runtime_data[{key:?}] == {want} after {:?}: \
+                     {} matched {ids:?}",
+                    client.endpoint(),
+                    timeout.unwrap_or_default(),
+                    ids.len()
+                )));
+            }
+            Some(d) => d.min(now + RUNTIME_DATA_POLL),
+            None => now + RUNTIME_DATA_POLL,
+        };
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = instances.changed() => {}
+            () = tokio::time::sleep_until(wake) => {}
+            () = runtime.stopped() => return Err(Error::Runtime("the runtime is shutting down".into())),
+        }
+    }
+}
+
 /// A served model as the frontend sees it.
 pub struct ModelEntry {
     /// Served name.
@@ -343,6 +428,60 @@ mod tests {
         })
         .await
         .unwrap_or_else(|_| panic!("models never became {want:?}"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn runtime_data_wait_finds_the_one_matching_instance_or_times_out() {
+        let ns = format!("r{}", fastrand::u64(..));
+        let worker = DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .expect("runtime");
+        let caller = DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .expect("runtime");
+        let ep = EndpointId::parse(&format!("{ns}.backend.generate")).expect("ep");
+        let client = caller.client(&ep);
+        let short = Some(Duration::from_millis(150));
+        let err = wait_for_instance_by_runtime_data(&client, "role", "leader", short)
+            .await
+            .expect_err("nothing registered yet");
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        assert!(err.to_string().contains("0 matched"), "{err}");
+
+        let mut card = tiny_card("tiny");
+        card.runtime_config
+            .set_engine_specific("role", "\"leader\"")
+            .expect("json");
+        let handler = Arc::new(crate::engines::TokenEngineHandler::new(Arc::new(
+            crate::engines::EchoEngine::new(Duration::ZERO),
+        )));
+        let serving = {
+            let (worker, ep) = (worker.clone(), ep.clone());
+            tokio::spawn(async move { worker.serve_endpoint(&ep, handler, false).await })
+        };
+        register_model(&worker, &ep, &card).await.expect("register");
+        let id = wait_for_instance_by_runtime_data(
+            &client,
+            "role",
+            "leader",
+            Some(Duration::from_secs(5)),
+        )
+        .await
+        .expect("found");
+        assert_eq!(id, worker.connection_id());
+        let err = wait_for_instance_by_runtime_data(&client, "role", "follower", short)
+            .await
+            .expect_err("no follower");
+        assert!(matches!(err, Error::Timeout(_)), "{err}");
+        worker.shutdown();
+        let _ = serving.await;
+        caller.shutdown();
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub enum Error {
     /// The distributed runtime (discovery store, request plane) failed.
     #[error("runtime: {0}")]
     Runtime(String),
+    /// A wait ran out of time.
+    #[error("timed out: {0}")]
+    Timeout(String),
 }
 
 impl Error {

@@ -14,7 +14,8 @@
 //! * [`discovery`]: model cards in discovery (`register_model`) and the frontend's model
 //!   watcher.
 //! * [`http`]: the OpenAI-compatible HTTP frontend (routing, migration, metrics).
-//! * [`entrypoint`]: the mocker served as a worker endpoint.
+//! * [`engines`]: in-process token engines (echo, mocker) and their request-plane handler.
+//! * [`entrypoint`]: in-process engines behind an input (`dyn://`, `http`, `text`, `stdin`).
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -31,6 +32,7 @@
 //! ```
 
 pub mod discovery;
+pub mod engines;
 pub mod entrypoint;
 pub mod error;
 pub mod http;

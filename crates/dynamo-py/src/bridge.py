@@ -123,3 +123,55 @@ async def _feed(source, feeder):
         return
     feeder.close()
 
+
+
+# In-process engines (PythonAsyncEngine / HttpAsyncEngine, crates/dynamo-py/src/llm_static.rs):
+# the same pump and driver, fed by the HTTP frontend instead of the request plane, plus a
+# watcher per request that cancels the driving task when the client goes away, so a
+# generator suspended in an ``await`` is cancelled at once rather than at its next yield.
+_LOCAL_PUMPS = set()
+
+
+def start_local_pump(loop, inbox, handler, pass_context):
+    """Start an in-process engine's pump on ``loop`` (from any thread)."""
+    loop.call_soon_threadsafe(_start_local_pump, loop, inbox, handler, pass_context)
+
+
+def _start_local_pump(loop, inbox, handler, pass_context):
+    task = loop.create_task(_local_pump(loop, inbox, handler, pass_context))
+    _LOCAL_PUMPS.add(task)
+    task.add_done_callback(_LOCAL_PUMPS.discard)
+
+
+async def _local_pump(loop, inbox, handler, pass_context):
+    tasks = set()
+    while True:
+        batch = await inbox.next()
+        if batch is None:
+            return
+        for request, sink, context in batch:
+            try:
+                if pass_context:
+                    gen = handler(request, context=context)
+                else:
+                    gen = handler(request)
+                if not hasattr(gen, "__anext__"):
+                    raise TypeError(
+                        "the engine generator must be an async generator function "
+                        f"(returning an async iterator), got {type(gen).__name__}"
+                    )
+            except BaseException as e:  # noqa: BLE001 - every failure ends the stream
+                sink.fail(e)
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                continue
+            task = loop.create_task(_drive(gen, sink, loop.call_soon))
+            watcher = loop.create_task(_cancel_when_stopped(context, task))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            task.add_done_callback(lambda _t, w=watcher: w.cancel())
+
+
+async def _cancel_when_stopped(context, task):
+    await context.async_killed_or_stopped()
+    task.cancel()

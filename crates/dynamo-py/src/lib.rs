@@ -20,6 +20,8 @@
 //!   `lora_name_to_id`, `fetch_model`.
 //! * [`llm_serving`]: `register_model`, the OpenAI frontend (`HttpService`), entry points
 //!   (`EntrypointArgs`, `make_engine`, `run_input`).
+//! * [`llm_static`]: Python async generators as in-process OpenAI engines
+//!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
 
 use pyo3::prelude::*;
 
@@ -35,6 +37,7 @@ mod kv;
 mod kv_routing;
 mod llm;
 mod llm_serving;
+mod llm_static;
 mod logging;
 mod router;
 mod runtime;

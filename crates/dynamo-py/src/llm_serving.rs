@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
-use dynamo_llm::entrypoint::{MockerWorkerConfig, serve_mocker};
-use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, RouterMode};
+use dynamo_llm::entrypoint::text::TextInput;
+use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http};
+use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, OpenAiEngine, RouterMode};
 use dynamo_llm::mocker::MockEngineArgs;
 use dynamo_llm::model_card::RegisterModelArgs;
 use dynamo_runtime::EndpointId;
@@ -23,6 +24,7 @@ use crate::llm::mocker_args::PyMockEngineArgs;
 use crate::llm::{
     PyModelInput, PyModelRuntimeConfig, PyModelType, PyWorkerType, llm_error, py_to_json,
 };
+use crate::llm_static::PyOpenAiEngine;
 use crate::router::PyRouterConfig;
 use crate::runtime::{DistributedRuntime, Endpoint};
 
@@ -310,20 +312,13 @@ impl EntrypointArgs {
     }
 }
 
-/// What `make_engine` built (opaque).
+/// What `make_engine` built (opaque): the frontend settings (for `http`, `text`, `stdin`)
+/// and, for `Echo` / `Mocker`, the in-process engine (else the frontend follows discovered
+/// workers).
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct EngineConfig {
-    kind: EngineKind,
-}
-
-#[derive(Clone)]
-enum EngineKind {
-    Frontend(FrontendConfig),
-    Mocker {
-        model_path: String,
-        model_name: Option<String>,
-        args: MockEngineArgs,
-    },
+    frontend: FrontendConfig,
+    local: Option<LocalEngine>,
 }
 
 /// Build the engine described by `args`.
@@ -335,39 +330,42 @@ fn make_engine<'py>(
     args: &EntrypointArgs,
 ) -> PyResult<Bound<'py, PyAny>> {
     let _ = distributed_runtime;
+    let mut frontend = FrontendConfig::default();
+    if let Some(h) = &args.http_host {
+        frontend.host.clone_from(h);
+    }
+    if let Some(p) = args.http_port {
+        frontend.port = p;
+    }
+    frontend.router_mode = args.router_mode;
+    if let Some((config, thresholds)) = &args.kv_router {
+        frontend.kv_router_config = config.clone();
+        frontend.load_thresholds = *thresholds;
+    }
+    frontend.migration_limit = args.migration_limit;
+    frontend.namespace.clone_from(&args.namespace);
     let kind = match args.engine_type {
-        EngineType::Dynamic => {
-            let mut c = FrontendConfig::default();
-            if let Some(h) = &args.http_host {
-                c.host.clone_from(h);
-            }
-            if let Some(p) = args.http_port {
-                c.port = p;
-            }
-            c.router_mode = args.router_mode;
-            if let Some((config, thresholds)) = &args.kv_router {
-                c.kv_router_config = config.clone();
-                c.load_thresholds = *thresholds;
-            }
-            c.migration_limit = args.migration_limit;
-            c.namespace.clone_from(&args.namespace);
-            EngineKind::Frontend(c)
-        }
-        EngineType::Mocker => EngineKind::Mocker {
-            model_path: args
-                .model_path
-                .clone()
-                .ok_or_else(|| PyValueError::new_err("the mocker needs model_path"))?,
-            model_name: args.model_name.clone(),
-            args: args.mock_args.clone().unwrap_or_default(),
-        },
-        EngineType::Echo => {
-            return Err(PyValueError::new_err(
-                "EngineType.Echo is not available in this build; use Mocker",
-            ));
-        }
+        EngineType::Dynamic => None,
+        EngineType::Mocker => Some(LocalEngineKind::Mocker(
+            args.mock_args.clone().unwrap_or_default(),
+        )),
+        EngineType::Echo => Some(LocalEngineKind::Echo),
     };
-    let config = EngineConfig { kind };
+    let local = match kind {
+        None => None,
+        Some(kind) => Some(LocalEngine {
+            model_path: args.model_path.clone().ok_or_else(|| {
+                PyValueError::new_err(format!("{:?} engines need model_path", args.engine_type))
+            })?,
+            model_name: args.model_name.clone(),
+            kind,
+        }),
+    };
+    // Fail here, not at `run_input`, on a model directory that cannot serve.
+    if let Some(l) = &local {
+        l.card().map_err(llm_error)?;
+    }
+    let config = EngineConfig { frontend, local };
     py_async(py, async move { Ok(config) })
 }
 
@@ -388,34 +386,34 @@ fn run_input<'py>(
         ));
     }
     let drt = runtime.core().clone();
-    match (&engine_config.kind, input) {
-        (EngineKind::Frontend(c), "http") => {
-            let service = CoreHttpService::new(c.clone());
-            py_async(py, async move { service.run(drt).await.map_err(llm_error) })
-        }
-        (
-            EngineKind::Mocker {
-                model_path,
-                model_name,
-                args,
-            },
-            ep,
-        ) if ep.starts_with("dyn://") => {
-            let config = MockerWorkerConfig {
-                model_path: model_path.clone(),
-                model_name: model_name.clone(),
-                endpoint: EndpointId::parse(ep).map_err(runtime_error)?,
-                engine_args: args.clone(),
-            };
+    let frontend = engine_config.frontend.clone();
+    let local = engine_config.local.clone();
+    if input == "http" {
+        return py_async(py, async move {
+            serve_http(drt, frontend, local.as_ref())
+                .await
+                .map_err(llm_error)
+        });
+    }
+    if let Some(text) = TextInput::parse(input) {
+        return py_async(py, async move {
+            dynamo_llm::entrypoint::text::run(drt, text, frontend, local.as_ref())
+                .await
+                .map_err(llm_error)
+        });
+    }
+    match (local, input) {
+        (Some(local), ep) if ep.starts_with("dyn://") => {
+            let endpoint = EndpointId::parse(ep).map_err(runtime_error)?;
             py_async(py, async move {
-                serve_mocker(drt, config).await.map_err(llm_error)
+                local.serve_endpoint(drt, endpoint).await.map_err(llm_error)
             })
         }
-        (_, "http" | "grpc" | "text" | "stdin") => Err(PyValueError::new_err(format!(
-            "input {input:?} is not supported for this engine in this build"
-        ))),
-        (EngineKind::Frontend(_), ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
+        (None, ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
             "a dynamic (frontend) engine cannot be served as a worker endpoint",
+        )),
+        (_, "grpc") => Err(PyValueError::new_err(
+            "input \"grpc\" (KServe) is not supported by this build",
         )),
         _ => Err(PyValueError::new_err(format!(
             "unknown input {input:?}: expected \"http\", \"text\", \"stdin\", \"grpc\" or \"dyn://namespace.component.endpoint\""
@@ -423,24 +421,114 @@ fn run_input<'py>(
     }
 }
 
-/// An OpenAI-compatible HTTP ingress following the runtime's model cards.
+/// An OpenAI-compatible HTTP ingress following the runtime's model cards, plus the
+/// in-process models added with `add_chat_completions_model` / `add_completions_model`.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct HttpService {
     inner: Arc<CoreHttpService>,
 }
 
+/// The engine behind a `PythonAsyncEngine` or `HttpAsyncEngine`.
+fn openai_engine(engine: &Bound<'_, PyAny>) -> PyResult<Arc<dyn OpenAiEngine>> {
+    if let Ok(e) = engine.cast::<HttpAsyncEngine>() {
+        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
+    }
+    if let Ok(e) = engine.cast::<PythonAsyncEngine>() {
+        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
+    }
+    Err(PyTypeError::new_err(format!(
+        "engine must be a PythonAsyncEngine or HttpAsyncEngine, not {}",
+        engine.get_type().name()?
+    )))
+}
+
+fn not_found(model: &str) -> PyErr {
+    PyValueError::new_err(format!("Model not found: {model}"))
+}
+
 #[pymethods]
 impl HttpService {
     #[new]
-    #[pyo3(signature = (port = None))]
-    fn new(port: Option<u16>) -> Self {
+    #[pyo3(signature = (port = None, *, wait_for_first_item = false))]
+    fn new(port: Option<u16>, wait_for_first_item: bool) -> Self {
         let mut c = FrontendConfig::default();
         if let Some(p) = port {
             c.port = p;
         }
+        c.wait_for_first_item = wait_for_first_item;
         Self {
             inner: CoreHttpService::new(c),
         }
+    }
+
+    /// Serve `engine` as chat-completions model `model` (replacing one of that name).
+    #[pyo3(signature = (model, checksum, engine))]
+    fn add_chat_completions_model(
+        &self,
+        model: &str,
+        checksum: &str,
+        engine: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let _ = checksum;
+        self.inner.statics().add_chat(model, openai_engine(engine)?);
+        Ok(())
+    }
+
+    /// Serve `engine` as completions model `model` (replacing one of that name).
+    #[pyo3(signature = (model, checksum, engine))]
+    fn add_completions_model(
+        &self,
+        model: &str,
+        checksum: &str,
+        engine: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let _ = checksum;
+        self.inner
+            .statics()
+            .add_completions(model, openai_engine(engine)?);
+        Ok(())
+    }
+
+    /// Stop serving chat model `model` (`ValueError` when it is not served).
+    #[pyo3(signature = (model))]
+    fn remove_chat_completions_model(&self, model: &str) -> PyResult<()> {
+        if self.inner.statics().remove_chat(model) {
+            Ok(())
+        } else {
+            Err(not_found(model))
+        }
+    }
+
+    /// Stop serving completions model `model` (`ValueError` when it is not served).
+    #[pyo3(signature = (model))]
+    fn remove_completions_model(&self, model: &str) -> PyResult<()> {
+        if self.inner.statics().remove_completions(model) {
+            Ok(())
+        } else {
+            Err(not_found(model))
+        }
+    }
+
+    /// The added chat models, sorted.
+    #[pyo3(signature = ())]
+    fn list_chat_completions_models(&self) -> Vec<String> {
+        self.inner.statics().list_chat()
+    }
+
+    /// The added completions models, sorted.
+    #[pyo3(signature = ())]
+    fn list_completions_models(&self) -> Vec<String> {
+        self.inner.statics().list_completions()
+    }
+
+    /// Turn an endpoint family (`"chat"`, `"completion"`, ...) on or off; a disabled one
+    /// answers 404. All are on by default.
+    #[pyo3(signature = (endpoint_type, enabled))]
+    fn enable_endpoint(&self, endpoint_type: &str, enabled: bool) -> PyResult<()> {
+        self.inner
+            .statics()
+            .enable_endpoint(endpoint_type, enabled)
+            .map_err(llm_error)
     }
 
     /// Serve until `shutdown()` or the runtime stops.
@@ -462,44 +550,47 @@ impl HttpService {
     }
 }
 
-/// A Python async-generator callable wrapped as an engine (`generator(request)`).
+/// A Python async-generator callable wrapped as an in-process engine: `generator(request)`
+/// (or `generator(request, context=...)`) yields OpenAI chunk dicts; it runs on
+/// `event_loop`. Errors: `ValueError`/`TypeError` → 400, anything else → 500.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct PythonAsyncEngine {
-    #[expect(dead_code, reason = "held for the in-process engine path")]
-    generator: Py<PyAny>,
-    #[expect(dead_code, reason = "held for the in-process engine path")]
-    event_loop: Py<PyAny>,
+    inner: Arc<PyOpenAiEngine>,
 }
 
 #[pymethods]
 impl PythonAsyncEngine {
     #[new]
     #[pyo3(signature = (generator, event_loop))]
-    fn new(generator: Py<PyAny>, event_loop: Py<PyAny>, py: Python<'_>) -> PyResult<Self> {
-        if !generator.bind(py).is_callable() {
-            return Err(PyTypeError::new_err("generator must be callable"));
-        }
+    fn new(
+        py: Python<'_>,
+        generator: &Bound<'_, PyAny>,
+        event_loop: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
         Ok(Self {
-            generator,
-            event_loop,
+            inner: crate::llm_static::start(py, generator, event_loop, false)?,
         })
     }
 }
 
-/// A `PythonAsyncEngine` whose `HttpError`s map to their HTTP status.
+/// A `PythonAsyncEngine` whose exceptions with an HTTP `.code` (`HttpError`) answer with
+/// that status and `.message`.
 #[pyclass(module = "dynamo._core", frozen)]
 pub(crate) struct HttpAsyncEngine {
-    #[expect(dead_code, reason = "held for the in-process engine path")]
-    engine: PythonAsyncEngine,
+    inner: Arc<PyOpenAiEngine>,
 }
 
 #[pymethods]
 impl HttpAsyncEngine {
     #[new]
     #[pyo3(signature = (generator, event_loop))]
-    fn new(generator: Py<PyAny>, event_loop: Py<PyAny>, py: Python<'_>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        generator: &Bound<'_, PyAny>,
+        event_loop: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
         Ok(Self {
-            engine: PythonAsyncEngine::new(generator, event_loop, py)?,
+            inner: crate::llm_static::start(py, generator, event_loop, true)?,
         })
     }
 }

@@ -614,6 +614,44 @@ impl Client {
         )
     }
 
+    /// Wait until exactly one instance's model card has `runtime_config.runtime_data[key]`
+    /// equal to the JSON string `value`, and return its id (`TimeoutError` after
+    /// `timeout_s`).
+    #[pyo3(signature = (key, value, timeout_s = None))]
+    fn wait_for_instance_by_runtime_data<'py>(
+        &self,
+        py: Python<'py>,
+        key: String,
+        value: String,
+        timeout_s: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = match timeout_s {
+            None => None,
+            Some(t) => Some(
+                std::time::Duration::try_from_secs_f64(t)
+                    .ok()
+                    .filter(|_| t.is_finite())
+                    .ok_or_else(|| {
+                        PyValueError::new_err(format!(
+                            "timeout_s must be a finite number >= 0, got {t}"
+                        ))
+                    })?,
+            ),
+        };
+        let client = self.inner.clone();
+        py_future(
+            py,
+            async move {
+                dynamo_llm::discovery::wait_for_instance_by_runtime_data(
+                    &client, &key, &value, timeout,
+                )
+                .await
+                .map_err(crate::llm::llm_error)
+            },
+            true,
+        )
+    }
+
     /// Send to a random instance.
     #[pyo3(signature = (request, annotated = Some(true), context = None), text_signature = "(self, request, annotated=True, context=None)")]
     fn random<'py>(

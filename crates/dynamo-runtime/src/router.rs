@@ -73,6 +73,11 @@ impl Client {
         }
     }
 
+    /// The runtime the client belongs to.
+    pub fn runtime(&self) -> &DistributedRuntime {
+        &self.inner.runtime
+    }
+
     /// The endpoint.
     pub fn endpoint(&self) -> &EndpointId {
         &self.inner.endpoint

@@ -2,7 +2,8 @@
 
 Thin argparse over :mod:`dynamo._core`: the flags become a :class:`RouterConfig` and an
 :class:`EntrypointArgs` (``EngineType.Dynamic``); ``make_engine`` and ``run_input(runtime,
-"http", engine)`` do the rest in Rust. Workers appear as they call ``register_model``.
+"http", engine)`` do the rest in Rust (``-i``: ``run_input(runtime, "text", engine)``, a
+terminal chat). Workers appear as they call ``register_model``.
 """
 
 from __future__ import annotations
@@ -95,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", float),
     )
+    p.add_argument(
+        "-i",
+        "--interactive",
+        action="store_true",
+        help="chat with the discovered model on the terminal instead of serving HTTP",
+    )
     return p.parse_args(argv)
 
 
@@ -134,7 +141,9 @@ async def main(args: argparse.Namespace) -> None:
         migration_limit=args.migration_limit,
     )
     engine = await make_engine(runtime, entry)
-    await run_input(runtime, "http", engine)
+    await run_input(runtime, "text" if args.interactive else "http", engine)
+    if args.interactive:
+        runtime.shutdown()
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -66,6 +66,7 @@ impl HttpError {
             403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
+            s if (400..500).contains(&s) => "invalid_request_error",
             503 | 529 => "service_unavailable",
             _ => "internal_server_error",
         }

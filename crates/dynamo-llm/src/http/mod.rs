@@ -13,6 +13,10 @@
 //! into text with the stop conditions applied; `ModelInput::Text` models receive the raw
 //! OpenAI body and stream OpenAI chunks back.
 //!
+//! In-process models ([`StaticModels`]: Python engines added with
+//! `add_chat_completions_model`, the echo engine or mocker of `run_input(rt, "http", …)`)
+//! are served next to the discovered ones; see [`static_engine`].
+//!
 //! Cancellation: the response body owns the worker stream, so a client that disconnects
 //! drops it, which sends a stop to the worker.
 
@@ -21,6 +25,7 @@ pub mod error;
 pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
+pub mod static_engine;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,6 +42,7 @@ pub use engine::{
 };
 pub use error::HttpError;
 pub use metrics::Metrics;
+pub use static_engine::{OpenAiEngine, PreCommit, StaticModels, StaticTokenModel};
 
 use crate::discovery::{ModelManager, ModelWatcher};
 use crate::error::{Error, Result};
@@ -64,6 +70,9 @@ pub struct FrontendConfig {
     /// Busy thresholds of the KV router: when every worker is over one, requests are
     /// rejected with 529.
     pub load_thresholds: dynamo_kv_router::scheduling::selector::LoadThresholds,
+    /// Streaming responses of static models wait for the engine's first item before
+    /// committing the HTTP status (see [`PreCommit`]).
+    pub wait_for_first_item: bool,
 }
 
 impl Default for FrontendConfig {
@@ -77,6 +86,7 @@ impl Default for FrontendConfig {
             body_limit: body_limit_from_env(),
             kv_router_config: Default::default(),
             load_thresholds: Default::default(),
+            wait_for_first_item: false,
         }
     }
 }
@@ -95,12 +105,15 @@ pub(crate) struct Shared {
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) selector: Arc<dyn WorkerSelector>,
     pub(crate) migration_limit: u32,
+    pub(crate) statics: StaticModels,
+    pub(crate) pre_commit: PreCommit,
 }
 
 /// The HTTP service.
 pub struct HttpService {
     config: FrontendConfig,
     models: ModelManager,
+    statics: StaticModels,
     metrics: Arc<Metrics>,
     selector: std::sync::Mutex<Option<Arc<dyn WorkerSelector>>>,
     stop: watch::Sender<bool>,
@@ -113,6 +126,7 @@ impl HttpService {
         Arc::new(Self {
             config,
             models: ModelManager::new(),
+            statics: StaticModels::default(),
             metrics: Arc::new(Metrics::default()),
             selector: std::sync::Mutex::new(None),
             stop: watch::channel(false).0,
@@ -123,6 +137,11 @@ impl HttpService {
     /// The models it serves.
     pub fn models(&self) -> &ModelManager {
         &self.models
+    }
+
+    /// Its in-process models (`add_chat_completions_model`, local engines).
+    pub fn statics(&self) -> &StaticModels {
+        &self.statics
     }
 
     /// Its metrics.
@@ -167,6 +186,8 @@ impl HttpService {
             metrics: Arc::clone(&self.metrics),
             selector: self.selector(),
             migration_limit: self.config.migration_limit,
+            statics: self.statics.clone(),
+            pre_commit: PreCommit::from_env(self.config.wait_for_first_item),
         });
         Router::new()
             .route(

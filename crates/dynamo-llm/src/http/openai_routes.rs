@@ -14,13 +14,14 @@ use dynamo_runtime::Context;
 use super::Shared;
 use super::engine::{RoutedRequest, WorkerStream, decode_item, route_error};
 use super::error::HttpError;
+use super::static_engine::{self, StaticTarget, TokenSource};
 use crate::discovery::ModelEntry;
 use crate::preprocessor::OutputProcessor;
 use crate::preprocessor::openai::{self, ResponseFactory, Usage};
 
 /// Which OpenAI surface a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Surface {
+pub(super) enum Surface {
     Chat,
     Completions,
 }
@@ -32,6 +33,14 @@ impl Surface {
             Self::Completions => "completions",
         }
     }
+
+    /// The `enable_endpoint` type of the surface.
+    fn endpoint_type(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Completions => "completion",
+        }
+    }
 }
 
 fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, HttpError> {
@@ -41,7 +50,7 @@ fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, HttpError> {
     })
 }
 
-fn json_response(value: &impl serde::Serialize) -> Response {
+pub(super) fn json_response(value: &impl serde::Serialize) -> Response {
     match serde_json::to_vec(value) {
         Ok(v) => (
             StatusCode::OK,
@@ -71,7 +80,13 @@ fn lookup(shared: &Shared, model: &str, surface: Surface) -> Result<Arc<ModelEnt
     }
 }
 
-fn fail(shared: &Shared, model: &str, surface: Surface, streaming: bool, e: HttpError) -> Response {
+pub(super) fn fail(
+    shared: &Shared,
+    model: &str,
+    surface: Surface,
+    streaming: bool,
+    e: HttpError,
+) -> Response {
     shared.metrics.error(model, e.kind());
     shared
         .metrics
@@ -128,10 +143,27 @@ async fn handle(
         Ok(b) => b,
         Err(e) => return fail(&shared, "", surface, false, e),
     };
+    if !shared.statics.is_enabled(surface.endpoint_type()) {
+        return fail(
+            &shared,
+            "",
+            surface,
+            false,
+            HttpError::new(404, "not found"),
+        );
+    }
     let (model, streaming) = peek(&body);
+    let local = match shared.statics.resolve(&model, surface) {
+        Some(StaticTarget::OpenAi(engine)) => {
+            return static_engine::openai_request(shared, engine, model, body, surface, started)
+                .await;
+        }
+        Some(StaticTarget::Tokens(m)) => Some(m),
+        None => None,
+    };
     // Unknown models answer 404 even when the rest of the body is invalid, as OpenAI does,
     // but a body that is not JSON at all is a 400.
-    let entry = if model.is_empty() {
+    let entry = if model.is_empty() || local.is_some() {
         None
     } else {
         match lookup(&shared, &model, surface) {
@@ -148,64 +180,70 @@ async fn handle(
     let (preq, include_usage, streaming) = match surface {
         Surface::Chat => match openai::parse_chat_request(&body) {
             Ok(r) => {
-                let Some(entry) = &entry else {
-                    return fail(
-                        &shared,
-                        &model,
-                        surface,
-                        streaming,
-                        HttpError::model_not_found(&r.model),
-                    );
+                let pre = match (&local, &entry) {
+                    (Some(m), _) => &m.preprocessor,
+                    (None, Some(entry)) if !entry.is_tokens() => {
+                        return text_request(
+                            shared,
+                            Arc::clone(entry),
+                            body,
+                            surface,
+                            r.is_stream(),
+                            factory,
+                            ctx,
+                            started,
+                        )
+                        .await;
+                    }
+                    (None, Some(entry)) => entry
+                        .preprocessor
+                        .as_ref()
+                        .expect("tokens models have a preprocessor"),
+                    (None, None) => {
+                        return fail(
+                            &shared,
+                            &model,
+                            surface,
+                            streaming,
+                            HttpError::model_not_found(&r.model),
+                        );
+                    }
                 };
-                if !entry.is_tokens() {
-                    return text_request(
-                        shared,
-                        Arc::clone(entry),
-                        body,
-                        surface,
-                        r.is_stream(),
-                        factory,
-                        ctx,
-                        started,
-                    )
-                    .await;
-                }
-                let pre = entry
-                    .preprocessor
-                    .as_ref()
-                    .expect("tokens models have a preprocessor");
                 (pre.preprocess_chat(&r), r.include_usage(), r.is_stream())
             }
             Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
         },
         Surface::Completions => match openai::parse_completion_request(&body) {
             Ok(r) => {
-                let Some(entry) = &entry else {
-                    return fail(
-                        &shared,
-                        &model,
-                        surface,
-                        streaming,
-                        HttpError::model_not_found(&r.model),
-                    );
+                let pre = match (&local, &entry) {
+                    (Some(m), _) => &m.preprocessor,
+                    (None, Some(entry)) if !entry.is_tokens() => {
+                        return text_request(
+                            shared,
+                            Arc::clone(entry),
+                            body,
+                            surface,
+                            r.is_stream(),
+                            factory,
+                            ctx,
+                            started,
+                        )
+                        .await;
+                    }
+                    (None, Some(entry)) => entry
+                        .preprocessor
+                        .as_ref()
+                        .expect("tokens models have a preprocessor"),
+                    (None, None) => {
+                        return fail(
+                            &shared,
+                            &model,
+                            surface,
+                            streaming,
+                            HttpError::model_not_found(&r.model),
+                        );
+                    }
                 };
-                if !entry.is_tokens() {
-                    return text_request(
-                        shared,
-                        Arc::clone(entry),
-                        body,
-                        surface,
-                        r.is_stream(),
-                        factory,
-                        ctx,
-                        started,
-                    )
-                    .await;
-                }
-                let pre = entry
-                    .preprocessor
-                    .as_ref()
-                    .expect("tokens models have a preprocessor");
                 (
                     pre.preprocess_completion(&r),
                     r.include_usage(),
@@ -215,47 +253,55 @@ async fn handle(
             Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
         },
     };
-    let Some(entry) = entry else {
-        return fail(
-            &shared,
-            &model,
-            surface,
-            streaming,
-            HttpError::bad_request("Missing required parameter: 'model'.", Some("model".into())),
-        );
-    };
     let preq = match preq {
         Ok(p) => p,
         Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
     };
-    let processor = entry
-        .preprocessor
-        .as_ref()
-        .expect("tokens models have a preprocessor")
-        .output_processor(&preq);
+    let (processor, entry) = match (local, entry) {
+        (Some(m), _) => (m.preprocessor.output_processor(&preq), Err(m)),
+        (None, Some(entry)) => (
+            entry
+                .preprocessor
+                .as_ref()
+                .expect("tokens models have a preprocessor")
+                .output_processor(&preq),
+            Ok(entry),
+        ),
+        (None, None) => {
+            return fail(
+                &shared,
+                &model,
+                surface,
+                streaming,
+                HttpError::bad_request(
+                    "Missing required parameter: 'model'.",
+                    Some("model".into()),
+                ),
+            );
+        }
+    };
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
-    shared.metrics.inflight(&model, 1);
-    let guard = Inflight {
-        shared: Arc::clone(&shared),
-        model: model.clone(),
+    let guard = Inflight::start(
+        Arc::clone(&shared),
+        model.clone(),
         surface,
         streaming,
-        status: "error",
         started,
-        first: None,
-        last: None,
-        tokens: 0,
+    );
+    let opened = match entry {
+        Ok(entry) => WorkerStream::open(
+            entry,
+            Arc::clone(&shared.selector),
+            Arc::clone(&shared.metrics),
+            preq,
+            ctx,
+            shared.migration_limit,
+        )
+        .await
+        .map(TokenSource::Worker),
+        Err(local) => static_engine::open_local(&local, preq, ctx).await,
     };
-    let stream = match WorkerStream::open(
-        Arc::clone(&entry),
-        Arc::clone(&shared.selector),
-        Arc::clone(&shared.metrics),
-        preq,
-        ctx,
-        shared.migration_limit,
-    )
-    .await
-    {
+    let stream = match opened {
         Ok(s) => s,
         Err(e) => {
             shared.metrics.error(&model, e.kind());
@@ -281,12 +327,12 @@ async fn handle(
 }
 
 /// Records the request's metrics when it ends, however it ends.
-struct Inflight {
+pub(super) struct Inflight {
     shared: Arc<Shared>,
     model: String,
     surface: Surface,
     streaming: bool,
-    status: &'static str,
+    pub(super) status: &'static str,
     started: Instant,
     first: Option<Instant>,
     last: Option<Instant>,
@@ -294,7 +340,34 @@ struct Inflight {
 }
 
 impl Inflight {
-    fn tokens(&mut self, n: u32) {
+    /// Count a request in flight until the guard drops.
+    pub(super) fn start(
+        shared: Arc<Shared>,
+        model: String,
+        surface: Surface,
+        streaming: bool,
+        started: Instant,
+    ) -> Self {
+        shared.metrics.inflight(&model, 1);
+        Self {
+            shared,
+            model,
+            surface,
+            streaming,
+            status: "error",
+            started,
+            first: None,
+            last: None,
+            tokens: 0,
+        }
+    }
+
+    /// Record an error of the request.
+    pub(super) fn error(&self, e: &HttpError) {
+        self.shared.metrics.error(&self.model, e.kind());
+    }
+
+    pub(super) fn tokens(&mut self, n: u32) {
         if n == 0 {
             return;
         }
@@ -327,7 +400,7 @@ impl Drop for Inflight {
 }
 
 struct TokenRun {
-    stream: WorkerStream,
+    stream: TokenSource,
     processor: OutputProcessor,
     factory: ResponseFactory,
     surface: Surface,
@@ -435,7 +508,7 @@ impl TokenRun {
     }
 }
 
-fn sse_data(json: &[u8]) -> Vec<u8> {
+pub(super) fn sse_data(json: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(json.len() + 8);
     out.extend_from_slice(b"data: ");
     out.extend_from_slice(json);
@@ -443,9 +516,16 @@ fn sse_data(json: &[u8]) -> Vec<u8> {
     out
 }
 
-const DONE: &[u8] = b"data: [DONE]\n\n";
+pub(super) const DONE: &[u8] = b"data: [DONE]\n\n";
 
-fn sse_headers(body: Body) -> Response {
+/// An SSE `error` event carrying `e`'s envelope.
+pub(super) fn sse_error(e: &HttpError) -> Vec<u8> {
+    let mut out = b"event: error\n".to_vec();
+    out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
+    out
+}
+
+pub(super) fn sse_headers(body: Body) -> Response {
     Response::builder()
         .status(StatusCode::OK)
         .header(header::CONTENT_TYPE, "text/event-stream")
@@ -501,18 +581,13 @@ async fn text_request(
     let route = shared
         .selector
         .select(&entry, &entry.client, &RoutedRequest::Text(&body));
-    shared.metrics.inflight(&model, 1);
-    let mut guard = Inflight {
-        shared: Arc::clone(&shared),
-        model: model.clone(),
+    let mut guard = Inflight::start(
+        Arc::clone(&shared),
+        model.clone(),
         surface,
         streaming,
-        status: "error",
         started,
-        first: None,
-        last: None,
-        tokens: 0,
-    };
+    );
     let mut stream = match entry.client.generate(body, route, ctx, None).await {
         Ok(s) => s,
         Err(e) => {
@@ -601,15 +676,18 @@ async fn text_request(
 }
 
 pub(super) async fn list_models(State(shared): State<Arc<Shared>>) -> Response {
-    let data: Vec<serde_json::Value> = shared
-        .models
-        .list()
+    // Static models first; a discovered model of the same name is shadowed by them.
+    let mut models = shared.statics.names();
+    for m in shared.models.list() {
+        models.entry(m.name.clone()).or_insert(m.created);
+    }
+    let data: Vec<serde_json::Value> = models
         .iter()
-        .map(|m| {
+        .map(|(name, created)| {
             serde_json::json!({
-                "id": m.name,
+                "id": name,
                 "object": "model",
-                "created": m.created,
+                "created": created,
                 "owned_by": "nvidia",
             })
         })

@@ -1,0 +1,364 @@
+//! In-process token engines: a [`TokenEngine`] takes a [`PreprocessedRequest`] (tokens in)
+//! and streams [`LLMEngineOutput`] items (tokens out), exactly what a worker streams on the
+//! request plane. The same engine can be served three ways: on a worker endpoint
+//! ([`TokenEngineHandler`], `run_input(rt, "dyn://…", engine)`), behind the in-process
+//! OpenAI frontend (`run_input(rt, "http", engine)`) or a terminal chat (`"text"`/`"stdin"`).
+//!
+//! * [`EchoEngine`]: streams the prompt's tokens back, one per item, `DYN_TOKEN_ECHO_DELAY_MS`
+//!   (default 10 ms) apart, and ends with `finish_reason = stop`; the answer of a chat request
+//!   is therefore its templated prompt (without end-of-sequence tokens, which would end it).
+//! * [`MockTokenEngine`]: the simulated engine ([`MockEngineRunner`]).
+//!
+//! Cancellation: every engine watches the request's [`Context`]; a stopped context ends the
+//! stream, and dropping the stream cancels the request in the engine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dynamo_runtime::Context;
+use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
+use dynamo_runtime::transport::{ErrorKind, WireError};
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
+
+use crate::error::{Error, Result};
+use crate::http::engine::Annotated;
+use crate::mocker::MockRequest;
+use crate::mocker::runner::MockEngineRunner;
+use crate::preprocessor::{FinishReason, LLMEngineOutput, PreprocessedRequest};
+
+/// The items of one token-engine request.
+pub type TokenStream = BoxStream<'static, Result<LLMEngineOutput>>;
+
+/// An engine that generates tokens for preprocessed requests.
+pub trait TokenEngine: Send + Sync + 'static {
+    /// Start `request`; the stream ends after the item carrying a finish reason, or early
+    /// when `context` is stopped.
+    ///
+    /// # Errors
+    /// The engine rejected the request (e.g. [`Error::InvalidRequest`]).
+    fn generate(
+        &self,
+        request: PreprocessedRequest,
+        context: Context,
+    ) -> BoxFuture<'static, Result<TokenStream>>;
+}
+
+/// Default delay between echoed tokens (the reference's `DYN_TOKEN_ECHO_DELAY_MS`): slow
+/// enough to watch a stream arrive, fast enough for tests.
+const DEFAULT_ECHO_DELAY: Duration = Duration::from_millis(10);
+
+/// Streams the prompt's tokens back.
+#[derive(Debug, Clone)]
+pub struct EchoEngine {
+    delay: Duration,
+}
+
+impl EchoEngine {
+    /// An echo engine with `delay` between tokens.
+    pub fn new(delay: Duration) -> Self {
+        Self { delay }
+    }
+
+    /// An echo engine with the delay of `DYN_TOKEN_ECHO_DELAY_MS` (default 10 ms).
+    pub fn from_env() -> Self {
+        let delay = std::env::var("DYN_TOKEN_ECHO_DELAY_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(DEFAULT_ECHO_DELAY, Duration::from_millis);
+        Self::new(delay)
+    }
+}
+
+impl TokenEngine for EchoEngine {
+    fn generate(
+        &self,
+        request: PreprocessedRequest,
+        context: Context,
+    ) -> BoxFuture<'static, Result<TokenStream>> {
+        let delay = self.delay;
+        Box::pin(async move {
+            let max = request
+                .stop_conditions
+                .max_tokens
+                .map_or(usize::MAX, |m| m as usize);
+            // End-of-sequence ids in the prompt (a template's bos or turn ends) would end
+            // the answer at once: they are not echoed.
+            let eos = request.eos_token_ids;
+            let tokens: Vec<u32> = request
+                .token_ids
+                .into_iter()
+                .filter(|t| !eos.contains(t))
+                .take(max)
+                .collect();
+            let truncated = tokens.len() == max;
+            let state = (tokens.into_iter(), context, false);
+            let stream =
+                futures_util::stream::unfold(state, move |(mut it, ctx, done)| async move {
+                    if done {
+                        return None;
+                    }
+                    let Some(token) = it.next() else {
+                        let last = LLMEngineOutput {
+                            finish_reason: Some(if truncated {
+                                FinishReason::Length
+                            } else {
+                                FinishReason::Stop
+                            }),
+                            ..Default::default()
+                        };
+                        return Some((Ok(last), (it, ctx, true)));
+                    };
+                    if !delay.is_zero() {
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = ctx.stopped() => return None,
+                        }
+                    } else if ctx.is_stopped() {
+                        return None;
+                    }
+                    let item = LLMEngineOutput {
+                        token_ids: vec![token],
+                        ..Default::default()
+                    };
+                    Some((Ok(item), (it, ctx, false)))
+                });
+            Ok(stream.boxed())
+        })
+    }
+}
+
+/// Output tokens when a request does not say (`max_tokens` unset and no context length).
+const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// The mocker as a [`TokenEngine`].
+pub struct MockTokenEngine {
+    runner: MockEngineRunner,
+    next: AtomicU64,
+    vocab_size: u32,
+}
+
+impl MockTokenEngine {
+    /// Serve `runner`, whose tokens fall below `vocab_size`.
+    pub fn new(runner: MockEngineRunner, vocab_size: u32) -> Self {
+        Self {
+            runner,
+            next: AtomicU64::new(0),
+            vocab_size: vocab_size.max(2),
+        }
+    }
+}
+
+impl TokenEngine for MockTokenEngine {
+    fn generate(
+        &self,
+        request: PreprocessedRequest,
+        context: Context,
+    ) -> BoxFuture<'static, Result<TokenStream>> {
+        let runner = self.runner.clone();
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let vocab = self.vocab_size;
+        Box::pin(async move {
+            let max = request
+                .stop_conditions
+                .max_tokens
+                .map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
+            if max == 0 {
+                let item = LLMEngineOutput {
+                    finish_reason: Some(FinishReason::Length),
+                    ..Default::default()
+                };
+                return Ok(futures_util::stream::iter([Ok(item)]).boxed());
+            }
+            let id = format!("{}-{seq}", context.id());
+            let rx = runner
+                .submit(MockRequest::new(id, request.token_ids.clone(), max))
+                .await
+                .map_err(|e| Error::InvalidRequest {
+                    message: e.to_string(),
+                    param: None,
+                })?;
+            let eos = Arc::new(request.eos_token_ids);
+            // Dropping the stream drops the receiver, which cancels an unfinished request
+            // in the engine.
+            let state = (rx, context, false);
+            let stream = futures_util::stream::unfold(state, move |(mut rx, ctx, done)| {
+                let eos = Arc::clone(&eos);
+                async move {
+                    if done {
+                        return None;
+                    }
+                    let o = tokio::select! {
+                        o = rx.recv() => o?,
+                        () = ctx.stopped() => return None,
+                    };
+                    // The mocker samples ids at random: keep them off the eos ids, so a
+                    // request runs to `max_tokens` as a real model asked to ignore eos would.
+                    let mut token = o.token_id % vocab;
+                    while eos.contains(&token) {
+                        token = (token + 1) % vocab;
+                    }
+                    let item = LLMEngineOutput {
+                        token_ids: vec![token],
+                        finish_reason: o.finished.then_some(FinishReason::Length),
+                        completion_usage: o.cached_tokens.map(
+                            |c| serde_json::json!({"prompt_tokens_details": {"cached_tokens": c}}),
+                        ),
+                        ..Default::default()
+                    };
+                    Some((Ok(item), (rx, ctx, o.finished)))
+                }
+            });
+            Ok(stream.boxed())
+        })
+    }
+}
+
+/// Serves a [`TokenEngine`] on the request plane: decodes the [`PreprocessedRequest`],
+/// streams the engine's items as annotated envelopes, honours the caller's credit window
+/// and stops the engine when the caller stops the stream.
+pub struct TokenEngineHandler {
+    engine: Arc<dyn TokenEngine>,
+}
+
+impl TokenEngineHandler {
+    /// Serve `engine`.
+    pub fn new(engine: Arc<dyn TokenEngine>) -> Self {
+        Self { engine }
+    }
+}
+
+fn wire_error(e: &Error) -> WireError {
+    let kind = match e {
+        Error::InvalidRequest { .. } => ErrorKind::InvalidArgument,
+        _ => ErrorKind::Unknown,
+    };
+    WireError::new(kind, e.to_string(), true)
+}
+
+impl Handler for TokenEngineHandler {
+    fn start(&self, request: Request, out: Responder) {
+        let engine = Arc::clone(&self.engine);
+        tokio::spawn(async move { serve_request(engine, request, out).await });
+    }
+}
+
+async fn serve_request(engine: Arc<dyn TokenEngine>, request: Request, mut out: Responder) {
+    let req: PreprocessedRequest = match serde_json::from_slice(&request.body) {
+        Ok(r) => r,
+        Err(e) => {
+            out.fail(WireError::new(
+                ErrorKind::InvalidArgument,
+                format!("expected a preprocessed request: {e}"),
+                true,
+            ));
+            return;
+        }
+    };
+    let mut stream = match engine.generate(req, request.context.clone()).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.fail(wire_error(&e));
+            return;
+        }
+    };
+    out.accept();
+    while let Some(item) = stream.next().await {
+        let item = match item {
+            Ok(i) => i,
+            Err(e) => {
+                out.fail(wire_error(&e));
+                return;
+            }
+        };
+        let finished = item.finish_reason.is_some();
+        let bytes = serde_json::to_vec(&Annotated::data(item)).unwrap_or_default();
+        match out.send(&bytes) {
+            Ok(SendStatus::Ready) => {}
+            Ok(SendStatus::Wait) => out.credit().await,
+            Ok(SendStatus::Stopped) | Err(_) => break,
+        }
+        if finished {
+            break;
+        }
+    }
+    drop(stream);
+    out.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(tokens: Vec<u32>, max: Option<u32>) -> PreprocessedRequest {
+        serde_json::from_value(serde_json::json!({
+            "model": "m",
+            "token_ids": tokens,
+            "stop_conditions": {"max_tokens": max},
+        }))
+        .expect("request")
+    }
+
+    async fn collect(s: TokenStream) -> Vec<LLMEngineOutput> {
+        s.map(|i| i.expect("item")).collect().await
+    }
+
+    #[tokio::test]
+    async fn echo_streams_the_prompt_then_stops() {
+        let e = EchoEngine::new(Duration::ZERO);
+        let items = collect(
+            e.generate(request(vec![5, 6, 7], None), Context::default())
+                .await
+                .expect("stream"),
+        )
+        .await;
+        let tokens: Vec<u32> = items.iter().flat_map(|i| i.token_ids.clone()).collect();
+        assert_eq!(tokens, vec![5, 6, 7]);
+        assert_eq!(
+            items.last().and_then(|i| i.finish_reason.clone()),
+            Some(FinishReason::Stop)
+        );
+    }
+
+    #[tokio::test]
+    async fn echo_skips_end_of_sequence_tokens() {
+        let e = EchoEngine::new(Duration::ZERO);
+        let mut req = request(vec![0, 5, 2, 6], None);
+        req.eos_token_ids = vec![0, 2];
+        let items = collect(e.generate(req, Context::default()).await.expect("stream")).await;
+        let tokens: Vec<u32> = items.iter().flat_map(|i| i.token_ids.clone()).collect();
+        assert_eq!(tokens, vec![5, 6]);
+    }
+
+    #[tokio::test]
+    async fn echo_honours_max_tokens() {
+        let e = EchoEngine::new(Duration::ZERO);
+        let items = collect(
+            e.generate(request(vec![1, 2, 3, 4], Some(2)), Context::default())
+                .await
+                .expect("stream"),
+        )
+        .await;
+        let tokens: Vec<u32> = items.iter().flat_map(|i| i.token_ids.clone()).collect();
+        assert_eq!(tokens, vec![1, 2]);
+        assert_eq!(
+            items.last().and_then(|i| i.finish_reason.clone()),
+            Some(FinishReason::Length)
+        );
+    }
+
+    #[tokio::test]
+    async fn echo_stops_with_its_context() {
+        let e = EchoEngine::new(Duration::from_millis(20));
+        let ctx = Context::default();
+        let mut s = e
+            .generate(request((0..100).collect(), None), ctx.clone())
+            .await
+            .expect("stream");
+        assert!(s.next().await.is_some());
+        ctx.stop_generating();
+        assert!(s.next().await.is_none());
+    }
+}
