@@ -133,6 +133,33 @@ fn peek(body: &[u8]) -> (String, bool) {
     }
 }
 
+/// A parsed OpenAI request of either surface (one per request: the size difference of the
+/// variants does not matter).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one short-lived value per request"
+)]
+enum Parsed {
+    Chat(openai::ChatCompletionRequest),
+    Completion(openai::CompletionRequest),
+}
+
+impl Parsed {
+    fn is_stream(&self) -> bool {
+        match self {
+            Self::Chat(r) => r.is_stream(),
+            Self::Completion(r) => r.is_stream(),
+        }
+    }
+
+    fn model(&self) -> &str {
+        match self {
+            Self::Chat(r) => &r.model,
+            Self::Completion(r) => &r.model,
+        }
+    }
+}
+
 async fn handle(
     shared: Arc<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -177,109 +204,54 @@ async fn handle(
     };
     let ctx = Context::default();
     let factory = ResponseFactory::new(format!("{id_prefix}-{}", ctx.id()), model.clone());
-    let (preq, include_usage, streaming) = match surface {
-        Surface::Chat => match openai::parse_chat_request(&body) {
-            Ok(r) => {
-                let pre = match (&local, &entry) {
-                    (Some(m), _) => &m.preprocessor,
-                    (None, Some(entry)) if !entry.is_tokens() => {
-                        return text_request(
-                            shared,
-                            Arc::clone(entry),
-                            body,
-                            surface,
-                            r.is_stream(),
-                            factory,
-                            ctx,
-                            started,
-                        )
-                        .await;
-                    }
-                    (None, Some(entry)) => entry
-                        .preprocessor
-                        .as_ref()
-                        .expect("tokens models have a preprocessor"),
-                    (None, None) => {
-                        return fail(
-                            &shared,
-                            &model,
-                            surface,
-                            streaming,
-                            HttpError::model_not_found(&r.model),
-                        );
-                    }
-                };
-                (pre.preprocess_chat(&r), r.include_usage(), r.is_stream())
+    // Parse first: a body that is not a valid request is a 400 whatever its model.
+    let parsed = match surface {
+        Surface::Chat => openai::parse_chat_request(&body).map(Parsed::Chat),
+        Surface::Completions => openai::parse_completion_request(&body).map(Parsed::Completion),
+    };
+    let parsed = match parsed {
+        Ok(p) => p,
+        Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
+    };
+    let streaming = parsed.is_stream();
+    // Where the request goes: an in-process token model or a discovered token model (both
+    // preprocessed here), or a discovered text model, which receives the raw request.
+    let target: Result<Arc<ModelEntry>, Arc<static_engine::StaticTokenModel>> = match (local, entry)
+    {
+        (Some(m), _) => Err(m),
+        (None, Some(entry)) if !entry.is_tokens() => {
+            return text_request(
+                shared, entry, body, surface, streaming, factory, ctx, started,
+            )
+            .await;
+        }
+        (None, Some(entry)) => Ok(entry),
+        (None, None) => {
+            let error = HttpError::model_not_found(parsed.model());
+            return fail(&shared, &model, surface, streaming, error);
+        }
+    };
+    let pre = match &target {
+        Err(m) => &m.preprocessor,
+        // Discovery gives every token model a preprocessor.
+        Ok(entry) => match entry.preprocessor.as_ref() {
+            Some(p) => p,
+            None => {
+                let error = HttpError::internal("the model has no preprocessor");
+                return fail(&shared, &model, surface, streaming, error);
             }
-            Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
         },
-        Surface::Completions => match openai::parse_completion_request(&body) {
-            Ok(r) => {
-                let pre = match (&local, &entry) {
-                    (Some(m), _) => &m.preprocessor,
-                    (None, Some(entry)) if !entry.is_tokens() => {
-                        return text_request(
-                            shared,
-                            Arc::clone(entry),
-                            body,
-                            surface,
-                            r.is_stream(),
-                            factory,
-                            ctx,
-                            started,
-                        )
-                        .await;
-                    }
-                    (None, Some(entry)) => entry
-                        .preprocessor
-                        .as_ref()
-                        .expect("tokens models have a preprocessor"),
-                    (None, None) => {
-                        return fail(
-                            &shared,
-                            &model,
-                            surface,
-                            streaming,
-                            HttpError::model_not_found(&r.model),
-                        );
-                    }
-                };
-                (
-                    pre.preprocess_completion(&r),
-                    r.include_usage(),
-                    r.is_stream(),
-                )
-            }
-            Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
-        },
+    };
+    let (preq, include_usage) = match &parsed {
+        Parsed::Chat(r) => (pre.preprocess_chat(r), r.include_usage()),
+        Parsed::Completion(r) => (pre.preprocess_completion(r), r.include_usage()),
     };
     let preq = match preq {
         Ok(p) => p,
         Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
     };
-    let (processor, entry) = match (local, entry) {
-        (Some(m), _) => (m.preprocessor.output_processor(&preq), Err(m)),
-        (None, Some(entry)) => (
-            entry
-                .preprocessor
-                .as_ref()
-                .expect("tokens models have a preprocessor")
-                .output_processor(&preq),
-            Ok(entry),
-        ),
-        (None, None) => {
-            return fail(
-                &shared,
-                &model,
-                surface,
-                streaming,
-                HttpError::bad_request(
-                    "Missing required parameter: 'model'.",
-                    Some("model".into()),
-                ),
-            );
-        }
-    };
+    let processor = pre.output_processor(&preq);
+    let entry = target;
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
     let guard = Inflight::start(
         Arc::clone(&shared),
