@@ -652,6 +652,18 @@ def test_stdin_input_with_a_dynamic_engine_waits_for_a_discovered_worker(
         )
         assert chat.returncode == 0, chat.stderr.decode()
         assert "typed line" in chat.stdout.decode()
+        # ... and routes through the KV router when asked to, as the HTTP frontend does.
+        frontend_cmd = [sys.executable, "-m", "dynamo.frontend", "-i", "--namespace", ns]
+        frontend_cmd += ["--router-mode", "kv"]
+        kv = subprocess.run(
+            frontend_cmd,
+            input=b"kv routed line\n",
+            capture_output=True,
+            timeout=60,
+            env=env,
+        )
+        assert kv.returncode == 0, kv.stderr.decode()
+        assert "kv routed line" in kv.stdout.decode()
     finally:
         worker.terminate()
         worker.wait(10)

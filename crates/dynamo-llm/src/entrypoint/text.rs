@@ -69,6 +69,8 @@ pub async fn run(
         service.statics().add_token_model(m);
         name
     } else {
+        // Route as the HTTP frontend would (KV mode included).
+        service.install_kv_selector(&runtime);
         ModelWatcher::start(runtime.clone(), namespace, service.models().clone()).await;
         loop {
             let found = service

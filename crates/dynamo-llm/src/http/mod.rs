@@ -158,6 +158,22 @@ impl HttpService {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(selector);
     }
 
+    /// In KV mode, install the KV router's selector over `runtime` unless a selector was
+    /// installed already. [`Self::run`] and the terminal inputs call it before serving.
+    pub(crate) fn install_kv_selector(&self, runtime: &DistributedRuntime) {
+        let mut installed = self
+            .selector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if self.config.router_mode == RouterMode::Kv && installed.is_none() {
+            *installed = Some(Arc::new(kv_selector::KvSelector::new(
+                runtime.clone(),
+                self.config.kv_router_config.clone(),
+                self.config.load_thresholds,
+            )));
+        }
+    }
+
     fn selector(&self) -> Arc<dyn WorkerSelector> {
         let installed = self
             .selector
@@ -210,18 +226,7 @@ impl HttpService {
     /// # Errors
     /// [`Error::Runtime`] when the listener cannot be bound.
     pub async fn run(self: Arc<Self>, runtime: DistributedRuntime) -> Result<()> {
-        let no_selector = self
-            .selector
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_none();
-        if self.config.router_mode == RouterMode::Kv && no_selector {
-            self.set_selector(Arc::new(kv_selector::KvSelector::new(
-                runtime.clone(),
-                self.config.kv_router_config.clone(),
-                self.config.load_thresholds,
-            )));
-        }
+        self.install_kv_selector(&runtime);
         ModelWatcher::start(
             runtime.clone(),
             self.config.namespace.clone(),
