@@ -42,6 +42,24 @@ async def serve(serving, pump):
         pump.cancel()
 
 
+def _open(handler, request, context, pass_context, sink, what):
+    """Call ``handler`` for one request and return its async iterator; on any failure end
+    the request's stream with the error instead and return None."""
+    try:
+        gen = handler(request, context=context) if pass_context else handler(request)
+        if not hasattr(gen, "__anext__"):
+            raise TypeError(
+                f"the {what} must be an async generator function "
+                f"(returning an async iterator), got {type(gen).__name__}"
+            )
+    except BaseException as e:  # noqa: BLE001 - every failure ends the stream
+        sink.fail(e)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+    return gen
+
+
 async def _pump(loop, inbox, handler, pass_context):
     tasks = set()
     while True:
@@ -49,20 +67,8 @@ async def _pump(loop, inbox, handler, pass_context):
         if batch is None:
             return
         for request, sink, context in batch:
-            try:
-                if pass_context:
-                    gen = handler(request, context=context)
-                else:
-                    gen = handler(request)
-                if not hasattr(gen, "__anext__"):
-                    raise TypeError(
-                        "the endpoint handler must be an async generator function "
-                        f"(returning an async iterator), got {type(gen).__name__}"
-                    )
-            except BaseException as e:  # noqa: BLE001 - every failure ends the stream
-                sink.fail(e)
-                if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                    raise
+            gen = _open(handler, request, context, pass_context, sink, "endpoint handler")
+            if gen is None:
                 continue
             task = loop.create_task(_drive(gen, sink, loop.call_soon))
             tasks.add(task)
@@ -150,20 +156,8 @@ async def _local_pump(loop, inbox, handler, pass_context):
         if batch is None:
             return
         for request, sink, context in batch:
-            try:
-                if pass_context:
-                    gen = handler(request, context=context)
-                else:
-                    gen = handler(request)
-                if not hasattr(gen, "__anext__"):
-                    raise TypeError(
-                        "the engine generator must be an async generator function "
-                        f"(returning an async iterator), got {type(gen).__name__}"
-                    )
-            except BaseException as e:  # noqa: BLE001 - every failure ends the stream
-                sink.fail(e)
-                if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                    raise
+            gen = _open(handler, request, context, pass_context, sink, "engine generator")
+            if gen is None:
                 continue
             task = loop.create_task(_drive(gen, sink, loop.call_soon))
             watcher = loop.create_task(_cancel_when_stopped(context, task))
