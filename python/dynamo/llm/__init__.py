@@ -40,6 +40,9 @@ from dynamo._core import register_model as register_model
 from dynamo._core import run_input as run_input
 from dynamo._core import unregister_model as unregister_model
 from dynamo._core import update_model_taints as update_model_taints
+from dynamo.llm._unary import LLMUnaryClient as LLMUnaryClient
+from dynamo.llm._unary import UnaryChatModel as UnaryChatModel
+from dynamo.llm._unary import with_engine_data as with_engine_data
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
 
@@ -68,6 +71,7 @@ __all__ = [
     "KvRouterConfig",
     "KvStoredEventInput",
     "KvbmRequest",
+    "LLMUnaryClient",
     "Layer",
     "ModelInput",
     "ModelRuntimeConfig",
@@ -79,6 +83,7 @@ __all__ = [
     "RouterMode",
     "RouterQueueLimitExceeded",
     "RoutingConstraints",
+    "UnaryChatModel",
     "WorkerMetricsPublisher",
     "WorkerType",
     "compute_block_hash_for_seq",
@@ -92,4 +97,5 @@ __all__ = [
     "unregister_llm",
     "unregister_model",
     "update_model_taints",
+    "with_engine_data",
 ]

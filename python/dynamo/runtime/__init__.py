@@ -22,6 +22,7 @@ from dynamo._core import (
     Endpoint,
     PyAsyncRequestStream,
 )
+from dynamo.runtime._unary import UnaryClient, serve_unary_endpoint
 
 __all__ = [
     "Client",
@@ -29,8 +30,10 @@ __all__ = [
     "DistributedRuntime",
     "Endpoint",
     "PyAsyncRequestStream",
+    "UnaryClient",
     "dynamo_endpoint",
     "dynamo_worker",
+    "serve_unary_endpoint",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
