@@ -227,7 +227,7 @@ async def test_llm_unary_client_joins_the_stream_and_validates() -> None:
                 }
 
         rt.serve(rt.endpoint(f"{ns}.w.generate"), generate)
-        with pytest.raises(ValueError, match="(?i)invalid endpoint path"):
+        with pytest.raises(ValueError, match=r"(?i)invalid endpoint path"):
             await LLMUnaryClient.connect(rt, "bad")
         client = await asyncio.wait_for(LLMUnaryClient.connect(rt, f"{ns}.w.generate"), 10)
         base = {"token_ids": [5, 6, 7]}

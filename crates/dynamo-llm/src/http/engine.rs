@@ -84,6 +84,7 @@ pub trait WorkerSelector: Send + Sync + 'static {
             Ok(Selected {
                 route: self.select(model, &model.client, &request),
                 booking: None,
+                cached_tokens: None,
             })
         })
     }
@@ -109,6 +110,9 @@ pub struct Selected {
     pub route: Route,
     /// Its booking, if the selector books load.
     pub booking: Option<Box<dyn RequestBooking>>,
+    /// Prompt tokens the selector expects the chosen worker to hold in its KV cache (the
+    /// KV router's prefix overlap × block size); `None` when the selector does not know.
+    pub cached_tokens: Option<u32>,
 }
 
 /// What a selector may look at.
@@ -206,6 +210,9 @@ pub struct WorkerStream {
     instance: Option<u64>,
     /// Instances this request failed on.
     failed: Vec<u64>,
+    /// The selector's cached-prefix estimate for the first attempt (the one whose prompt
+    /// the response's usage reports).
+    router_cached_tokens: Option<u32>,
     done: bool,
 }
 
@@ -235,6 +242,7 @@ impl WorkerStream {
             attempts: 0,
             instance: None,
             failed: Vec::new(),
+            router_cached_tokens: None,
             done: false,
         };
         s.connect(MigrationType::NewRequest).await?;
@@ -264,6 +272,9 @@ impl WorkerStream {
                 )
                 .await?;
             self.booking = selected.booking;
+            if self.attempts == 1 {
+                self.router_cached_tokens = selected.cached_tokens;
+            }
             self.instance = match selected.route {
                 Route::Direct(id) => Some(id),
                 Route::RoundRobin | Route::Random => None,
@@ -310,6 +321,12 @@ impl WorkerStream {
 
     fn may_migrate(&self) -> bool {
         self.migrations_left > 0 && !self.context.is_stopped()
+    }
+
+    /// Prompt tokens the KV router expected the first worker to have cached (`None` outside
+    /// KV mode).
+    pub fn router_cached_tokens(&self) -> Option<u32> {
+        self.router_cached_tokens
     }
 
     /// The next worker item; `None` at the end.

@@ -157,6 +157,7 @@ impl WorkerSelector for KvSelector {
             let plain = |route| Selected {
                 route,
                 booking: None,
+                cached_tokens: None,
             };
             let RoutedRequest::Tokens(req) = request else {
                 return Ok(plain(Route::RoundRobin));
@@ -179,9 +180,13 @@ impl WorkerSelector for KvSelector {
                 .book(&req.token_ids, &opts)
                 .await
                 .map_err(|e| routing_error(model, &e))?;
+            // The overlap is whole blocks of the prompt: never more than the prompt.
+            let cached = u64::from(selection.overlap_blocks) * u64::from(router.block_size());
+            let prompt = req.token_ids.len() as u64;
             Ok(Selected {
                 route: Route::Direct(selection.worker.worker_id),
                 booking: Some(Box::new(booking)),
+                cached_tokens: Some(u32::try_from(cached.min(prompt)).unwrap_or(u32::MAX)),
             })
         })
     }

@@ -250,8 +250,7 @@ async fn handle(
         Ok(p) => p,
         Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
     };
-    let processor = pre.output_processor(&preq);
-    let entry = target;
+    let entry = &target;
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
     let guard = Inflight::start(
         Arc::clone(&shared),
@@ -260,35 +259,54 @@ async fn handle(
         streaming,
         started,
     );
-    let opened = match entry {
-        Ok(entry) => WorkerStream::open(
-            entry,
-            Arc::clone(&shared.selector),
-            Arc::clone(&shared.metrics),
-            preq,
-            ctx,
-            shared.migration_limit,
-        )
-        .await
-        .map(TokenSource::Worker),
-        Err(local) => static_engine::open_local(&local, preq, ctx).await,
-    };
-    let stream = match opened {
-        Ok(s) => s,
-        Err(e) => {
-            shared.metrics.error(&model, e.kind());
-            drop(guard);
-            return e.into_response();
+    // `n` choices are `n` independent generations of the same prompt, each its own
+    // request (and its own KV booking) to a worker; validation bounds `n`.
+    let n = preq.sampling_options.n.unwrap_or(1).max(1);
+    let mut choices = Vec::with_capacity(n as usize);
+    for index in 0..n {
+        let mut one = preq.clone();
+        let ctx = if n == 1 {
+            ctx.clone()
+        } else {
+            one.sampling_options.n = Some(1);
+            // Distinct ids: each choice is a request of its own on the request plane.
+            ctx.detached(format!("{}-{index}", ctx.id()))
+        };
+        let processor = pre.output_processor(&one);
+        let opened = match entry {
+            Ok(entry) => WorkerStream::open(
+                Arc::clone(entry),
+                Arc::clone(&shared.selector),
+                Arc::clone(&shared.metrics),
+                one,
+                ctx,
+                shared.migration_limit,
+            )
+            .await
+            .map(TokenSource::Worker),
+            Err(local) => static_engine::open_local(local, one, ctx).await,
+        };
+        match opened {
+            Ok(stream) => choices.push(ChoiceRun {
+                index,
+                stream,
+                processor,
+                engine_cached: None,
+            }),
+            Err(e) => {
+                // Dropping the choices already opened stops them on their workers.
+                shared.metrics.error(&model, e.kind());
+                drop(guard);
+                return e.into_response();
+            }
         }
-    };
+    }
     let run = TokenRun {
-        stream,
-        processor,
+        choices,
         factory,
         surface,
         prompt_tokens,
         include_usage,
-        first_chunk: true,
         guard,
     };
     if streaming {
@@ -371,55 +389,87 @@ impl Drop for Inflight {
     }
 }
 
-struct TokenRun {
+/// One choice of a token request: its worker stream and its detokenizer.
+struct ChoiceRun {
+    index: u32,
     stream: TokenSource,
     processor: OutputProcessor,
-    factory: ResponseFactory,
-    surface: Surface,
-    prompt_tokens: u32,
-    include_usage: bool,
-    first_chunk: bool,
-    guard: Inflight,
+    /// Prompt tokens the engine reported as served from its prefix cache.
+    engine_cached: Option<u32>,
 }
 
-/// One step of a token run.
+/// One step of a choice.
 enum Step {
-    /// Text (possibly empty) and, at the end, the finish reason.
-    Delta(String, Option<openai::OpenAiFinishReason>),
+    /// Text (possibly empty), the finish reason at the end, and how many completion
+    /// tokens arrived with it.
+    Delta(String, Option<openai::OpenAiFinishReason>, u32),
     /// Failed.
     Error(HttpError),
 }
 
-impl TokenRun {
+/// A step of one choice, as the merged stream of all choices yields it.
+struct Event {
+    index: u32,
+    step: Step,
+    /// The choice's completion tokens so far.
+    completion_tokens: u32,
+    /// The choice's cached prompt tokens, when known.
+    cached_tokens: Option<u32>,
+}
+
+/// `prompt_tokens_details.cached_tokens` reported by an engine in an item's usage.
+fn engine_cached_tokens(item: &crate::preprocessor::LLMEngineOutput) -> Option<u32> {
+    let c = item
+        .completion_usage
+        .as_ref()?
+        .get("prompt_tokens_details")?
+        .get("cached_tokens")?
+        .as_u64()?;
+    Some(u32::try_from(c).unwrap_or(u32::MAX))
+}
+
+impl ChoiceRun {
     async fn step(&mut self) -> Step {
+        let mut tokens = 0;
         loop {
             let item = match self.stream.next().await {
                 Some(Ok(item)) => item,
                 Some(Err(e)) => return Step::Error(e),
                 None => match self.processor.end_of_stream() {
                     Ok(Some(out)) => {
-                        return Step::Delta(out.text, Some(openai::OpenAiFinishReason::Stop));
+                        return Step::Delta(
+                            out.text,
+                            Some(openai::OpenAiFinishReason::Stop),
+                            tokens,
+                        );
                     }
                     Ok(None) => {
-                        return Step::Delta(String::new(), Some(openai::OpenAiFinishReason::Stop));
+                        return Step::Delta(
+                            String::new(),
+                            Some(openai::OpenAiFinishReason::Stop),
+                            tokens,
+                        );
                     }
                     Err(e) => return Step::Error(e.into()),
                 },
             };
+            if let Some(c) = engine_cached_tokens(&item) {
+                self.engine_cached = Some(c);
+            }
             let before = self.processor.completion_tokens();
             match self.processor.process(&item) {
                 Ok(out) => {
-                    self.guard.tokens(out.completion_tokens - before);
+                    tokens += out.completion_tokens - before;
                     if let Some(reason) = &out.finish_reason {
                         if let crate::preprocessor::FinishReason::Error(msg) = reason {
                             return Step::Error(HttpError::internal(format!(
                                 "engine error: {msg}"
                             )));
                         }
-                        return Step::Delta(out.text, reason.to_openai());
+                        return Step::Delta(out.text, reason.to_openai(), tokens);
                     }
                     if !out.text.is_empty() {
-                        return Step::Delta(out.text, None);
+                        return Step::Delta(out.text, None, tokens);
                     }
                 }
                 Err(e) => return Step::Error(e.into()),
@@ -427,18 +477,162 @@ impl TokenRun {
         }
     }
 
-    fn usage(&self) -> Usage {
-        Usage::new(self.prompt_tokens, self.processor.completion_tokens())
+    /// Cached prompt tokens: the engine's own count when it reports one (it knows what it
+    /// actually reused), else the KV router's overlap estimate for the chosen worker.
+    fn cached_tokens(&self) -> Option<u32> {
+        let router = match &self.stream {
+            TokenSource::Worker(w) => w.router_cached_tokens(),
+            TokenSource::Local(_) => None,
+        };
+        self.engine_cached.or(router)
     }
 
-    fn chunk(&mut self, text: String, finish: Option<openai::OpenAiFinishReason>) -> Vec<u8> {
+    /// The choice's steps as a stream, ending after its last step (finish or error).
+    fn into_events(self) -> futures_util::stream::BoxStream<'static, Event> {
+        use futures_util::StreamExt as _;
+        futures_util::stream::unfold(Some(self), |state| async move {
+            let mut choice = state?;
+            let step = choice.step().await;
+            let last = matches!(step, Step::Delta(_, Some(_), _) | Step::Error(_));
+            let event = Event {
+                index: choice.index,
+                step,
+                completion_tokens: choice.processor.completion_tokens(),
+                cached_tokens: choice.cached_tokens(),
+            };
+            Some((event, (!last).then_some(choice)))
+        })
+        .boxed()
+    }
+}
+
+/// A token request's choices and what the response needs about them.
+struct TokenRun {
+    choices: Vec<ChoiceRun>,
+    factory: ResponseFactory,
+    surface: Surface,
+    prompt_tokens: u32,
+    include_usage: bool,
+    guard: Inflight,
+}
+
+/// The merged progress of a token request's choices.
+struct Merged {
+    events: futures_util::stream::SelectAll<futures_util::stream::BoxStream<'static, Event>>,
+    factory: ResponseFactory,
+    surface: Surface,
+    prompt_tokens: u32,
+    include_usage: bool,
+    guard: Inflight,
+    /// Per choice: completion tokens, whether its first chunk went out.
+    completion: Vec<u32>,
+    first_sent: Vec<bool>,
+    /// The largest cached-prompt count any choice reported.
+    cached: Option<u32>,
+    /// Choices not finished yet.
+    open: usize,
+}
+
+impl TokenRun {
+    fn merge(self) -> Merged {
+        let n = self.choices.len();
+        Merged {
+            events: futures_util::stream::select_all(
+                self.choices.into_iter().map(ChoiceRun::into_events),
+            ),
+            factory: self.factory,
+            surface: self.surface,
+            prompt_tokens: self.prompt_tokens,
+            include_usage: self.include_usage,
+            guard: self.guard,
+            completion: vec![0; n],
+            first_sent: vec![false; n],
+            cached: None,
+            open: n,
+        }
+    }
+
+    async fn collect(self) -> Response {
+        use futures_util::StreamExt as _;
+        let mut m = self.merge();
+        let mut texts: Vec<(String, Option<openai::OpenAiFinishReason>)> =
+            vec![(String::new(), None); m.completion.len()];
+        while let Some(event) = m.events.next().await {
+            let index = event.index as usize;
+            match m.note(event) {
+                Step::Delta(t, finish, _) => {
+                    if let Some(slot) = texts.get_mut(index) {
+                        slot.0.push_str(&t);
+                        if finish.is_some() {
+                            slot.1 = finish;
+                        }
+                    }
+                    if m.open == 0 {
+                        m.guard.status = "success";
+                        let usage = m.usage();
+                        return match m.surface {
+                            Surface::Chat => {
+                                json_response(&m.factory.chat_response_choices(texts, usage))
+                            }
+                            Surface::Completions => {
+                                json_response(&m.factory.completion_choices(texts, Some(usage)))
+                            }
+                        };
+                    }
+                }
+                Step::Error(e) => {
+                    m.guard.shared.metrics.error(&m.guard.model, e.kind());
+                    return e.into_response();
+                }
+            }
+        }
+        HttpError::internal("the response ended early").into_response()
+    }
+}
+
+impl Merged {
+    /// Book an event's counts; answers its step.
+    fn note(&mut self, event: Event) -> Step {
+        if let Step::Delta(_, _, tokens) = &event.step {
+            self.guard.tokens(*tokens);
+        }
+        if let Some(c) = self.completion.get_mut(event.index as usize) {
+            *c = event.completion_tokens;
+        }
+        if let Some(c) = event.cached_tokens {
+            self.cached = Some(self.cached.map_or(c, |old| old.max(c)));
+        }
+        if let Step::Delta(_, Some(_), _) = &event.step {
+            self.open = self.open.saturating_sub(1);
+        }
+        event.step
+    }
+
+    /// Prompt tokens once, completion tokens summed over the choices.
+    fn usage(&self) -> Usage {
+        let completion = self
+            .completion
+            .iter()
+            .fold(0u32, |sum, c| sum.saturating_add(*c));
+        Usage::new(self.prompt_tokens, completion).with_cached(self.cached)
+    }
+
+    fn chunk(
+        &mut self,
+        index: u32,
+        text: String,
+        finish: Option<openai::OpenAiFinishReason>,
+    ) -> Vec<u8> {
         let v = match self.surface {
             Surface::Chat => {
-                let first = std::mem::replace(&mut self.first_chunk, false);
-                serde_json::to_vec(&self.factory.chat_chunk(Some(text), first, finish))
+                let first = self
+                    .first_sent
+                    .get_mut(index as usize)
+                    .is_some_and(|sent| !std::mem::replace(sent, true));
+                serde_json::to_vec(&self.factory.chat_chunk_at(index, Some(text), first, finish))
             }
             Surface::Completions => {
-                serde_json::to_vec(&self.factory.completion(text, finish, None))
+                serde_json::to_vec(&self.factory.completion_chunk_at(index, text, finish))
             }
         };
         sse_data(&v.unwrap_or_default())
@@ -451,32 +645,6 @@ impl TokenRun {
             Surface::Completions => serde_json::to_vec(&self.factory.completion_usage_chunk(usage)),
         };
         sse_data(&v.unwrap_or_default())
-    }
-
-    async fn collect(mut self) -> Response {
-        let mut text = String::new();
-        loop {
-            match self.step().await {
-                Step::Delta(t, None) => text.push_str(&t),
-                Step::Delta(t, Some(reason)) => {
-                    text.push_str(&t);
-                    self.guard.status = "success";
-                    let usage = self.usage();
-                    return match self.surface {
-                        Surface::Chat => {
-                            json_response(&self.factory.chat_response(text, Some(reason), usage))
-                        }
-                        Surface::Completions => {
-                            json_response(&self.factory.completion(text, Some(reason), Some(usage)))
-                        }
-                    };
-                }
-                Step::Error(e) => {
-                    self.guard.shared.metrics.error(&self.guard.model, e.kind());
-                    return e.into_response();
-                }
-            }
-        }
     }
 }
 
@@ -507,26 +675,34 @@ pub(super) fn sse_headers(body: Body) -> Response {
 }
 
 fn sse_response(run: TokenRun) -> Response {
+    use futures_util::StreamExt as _;
     // The body owns the run: a client that disconnects drops it, and with it the worker
-    // stream, which stops the request on the worker.
-    let stream = futures_util::stream::unfold(Some(run), |state| async move {
-        let mut run = state?;
-        let (bytes, next) = match run.step().await {
-            Step::Delta(t, None) => (run.chunk(t, None), Some(run)),
-            Step::Delta(t, Some(reason)) => {
-                let mut out = run.chunk(t, Some(reason));
-                if run.include_usage {
-                    out.extend_from_slice(&run.usage_chunk());
+    // streams, which stops the request on the workers.
+    let stream = futures_util::stream::unfold(Some(run.merge()), |state| async move {
+        let mut m = state?;
+        let Some(event) = m.events.next().await else {
+            let e = HttpError::internal("the response ended early");
+            return Some((Ok::<_, Infallible>(Bytes::from(sse_error(&e))), None));
+        };
+        let index = event.index;
+        let (bytes, next) = match m.note(event) {
+            Step::Delta(t, None, _) => (m.chunk(index, t, None), Some(m)),
+            Step::Delta(t, Some(reason), _) => {
+                let mut out = m.chunk(index, t, Some(reason));
+                if m.open > 0 {
+                    (out, Some(m))
+                } else {
+                    if m.include_usage {
+                        out.extend_from_slice(&m.usage_chunk());
+                    }
+                    out.extend_from_slice(DONE);
+                    m.guard.status = "success";
+                    (out, None)
                 }
-                out.extend_from_slice(DONE);
-                run.guard.status = "success";
-                (out, None)
             }
             Step::Error(e) => {
-                run.guard.shared.metrics.error(&run.guard.model, e.kind());
-                let mut out = b"event: error\n".to_vec();
-                out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
-                (out, None)
+                m.guard.shared.metrics.error(&m.guard.model, e.kind());
+                (sse_error(&e), None)
             }
         };
         Some((Ok::<_, Infallible>(Bytes::from(bytes)), next))

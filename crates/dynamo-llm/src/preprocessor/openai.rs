@@ -493,6 +493,9 @@ fn check_range(value: Option<f32>, lo: f32, hi: f32, param: &str) -> Result<()> 
 /// Most stop sequences per request (OpenAI allows 4; engines commonly allow more).
 pub const MAX_STOP_SEQUENCES: usize = 16;
 
+/// The most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: u32 = 128;
+
 #[expect(
     clippy::too_many_arguments,
     reason = "one flat list of the parameters both request kinds share"
@@ -519,15 +522,15 @@ fn validate_common(
     for (v, param) in penalties {
         check_range(v, -2.0, 2.0, param)?;
     }
-    match n {
-        Some(0) => return Err(Error::request("'n' must be at least 1.", Some("n"))),
-        Some(n) if n > 1 => {
-            return Err(Error::request(
-                format!("n={n} is not supported: only one choice per request."),
-                Some("n"),
-            ));
-        }
-        _ => {}
+    // Each choice is its own generation: bound the fan-out of one request (the
+    // reference's range and message).
+    if let Some(n) = n
+        && !(1..=MAX_CHOICES).contains(&n)
+    {
+        return Err(Error::request(
+            format!("n must be between 1 and {MAX_CHOICES}, got {n}"),
+            Some("n"),
+        ));
     }
     if stream_options.is_some() && stream != Some(true) {
         return Err(Error::request(
@@ -744,6 +747,16 @@ impl Usage {
             prompt_tokens_details: None,
         }
     }
+
+    /// The same usage reporting `cached` prompt tokens served from the prefix cache
+    /// (`prompt_tokens_details` stays absent when `cached` is `None`).
+    #[must_use]
+    pub fn with_cached(mut self, cached: Option<u32>) -> Self {
+        self.prompt_tokens_details = cached.map(|c| PromptTokensDetails {
+            cached_tokens: c.min(self.prompt_tokens),
+        });
+        self
+    }
 }
 
 /// Why a choice ended, as OpenAI reports it.
@@ -767,6 +780,10 @@ pub struct ResponseMessage {
     pub role: Role,
     /// The text.
     pub content: Option<String>,
+    /// A refusal message; always `null` (the engines here do not refuse), present as in
+    /// OpenAI's responses.
+    #[serde(default)]
+    pub refusal: Option<String>,
 }
 
 /// One choice of a non-streaming chat response.
@@ -904,13 +921,24 @@ impl ResponseFactory {
         first: bool,
         finish_reason: Option<OpenAiFinishReason>,
     ) -> ChatCompletionChunk {
+        self.chat_chunk_at(0, text, first, finish_reason)
+    }
+
+    /// A chat chunk of choice `index` (for `n > 1`).
+    pub fn chat_chunk_at(
+        &self,
+        index: u32,
+        text: Option<String>,
+        first: bool,
+        finish_reason: Option<OpenAiFinishReason>,
+    ) -> ChatCompletionChunk {
         ChatCompletionChunk {
             id: self.id.clone(),
             object: "chat.completion.chunk".to_owned(),
             created: self.created,
             model: self.model.clone(),
             choices: vec![ChatChunkChoice {
-                index: 0,
+                index,
                 delta: ChatDelta {
                     role: first.then_some(Role::Assistant),
                     content: text,
@@ -941,20 +969,34 @@ impl ResponseFactory {
         finish_reason: Option<OpenAiFinishReason>,
         usage: Usage,
     ) -> ChatCompletionResponse {
+        self.chat_response_choices(vec![(text, finish_reason)], usage)
+    }
+
+    /// A complete chat response with one choice per `(text, finish_reason)`, indexed in
+    /// order.
+    pub fn chat_response_choices(
+        &self,
+        choices: Vec<(String, Option<OpenAiFinishReason>)>,
+        usage: Usage,
+    ) -> ChatCompletionResponse {
         ChatCompletionResponse {
             id: self.id.clone(),
             object: "chat.completion".to_owned(),
             created: self.created,
             model: self.model.clone(),
-            choices: vec![ChatChoice {
-                index: 0,
-                message: ResponseMessage {
-                    role: Role::Assistant,
-                    content: Some(text),
-                },
-                finish_reason,
-                logprobs: None,
-            }],
+            choices: (0u32..)
+                .zip(choices)
+                .map(|(index, (text, finish_reason))| ChatChoice {
+                    index,
+                    message: ResponseMessage {
+                        role: Role::Assistant,
+                        content: Some(text),
+                        refusal: None,
+                    },
+                    finish_reason,
+                    logprobs: None,
+                })
+                .collect(),
             usage: Some(usage),
         }
     }
@@ -966,17 +1008,44 @@ impl ResponseFactory {
         finish_reason: Option<OpenAiFinishReason>,
         usage: Option<Usage>,
     ) -> CompletionResponse {
+        self.completion_choices(vec![(text, finish_reason)], usage)
+    }
+
+    /// A completions chunk of choice `index` (for `n > 1`).
+    pub fn completion_chunk_at(
+        &self,
+        index: u32,
+        text: String,
+        finish_reason: Option<OpenAiFinishReason>,
+    ) -> CompletionResponse {
+        let mut chunk = self.completion(text, finish_reason, None);
+        for c in &mut chunk.choices {
+            c.index = index;
+        }
+        chunk
+    }
+
+    /// A completions response with one choice per `(text, finish_reason)`, indexed in
+    /// order.
+    pub fn completion_choices(
+        &self,
+        choices: Vec<(String, Option<OpenAiFinishReason>)>,
+        usage: Option<Usage>,
+    ) -> CompletionResponse {
         CompletionResponse {
             id: self.id.clone(),
             object: "text_completion".to_owned(),
             created: self.created,
             model: self.model.clone(),
-            choices: vec![CompletionChoice {
-                index: 0,
-                text,
-                finish_reason,
-                logprobs: None,
-            }],
+            choices: (0u32..)
+                .zip(choices)
+                .map(|(index, (text, finish_reason))| CompletionChoice {
+                    index,
+                    text,
+                    finish_reason,
+                    logprobs: None,
+                })
+                .collect(),
             usage,
         }
     }

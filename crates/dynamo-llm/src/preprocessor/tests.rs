@@ -154,9 +154,9 @@ fn invalid_requests_name_the_parameter() {
             "top_p",
         ),
         (
-            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"n":129}"#,
             "n",
-            "n=2",
+            "n must be between 1 and 128, got 129",
         ),
         (
             r#"{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,

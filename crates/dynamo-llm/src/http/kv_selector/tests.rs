@@ -374,9 +374,13 @@ fn migration_frees_the_old_booking_and_books_the_new_worker() {
         c.cache(0, &prompt).await;
         let mut stream = c.open(&prompt, 1).await.unwrap();
         assert_eq!(c.booked().0, 1);
+        // The router's overlap on the chosen worker: the whole (block-aligned) prompt.
+        assert_eq!(stream.router_cached_tokens(), Some(prompt.len() as u32));
         assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
         // The shutdown migrates the request: worker 1 streams the rest.
         assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
+        // Usage reports the first attempt's overlap (its prompt is the client's prompt).
+        assert_eq!(stream.router_cached_tokens(), Some(prompt.len() as u32));
         assert_eq!(c.started(), vec![1, 1]);
         assert_eq!(c.booked().0, 1, "only the new attempt is booked");
         assert!(
