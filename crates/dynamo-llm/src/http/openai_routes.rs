@@ -250,7 +250,6 @@ async fn handle(
         Ok(p) => p,
         Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
     };
-    let entry = &target;
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
     let guard = Inflight::start(
         Arc::clone(&shared),
@@ -269,11 +268,19 @@ async fn handle(
             ctx.clone()
         } else {
             one.sampling_options.n = Some(1);
+            // A seeded request stays reproducible, but its choices must not all be the
+            // same sample.
+            one.sampling_options.seed = one
+                .sampling_options
+                .seed
+                .map(|seed| seed.wrapping_add(i64::from(index)));
             // Distinct ids: each choice is a request of its own on the request plane.
+            // Detached is enough: what stops a request here is its response being
+            // dropped, which drops (and so stops) every choice.
             ctx.detached(format!("{}-{index}", ctx.id()))
         };
         let processor = pre.output_processor(&one);
-        let opened = match entry {
+        let opened = match &target {
             Ok(entry) => WorkerStream::open(
                 Arc::clone(entry),
                 Arc::clone(&shared.selector),
