@@ -393,3 +393,31 @@ proptest! {
         prop_assert_eq!(matched, text.contains(&stop));
     }
 }
+
+#[test]
+fn responses_carry_refusal_cached_tokens_and_one_index_per_choice() {
+    use super::openai::{OpenAiFinishReason, ResponseFactory, Usage};
+    let f = ResponseFactory::new("chatcmpl-x", "m");
+    // Cached tokens are reported when known and never exceed the prompt.
+    let usage = Usage::new(10, 4).with_cached(Some(16));
+    let chat = serde_json::to_value(f.chat_response_choices(
+        vec![
+            ("a".into(), Some(OpenAiFinishReason::Stop)),
+            ("b".into(), Some(OpenAiFinishReason::Length)),
+        ],
+        usage,
+    ))
+    .unwrap();
+    assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 10);
+    assert_eq!(chat["choices"][1]["index"], 1);
+    assert_eq!(chat["choices"][1]["message"]["content"], "b");
+    let message = chat["choices"][0]["message"].as_object().unwrap();
+    assert!(message.contains_key("refusal") && message["refusal"].is_null());
+    let unknown = serde_json::to_value(Usage::new(10, 4).with_cached(None)).unwrap();
+    assert!(unknown.get("prompt_tokens_details").is_none());
+    let chunk = serde_json::to_value(f.completion_chunk_at(3, "t".into(), None)).unwrap();
+    assert_eq!(chunk["choices"][0]["index"], 3);
+    let chunk = serde_json::to_value(f.chat_chunk_at(2, Some("t".into()), true, None)).unwrap();
+    assert_eq!(chunk["choices"][0]["index"], 2);
+    assert_eq!(chunk["choices"][0]["delta"]["role"], "assistant");
+}
