@@ -118,10 +118,16 @@ def test_mapping_form_rejects_unknown_keys_naming_them(config: dict, named: str)
         EntrypointArgs(EngineType.Mocker, mocker_engine_args=config)
 
 
-def test_both_forms_are_accepted_and_other_types_are_not() -> None:
+def test_both_forms_are_accepted_and_other_types_are_not(tmp_path) -> None:
     EntrypointArgs(EngineType.Mocker, mocker_engine_args=MockEngineArgs(block_size=16))
     EntrypointArgs(EngineType.Mocker, mocker_engine_args={"engine": {"block_size": 16}})
     EntrypointArgs(EngineType.Mocker, mocker_engine_args={})
+    # A JSON text (or an ``extra_engine_args`` file) in the mapping form is recognised too.
+    assert MockEngineArgs.from_json('{"engine": {"block_size": 32}}').block_size == 32
+    path = tmp_path / "mocker.json"
+    path.write_text(json.dumps({"engine": {"bogus": 1}}))
+    with pytest.raises(ValueError, match="engine.bogus"):
+        EntrypointArgs(EngineType.Mocker, extra_engine_args=str(path))
     with pytest.raises(TypeError, match="MockEngineArgs or a mapping"):
         EntrypointArgs(EngineType.Mocker, mocker_engine_args=[("engine", {})])
 

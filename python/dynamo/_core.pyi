@@ -1314,8 +1314,9 @@ class MockEngineArgs:
     ) -> MockEngineArgs: ...
     @staticmethod
     def from_json(config_json: str) -> MockEngineArgs:
-        """Parse a JSON object; missing fields take their defaults (``ValueError`` on
-        unknown fields or invalid values)."""
+        """Parse a JSON object -- the flat form (these arguments), or the reference's
+        mapping form ``{"engine": {...}, "dynamo": {...}}``; missing fields take their
+        defaults (``ValueError`` on unknown fields or invalid values)."""
     def to_json(self) -> str:
         """The arguments as JSON (accepted by :meth:`from_json`)."""
     def copy(self) -> MockEngineArgs: ...

@@ -189,12 +189,21 @@ fn invalid(field: &str, reason: impl Into<String>) -> Error {
 }
 
 impl MockEngineArgs {
-    /// Parse JSON (missing fields take defaults) and validate.
+    /// Parse JSON (missing fields take defaults) and validate: the flat form, or the
+    /// reference's mapping form (an object with an `engine` or `dynamo` key, see
+    /// [`MockEngineArgs::from_launch_config`]).
     ///
     /// # Errors
     /// [`Error::InvalidEngineArgs`] for malformed JSON, unknown fields or invalid values.
     pub fn from_json(json: &str) -> Result<Self> {
         match serde_json::from_str(json).map_err(|e| invalid("<json>", e.to_string()))? {
+            // The reference's mapping form (an `extra_engine_args` file written for it):
+            // neither section name is a flat-form key.
+            serde_json::Value::Object(map)
+                if map.contains_key("engine") || map.contains_key("dynamo") =>
+            {
+                Self::from_launch_config(serde_json::Value::Object(map))
+            }
             serde_json::Value::Object(flat) => Self::from_flat(flat),
             other => Err(invalid(
                 "<json>",
@@ -487,6 +496,9 @@ mod tests {
             defaults.num_gpu_blocks,
             MockEngineArgs::default().num_gpu_blocks
         );
+        // A JSON text in the mapping form (an `extra_engine_args` file) is recognised.
+        let text = MockEngineArgs::from_json(r#"{"engine": {"block_size": 32}}"#).expect("text");
+        assert_eq!(text.block_size, 32);
     }
 
     #[test]
