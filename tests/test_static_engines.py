@@ -701,7 +701,7 @@ def test_wait_for_instance_by_runtime_data(model_dir) -> None:
         found = await asyncio.wait_for(waiter, 10)
         assert found == endpoint.connection_id()
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match="0 matched"):
+        with pytest.raises(TimeoutError, match="last_match_count=0"):
             await client.wait_for_instance_by_runtime_data("role", "follower", timeout_s=0.3)
         assert 0.25 < time.monotonic() - t0 < 5
         rt.shutdown()

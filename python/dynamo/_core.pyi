@@ -14,6 +14,7 @@ from typing import (
     Dict,
     Iterator,
     List,
+    Mapping,
     Optional,
     Sequence,
     Set,
@@ -191,10 +192,14 @@ class Endpoint:
         """Metrics hooks of this endpoint (``/metrics`` of the system status server)."""
 
     async def unregister_endpoint_instance(self) -> None:
-        """Withdraw this instance from discovery ("sleep")."""
+        """Withdraw this process's instance of the endpoint from discovery ("sleep"); a
+        served endpoint keeps answering requests addressed to it directly."""
 
     async def register_endpoint_instance(self) -> None:
-        """Publish this instance again ("wake")."""
+        """Publish this process's instance of the endpoint ("wake"): id
+        :meth:`connection_id`, reached through this process's request plane. Works on an
+        endpoint this process does not serve too (multinode groups publish the leader's
+        instance); requests reaching it then fail until the endpoint is served."""
 
 @final
 class RuntimeMetrics:
@@ -273,7 +278,8 @@ class Client:
 
         Raises:
             ValueError: ``timeout_s`` negative or not finite.
-            TimeoutError: after ``timeout_s`` seconds (the message names the last matches).
+            TimeoutError: after ``timeout_s`` seconds (the message names the last matches:
+                ``last_match_count=N, matching_ids=[...]``).
         """
 
     async def random(
@@ -1308,8 +1314,9 @@ class MockEngineArgs:
     ) -> MockEngineArgs: ...
     @staticmethod
     def from_json(config_json: str) -> MockEngineArgs:
-        """Parse a JSON object; missing fields take their defaults (``ValueError`` on
-        unknown fields or invalid values)."""
+        """Parse a JSON object -- the flat form (these arguments), or the reference's
+        mapping form ``{"engine": {...}, "dynamo": {...}}``; missing fields take their
+        defaults (``ValueError`` on unknown fields or invalid values)."""
     def to_json(self) -> str:
         """The arguments as JSON (accepted by :meth:`from_json`)."""
     def copy(self) -> MockEngineArgs: ...
@@ -1545,9 +1552,16 @@ class EngineConfig:
 class EntrypointArgs:
     """Arguments of :func:`make_engine`. Options this build does not model are accepted.
 
+    ``mocker_engine_args`` is a :class:`MockEngineArgs` or the reference 1.6.x mapping form
+    ``{"engine": {...}, "dynamo": {...}}`` plus launch options beside them (``dp_size``,
+    ``startup_time``, ...); ``engine.backend`` is ``engine_type``.
+
     Raises:
         ValueError: ``tls_cert_path`` without ``tls_key_path`` (or the reverse), an
-            unsupported router mode, or unreadable ``extra_engine_args``.
+            unsupported router mode, unreadable ``extra_engine_args``, or a
+            ``mocker_engine_args`` mapping with an unknown key (named, e.g.
+            ``engine.bogus``) or an invalid value.
+        TypeError: ``mocker_engine_args`` neither a ``MockEngineArgs`` nor a mapping.
     """
 
     def __new__(
@@ -1566,7 +1580,7 @@ class EntrypointArgs:
         tls_cert_path: Optional[str] = None,
         tls_key_path: Optional[str] = None,
         extra_engine_args: Optional[str | os.PathLike[str]] = None,
-        mocker_engine_args: Optional[MockEngineArgs] = None,
+        mocker_engine_args: Optional[MockEngineArgs | Mapping[str, Any]] = None,
         runtime_config: Optional[ModelRuntimeConfig] = None,
         namespace: Optional[str] = None,
         namespace_prefix: Optional[str] = None,
@@ -1675,7 +1689,8 @@ class HttpService:
         ``anthropic_messages``, ``generate``, ``batch``.
 
         Raises:
-            ValueError: an unknown type.
+            ValueError: an unknown type, or ``batch`` (as in the reference: "batch endpoint
+                availability is fixed when the HTTP service is built").
         """
     async def run(self, runtime: DistributedRuntime) -> None:
         """Serve until :meth:`shutdown` or the runtime stops."""

@@ -170,9 +170,10 @@ pub async fn wait_for_instance_by_runtime_data(
         let now = tokio::time::Instant::now();
         let wake = match deadline {
             Some(d) if d <= now => {
+                // `last_match_count=` and `matching_ids=` as in the reference's message.
                 return Err(Error::Timeout(format!(
-                    "no single instance of {} has runtime_data[{key:?}] == {want} after {:?}: \
-                     {} matched {ids:?}",
+                    "waiting for one instance of {} with runtime_data[{key:?}] == {want} \
+                     after {:?}; last_match_count={}, matching_ids={ids:?}",
                     client.endpoint(),
                     timeout.unwrap_or_default(),
                     ids.len()

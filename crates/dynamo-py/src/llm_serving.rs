@@ -20,7 +20,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::errors::runtime_error;
-use crate::llm::mocker_args::PyMockEngineArgs;
+use crate::llm::mocker_args::mock_engine_args_from_py;
 use crate::llm::{
     PyModelInput, PyModelRuntimeConfig, PyModelType, PyWorkerType, llm_error, py_to_json,
 };
@@ -263,7 +263,7 @@ impl EntrypointArgs {
         tls_cert_path: Option<String>,
         tls_key_path: Option<String>,
         extra_engine_args: Option<PathBuf>,
-        mocker_engine_args: Option<PyMockEngineArgs>,
+        mocker_engine_args: Option<&Bound<'_, PyAny>>,
         runtime_config: Option<PyModelRuntimeConfig>,
         namespace: Option<String>,
         namespace_prefix: Option<String>,
@@ -285,8 +285,11 @@ impl EntrypointArgs {
                 "tls_cert_path and tls_key_path must be given together",
             ));
         }
-        let mock_args = match (mocker_engine_args, extra_engine_args) {
-            (Some(a), _) => Some(a.inner),
+        let mock_args = match (
+            mocker_engine_args.filter(|a| !a.is_none()),
+            extra_engine_args,
+        ) {
+            (Some(a), _) => Some(mock_engine_args_from_py(a)?),
             (None, Some(path)) => {
                 let text = std::fs::read_to_string(&path).map_err(|e| {
                     PyValueError::new_err(format!("cannot read {}: {e}", path.display()))

@@ -48,6 +48,7 @@ pub struct EndpointMetrics {
     inflight: AtomicI64,
     request_bytes: AtomicU64,
     response_bytes: AtomicU64,
+    responses: AtomicU64,
     buckets: [AtomicU64; DURATION_BUCKETS.len()],
     duration_count: AtomicU64,
     duration_sum_ns: AtomicU64,
@@ -92,6 +93,7 @@ impl EndpointMetrics {
             inflight: AtomicI64::new(0),
             request_bytes: AtomicU64::new(0),
             response_bytes: AtomicU64::new(0),
+            responses: AtomicU64::new(0),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             duration_count: AtomicU64::new(0),
             duration_sum_ns: AtomicU64::new(0),
@@ -125,6 +127,7 @@ impl EndpointMetrics {
     /// A response item of `len` bytes was sent.
     pub fn response_sent(&self, len: usize) {
         self.response_bytes.fetch_add(len as u64, Ordering::Relaxed);
+        self.responses.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A handler ended its stream with an error.
@@ -140,6 +143,11 @@ impl EndpointMetrics {
     /// Requests accepted so far.
     pub fn requests(&self) -> u64 {
         self.requests.load(Ordering::Relaxed)
+    }
+
+    /// Response items sent so far (the health checker's proof of life).
+    pub fn responses(&self) -> u64 {
+        self.responses.load(Ordering::Relaxed)
     }
 }
 

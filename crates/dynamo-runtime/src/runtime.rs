@@ -342,26 +342,7 @@ impl DistributedRuntime {
         }
         let server = Arc::clone(self.server().await?);
         let path = endpoint.path();
-        let instance = Instance {
-            namespace: endpoint.namespace.clone(),
-            component: endpoint.component.clone(),
-            endpoint: endpoint.name.clone(),
-            instance_id: self.connection_id(),
-            transport: match self.inner.request_plane {
-                RequestPlane::Tcp => {
-                    TransportAddress::Tcp(format!("{}/{}", server.address(), path))
-                }
-                RequestPlane::Nats => {
-                    TransportAddress::NatsTcp(crate::transport::nats::instance_subject(
-                        &endpoint.namespace,
-                        &endpoint.component,
-                        &endpoint.name,
-                        self.connection_id(),
-                    ))
-                }
-            },
-            device_type: None,
-        };
+        let instance = self.instance_of(endpoint, &server);
         // Cancelled once the endpoint has drained: callers' STOP and CREDIT frames must
         // still arrive while it drains.
         let nats_ingress = CancellationToken::new();
@@ -401,12 +382,14 @@ impl DistributedRuntime {
         tracing::debug!(endpoint = %endpoint, instance_id = instance.instance_id, "serving");
         let health_name = endpoint.to_string();
         let health = Arc::clone(&self.inner.system.health);
-        health.set_endpoint(&health_name, true);
         let canary_stop = self.inner.endpoint_shutdown.child_token();
-        if let (true, Some(payload)) = (
-            self.inner.config.health_check_enabled,
-            options.health_check_payload,
-        ) {
+        let canary_payload = options
+            .health_check_payload
+            .filter(|_| self.inner.config.health_check_enabled);
+        // A health-checked endpoint is not ready until it has answered (a canary or real
+        // traffic), as in the reference; any other endpoint is ready while it serves.
+        health.set_endpoint(&health_name, canary_payload.is_none());
+        if let Some(payload) = canary_payload {
             crate::system::spawn_canary(
                 self.clone(),
                 endpoint.clone(),
@@ -453,29 +436,80 @@ impl DistributedRuntime {
         Ok(())
     }
 
-    fn served_instance(&self, endpoint: &EndpointId) -> Result<Instance> {
-        lock(&self.inner.served)
-            .get(&endpoint.path())
-            .map(|s| s.instance.clone())
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("endpoint {endpoint} is not served by this process"))
-            })
+    /// The discovery record of this process's instance of `endpoint`: id
+    /// [`DistributedRuntime::connection_id`], reached through this process's request-plane
+    /// server (its TCP address and the endpoint's path, or the instance's NATS subject).
+    fn instance_of(&self, endpoint: &EndpointId, server: &Server) -> Instance {
+        Instance {
+            namespace: endpoint.namespace.clone(),
+            component: endpoint.component.clone(),
+            endpoint: endpoint.name.clone(),
+            instance_id: self.connection_id(),
+            transport: match self.inner.request_plane {
+                RequestPlane::Tcp => {
+                    TransportAddress::Tcp(format!("{}/{}", server.address(), endpoint.path()))
+                }
+                RequestPlane::Nats => {
+                    TransportAddress::NatsTcp(crate::transport::nats::instance_subject(
+                        &endpoint.namespace,
+                        &endpoint.component,
+                        &endpoint.name,
+                        self.connection_id(),
+                    ))
+                }
+            },
+            device_type: None,
+        }
     }
 
-    /// Withdraw a served endpoint's instance from discovery ("sleep"); it keeps serving
-    /// requests addressed to it directly.
+    /// This process's instance of `endpoint`: the served one, or (for an endpoint this
+    /// process does not serve) the record serving it would publish.
+    async fn own_instance(&self, endpoint: &EndpointId) -> Result<Instance> {
+        if let Some(s) = lock(&self.inner.served).get(&endpoint.path()) {
+            return Ok(s.instance.clone());
+        }
+        let server = Arc::clone(self.server().await?);
+        Ok(self.instance_of(endpoint, &server))
+    }
+
+    /// Withdraw this process's instance of `endpoint` from discovery ("sleep"); a served
+    /// endpoint keeps serving requests addressed to it directly. Withdrawing an instance
+    /// that is not published is not an error.
     pub async fn unregister_endpoint_instance(&self, endpoint: &EndpointId) -> Result<()> {
-        let instance = self.served_instance(endpoint)?;
+        let instance = self.own_instance(endpoint).await?;
         self.inner.discovery.unregister(&instance).await
     }
 
-    /// Publish a served endpoint's instance again ("wake").
+    /// Publish this process's instance of `endpoint` ("wake"). As in the reference this also
+    /// works for an endpoint the process does not serve (multinode groups publish the
+    /// leader's instance for their other ranks): the record is the one serving would
+    /// publish, and requests reaching it are refused as addressed to an unknown endpoint
+    /// until the endpoint is served.
     pub async fn register_endpoint_instance(&self, endpoint: &EndpointId) -> Result<()> {
-        let instance = self.served_instance(endpoint)?;
+        let instance = self.own_instance(endpoint).await?;
         if let Some(s) = lock(&self.inner.served).get(&endpoint.path()) {
             s.entry.set_accepting(true);
         }
         self.inner.discovery.register(&instance).await
+    }
+
+    /// Every instance in discovery, of every endpoint (the frontend's `/health` lists
+    /// them), sorted by endpoint then instance id.
+    ///
+    /// # Errors
+    /// The discovery store failed.
+    pub async fn all_instances(&self) -> Result<Vec<Instance>> {
+        let mut all =
+            crate::discovery::list_instances(self.kv_store().as_ref(), "v1/instances/").await?;
+        all.sort_by(|a, b| {
+            (&a.namespace, &a.component, &a.endpoint, a.instance_id).cmp(&(
+                &b.namespace,
+                &b.component,
+                &b.endpoint,
+                b.instance_id,
+            ))
+        });
+        Ok(all)
     }
 
     /// A client of `endpoint`, following its instances live. Must be called inside the

@@ -15,10 +15,12 @@
 //! `set_health_status` was called (or `DYN_SYSTEM_STARTING_HEALTH_STATUS` is set), the
 //! flag it set is `ready`. Without either, a process serving no endpoint is not ready. An
 //! endpoint is ready while it serves; with health checks enabled
-//! (`DYN_HEALTH_CHECK_ENABLED=true`) an endpoint with a `health_check_payload` that saw no
-//! request for `DYN_CANARY_WAIT_TIME` (10 s) is sent the payload through its own handler;
-//! it is ready when the first response item arrives without error within
-//! `DYN_HEALTH_CHECK_REQUEST_TIMEOUT` (3 s), not ready otherwise.
+//! (`DYN_HEALTH_CHECK_ENABLED=true`) an endpoint with a `health_check_payload` starts not
+//! ready, and becomes ready as soon as it sends a response item (to real traffic or to a
+//! canary). When it sent nothing for `DYN_CANARY_WAIT_TIME` (10 s, also the delay before
+//! the first canary) it is sent the payload through its own handler; it is ready when the
+//! first response item arrives without error within `DYN_HEALTH_CHECK_REQUEST_TIMEOUT`
+//! (3 s), not ready otherwise. A handler that never answers keeps it not ready.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -44,6 +46,12 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_BODY: usize = 16 * 1024 * 1024;
 /// A client that sends nothing for this long is dropped.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the health checker looks for response items sent to real traffic: a
+/// not-ready endpoint that answers becomes ready within this delay (the reference flips
+/// on the item itself), cheap enough (one atomic load) to run per endpoint.
+const ACTIVITY_POLL: Duration = Duration::from_millis(100);
+/// How long a timed-out canary may take to end once killed (the kill is one frame away).
+const KILL_GRACE: Duration = Duration::from_millis(500);
 
 /// An `/engine/{route}` callback: JSON in, JSON out.
 pub type EngineRoute = Arc<
@@ -338,24 +346,31 @@ pub(crate) fn spawn_canary(
     tokio::spawn(async move {
         let name = endpoint.to_string();
         let client = drt.client(&endpoint);
-        let mut seen = metrics.requests();
+        let mut seen = metrics.responses();
+        let mut last_alive = tokio::time::Instant::now();
         loop {
             tokio::select! {
-                () = tokio::time::sleep(config.wait) => {}
+                () = tokio::time::sleep(config.wait.min(ACTIVITY_POLL)) => {}
                 () = cancel.cancelled() => return,
             }
-            let now = metrics.requests();
+            let now = metrics.responses();
             if now != seen {
-                // Served real traffic meanwhile: that is proof enough of life.
+                // The handler answered real traffic meanwhile: proof enough of life.
                 seen = now;
+                last_alive = tokio::time::Instant::now();
+                health.set_endpoint(&name, true);
                 continue;
             }
+            if last_alive.elapsed() < config.wait {
+                continue;
+            }
+            let context = Context::default();
             let probe = async {
                 let mut stream = client
                     .generate(
                         payload.clone(),
                         Route::Direct(drt.connection_id()),
-                        Context::default(),
+                        context.clone(),
                         None,
                     )
                     .await?;
@@ -368,7 +383,8 @@ pub(crate) fn spawn_canary(
                     None => Err(crate::Error::Disconnected("empty canary stream".into())),
                 }
             };
-            let ok = match tokio::time::timeout(config.timeout, probe).await {
+            tokio::pin!(probe);
+            let ok = match tokio::time::timeout(config.timeout, &mut probe).await {
                 Ok(Ok(())) => true,
                 Ok(Err(e)) => {
                     tracing::warn!(endpoint = %name, error = %e, "health check failed");
@@ -376,6 +392,11 @@ pub(crate) fn spawn_canary(
                 }
                 Err(_) => {
                     tracing::warn!(endpoint = %name, "health check timed out");
+                    // Kill the canary in the handler too (the reference cancels it), so
+                    // wedged canaries do not pile up and hold a graceful shutdown: the
+                    // kill travels while the stream is open, so let it end.
+                    context.kill();
+                    let _ = tokio::time::timeout(KILL_GRACE, &mut probe).await;
                     false
                 }
             };
@@ -383,7 +404,9 @@ pub(crate) fn spawn_canary(
                 return;
             }
             health.set_endpoint(&name, ok);
-            seen = metrics.requests();
+            // The canary's own items are not traffic.
+            seen = metrics.responses();
+            last_alive = tokio::time::Instant::now();
         }
     });
 }

@@ -107,6 +107,9 @@ pub(crate) struct Shared {
     pub(crate) migration_limit: u32,
     pub(crate) statics: StaticModels,
     pub(crate) pre_commit: PreCommit,
+    /// The runtime whose discovery `/health` reports (absent for a router built without
+    /// [`HttpService::run`]).
+    pub(crate) runtime: Option<DistributedRuntime>,
 }
 
 /// The HTTP service.
@@ -197,7 +200,12 @@ impl HttpService {
 
     /// The axum router (for embedding or tests).
     pub fn router(&self) -> Router {
+        self.router_over(None)
+    }
+
+    fn router_over(&self, runtime: Option<DistributedRuntime>) -> Router {
         let shared = Arc::new(Shared {
+            runtime,
             models: self.models.clone(),
             metrics: Arc::clone(&self.metrics),
             selector: self.selector(),
@@ -242,6 +250,7 @@ impl HttpService {
             .map_err(|e| Error::Runtime(e.to_string()))?;
         tracing::info!(address = %local, "OpenAI frontend listening");
         self.bound.send_replace(Some(local));
+        let router = self.router_over(Some(runtime.clone()));
         let mut stop = self.stop.subscribe();
         let shutdown = async move {
             tokio::select! {
@@ -254,7 +263,7 @@ impl HttpService {
         let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
             let _ = tcp.set_nodelay(true);
         });
-        axum::serve(listener, self.router())
+        axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)
             .await
             .map_err(|e| Error::Runtime(format!("HTTP server failed: {e}")))

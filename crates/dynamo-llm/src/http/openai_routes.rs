@@ -850,17 +850,44 @@ pub(super) async fn list_models(State(shared): State<Arc<Shared>>) -> Response {
     json_response(&serde_json::json!({"object": "list", "data": data}))
 }
 
+/// The reference's body: `status`, `endpoints` (`dyn://ns.comp.ep` of every endpoint with
+/// a live instance in discovery) and `instances` (their discovery records:
+/// `namespace`, `component`, `endpoint`, `instance_id`, `transport`, ...); `models` (each
+/// served model's endpoint and instance ids) is ours.
 pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
-    let models = shared.models.list();
-    let instances: Vec<serde_json::Value> = models
+    let models: Vec<serde_json::Value> = shared
+        .models
+        .list()
         .iter()
         .map(|m| serde_json::json!({"model": m.name, "endpoint": m.endpoint.to_string(), "instances": m.client.instance_ids()}))
         .collect();
-    json_response(&serde_json::json!({"status": "healthy", "models": instances}))
+    let instances = match &shared.runtime {
+        Some(rt) => match rt.all_instances().await {
+            Ok(all) => all,
+            Err(e) => {
+                let body = serde_json::json!({"status": "unhealthy", "message": format!("discovery failed: {e}")});
+                let mut response = json_response(&body);
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                return response;
+            }
+        },
+        None => Vec::new(),
+    };
+    let mut endpoints: Vec<String> = instances
+        .iter()
+        .map(|i| format!("dyn://{}.{}.{}", i.namespace, i.component, i.endpoint))
+        .collect();
+    endpoints.dedup();
+    json_response(&serde_json::json!({
+        "status": "healthy",
+        "endpoints": endpoints,
+        "instances": instances,
+        "models": models,
+    }))
 }
 
 pub(super) async fn live() -> Response {
-    json_response(&serde_json::json!({"status": "live"}))
+    json_response(&serde_json::json!({"status": "live", "message": "Service is live"}))
 }
 
 pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {

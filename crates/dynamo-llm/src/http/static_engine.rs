@@ -212,9 +212,16 @@ impl StaticModels {
     /// Turn an endpoint family on or off (all are on by default).
     ///
     /// # Errors
-    /// An unknown endpoint type.
+    /// An unknown endpoint type, or `batch`: as in the reference, whether the batch
+    /// endpoint exists is decided when the service is built and cannot change at run time.
     pub fn enable_endpoint(&self, endpoint_type: &str, enabled: bool) -> Result<()> {
         let t = parse_endpoint_type(endpoint_type)?;
+        if t == "batch" {
+            return Err(Error::config(
+                "endpoint_type",
+                "batch endpoint availability is fixed when the HTTP service is built",
+            ));
+        }
         let mut reg = self.write();
         if enabled {
             reg.disabled.remove(&t);

@@ -1,18 +1,22 @@
 //! `MockEngineArgs` (wrapping `dynamo_llm::mocker::MockEngineArgs`) and the option classes
 //! it takes: `ReasoningConfig`, `SglangArgs`, `TrtllmArgs`.
 //!
-//! Every constructor and `with_overrides` builds one JSON object of the given values and
-//! hands it to `MockEngineArgs::from_json`, so defaults, validation and the handling of
+//! No field is plumbed by hand: the constructor and `with_overrides` collect their
+//! arguments into one JSON object that the core crate deserialises (serde) and validates,
+//! and every property reads or writes one argument through that same JSON form
+//! (`MockEngineArgs::get` / an override), so defaults, validation and the handling of
 //! accepted-but-unmodelled options live in one place (the core crate). `None` (and
-//! `block_size=0`) mean "the engine's default".
+//! `block_size=0`) mean "the engine's default". `EntrypointArgs` also takes the
+//! reference's mapping form (`{"engine": {...}, "dynamo": {...}}`, see
+//! [`mock_engine_args_from_py`]).
 
 use std::path::PathBuf;
 
-use dynamo_llm::mocker::{MockEngineArgs, MockWorkerType};
+use dynamo_llm::mocker::MockEngineArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::llm_error;
+use super::{llm_error, py_to_json};
 
 /// Mocker reasoning simulation: a share of output tokens is wrapped in thinking markers.
 #[pyclass(
@@ -113,8 +117,10 @@ impl PyTrtllmArgs {
 }
 
 /// Configuration of the mocker (simulated engine).
-#[pyclass(name = "MockEngineArgs", module = "dynamo._core", from_py_object)]
-#[derive(Clone)]
+// `eq` (rather than a hand-written `__eq__` inside the macro-built `#[pymethods]`, which
+// trips the 2024 edition's unsafe-call lint through pyo3's expansion).
+#[pyclass(name = "MockEngineArgs", module = "dynamo._core", from_py_object, eq)]
+#[derive(Clone, PartialEq)]
 pub(crate) struct PyMockEngineArgs {
     pub(crate) inner: MockEngineArgs,
 }
@@ -160,15 +166,16 @@ impl PyMockEngineArgs {
         Self::from_given(base)
     }
 
-    /// An accepted-but-unmodelled option's value.
-    fn unsupported<T: serde::de::DeserializeOwned>(&self, name: &str) -> Option<T> {
-        self.inner
-            .unsupported
-            .get(name)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    /// One argument (a property's value) by name, through the core's JSON form.
+    fn field<T: serde::de::DeserializeOwned>(&self, name: &str) -> PyResult<T> {
+        let value = self.inner.get(name).unwrap_or_default();
+        serde_json::from_value(value)
+            .map_err(|e| PyValueError::new_err(format!("mocker argument {name}: {e}")))
     }
 
-    fn set_unsupported(&mut self, name: &str, value: serde_json::Value) -> PyResult<()> {
+    /// Set one argument (a property) by name: a validated override; `None` unsets an
+    /// unmodelled option.
+    fn set_field(&mut self, name: &str, value: serde_json::Value) -> PyResult<()> {
         *self = self.overridden(serde_json::json!({ name: value }))?;
         if value.is_null() {
             self.inner.unsupported.remove(name);
@@ -177,8 +184,97 @@ impl PyMockEngineArgs {
     }
 }
 
-#[pymethods]
-impl PyMockEngineArgs {
+/// A JSON object of the given local variables, keyed by their names.
+macro_rules! json_of {
+    ($($name:ident),* $(,)?) => {{
+        let mut map = serde_json::Map::new();
+        $( map.insert(stringify!($name).to_owned(), serde_json::json!($name)); )*
+        serde_json::Value::Object(map)
+    }};
+}
+
+/// The `#[pymethods]` block of `MockEngineArgs`: the methods written out, plus one
+/// property per table row (read-only `name: Type`, read/write `name / set_name: Type`),
+/// each going through [`PyMockEngineArgs::field`] / [`PyMockEngineArgs::set_field`].
+macro_rules! mock_engine_args_methods {
+    (
+        read_only: [$($ro:ident: $ro_ty:ty),* $(,)?],
+        read_write: [$($rw:ident / $set:ident: $rw_ty:ty),* $(,)?],
+        $($methods:tt)*
+    ) => {
+        #[pymethods]
+        impl PyMockEngineArgs {
+            $(
+                #[getter]
+                fn $ro(&self) -> PyResult<$ro_ty> {
+                    self.field(stringify!($ro))
+                }
+            )*
+            $(
+                #[getter]
+                fn $rw(&self) -> PyResult<$rw_ty> {
+                    self.field(stringify!($rw))
+                }
+
+                #[setter]
+                fn $set(&mut self, value: $rw_ty) -> PyResult<()> {
+                    self.set_field(stringify!($rw), serde_json::json!(value))
+                }
+            )*
+            $($methods)*
+        }
+    };
+}
+
+mock_engine_args_methods! {
+    read_only: [
+        block_size: usize,
+        max_model_len: Option<usize>,
+        max_num_seqs: Option<usize>,
+        max_num_batched_tokens: Option<usize>,
+        enable_local_indexer: bool,
+        dp_size: u32,
+        engine_type: String,
+        bootstrap_port: Option<u16>,
+        handoff_session_timeout_ms: u64,
+        kv_transfer_timing_mode: String,
+        response_replay_trace_path: Option<PathBuf>,
+        num_g2_blocks: Option<u64>,
+        num_g3_blocks: Option<u64>,
+        offload_batch_size: Option<u64>,
+        bandwidth_g1_to_g2_gbps: Option<f64>,
+        bandwidth_g2_to_g1_gbps: Option<f64>,
+        bandwidth_g2_to_g3_gbps: Option<f64>,
+        bandwidth_g3_to_g2_gbps: Option<f64>,
+        bandwidth_g2_to_g4_gbps: Option<f64>,
+        bandwidth_g4_to_g2_gbps: Option<f64>,
+        enable_g4_storage: bool,
+    ],
+    read_write: [
+        num_gpu_blocks / set_num_gpu_blocks: usize,
+        enable_prefix_caching / set_enable_prefix_caching: bool,
+        worker_type / set_worker_type: String,
+        aic_backend / set_aic_backend: Option<String>,
+        aic_system / set_aic_system: Option<String>,
+        aic_backend_version / set_aic_backend_version: Option<String>,
+        aic_model_path / set_aic_model_path: Option<String>,
+        aic_gemm_dtype / set_aic_gemm_dtype: Option<String>,
+        aic_moe_dtype / set_aic_moe_dtype: Option<String>,
+        aic_fmha_dtype / set_aic_fmha_dtype: Option<String>,
+        aic_kv_cache_dtype / set_aic_kv_cache_dtype: Option<String>,
+        aic_comm_dtype / set_aic_comm_dtype: Option<String>,
+        aic_nextn_accept_rates / set_aic_nextn_accept_rates: Option<String>,
+        aic_tp_size / set_aic_tp_size: Option<u32>,
+        aic_moe_tp_size / set_aic_moe_tp_size: Option<u32>,
+        aic_moe_ep_size / set_aic_moe_ep_size: Option<u32>,
+        aic_attention_dp_size / set_aic_attention_dp_size: Option<u32>,
+        aic_nextn / set_aic_nextn: Option<u32>,
+        aic_mtp_seed / set_aic_mtp_seed: u64,
+        gpu_memory_utilization / set_gpu_memory_utilization: Option<f64>,
+        mem_fraction_static / set_mem_fraction_static: Option<f64>,
+        free_gpu_memory_fraction / set_free_gpu_memory_fraction: Option<f64>,
+    ],
+
     #[new]
     #[pyo3(signature = (
         engine_type="vllm",
@@ -302,188 +398,30 @@ impl PyMockEngineArgs {
         bandwidth_g4_to_g2_gbps: Option<f64>,
         max_model_len: Option<usize>,
     ) -> PyResult<Self> {
-        let mut given = serde_json::Map::new();
-        given.insert("engine_type".to_owned(), serde_json::json!(engine_type));
-        given.insert(
-            "num_gpu_blocks".to_owned(),
-            serde_json::json!(num_gpu_blocks),
-        );
-        given.insert("block_size".to_owned(), serde_json::json!(block_size));
-        given.insert("max_num_seqs".to_owned(), serde_json::json!(max_num_seqs));
-        given.insert(
-            "max_num_batched_tokens".to_owned(),
-            serde_json::json!(max_num_batched_tokens),
-        );
-        given.insert(
-            "enable_prefix_caching".to_owned(),
-            serde_json::json!(enable_prefix_caching),
-        );
-        given.insert(
-            "enable_chunked_prefill".to_owned(),
-            serde_json::json!(enable_chunked_prefill),
-        );
-        given.insert("speedup_ratio".to_owned(), serde_json::json!(speedup_ratio));
-        given.insert(
-            "decode_speedup_ratio".to_owned(),
-            serde_json::json!(decode_speedup_ratio),
-        );
-        given.insert("dp_size".to_owned(), serde_json::json!(dp_size));
-        given.insert("startup_time".to_owned(), serde_json::json!(startup_time));
-        given.insert("worker_type".to_owned(), serde_json::json!(worker_type));
-        given.insert(
-            "planner_profile_data".to_owned(),
-            serde_json::json!(planner_profile_data.map(|p| p.display().to_string())),
-        );
-        given.insert("aic_backend".to_owned(), serde_json::json!(aic_backend));
-        given.insert("aic_system".to_owned(), serde_json::json!(aic_system));
-        given.insert(
-            "aic_backend_version".to_owned(),
-            serde_json::json!(aic_backend_version),
-        );
-        given.insert("aic_tp_size".to_owned(), serde_json::json!(aic_tp_size));
-        given.insert(
-            "aic_model_path".to_owned(),
-            serde_json::json!(aic_model_path),
-        );
-        given.insert(
-            "aic_moe_tp_size".to_owned(),
-            serde_json::json!(aic_moe_tp_size),
-        );
-        given.insert(
-            "aic_moe_ep_size".to_owned(),
-            serde_json::json!(aic_moe_ep_size),
-        );
-        given.insert(
-            "aic_attention_dp_size".to_owned(),
-            serde_json::json!(aic_attention_dp_size),
-        );
-        given.insert("aic_nextn".to_owned(), serde_json::json!(aic_nextn));
-        given.insert(
-            "aic_nextn_accept_rates".to_owned(),
-            serde_json::json!(aic_nextn_accept_rates),
-        );
-        given.insert("aic_mtp_seed".to_owned(), serde_json::json!(aic_mtp_seed));
-        given.insert(
-            "aic_gemm_dtype".to_owned(),
-            serde_json::json!(aic_gemm_dtype),
-        );
-        given.insert("aic_moe_dtype".to_owned(), serde_json::json!(aic_moe_dtype));
-        given.insert(
-            "aic_fmha_dtype".to_owned(),
-            serde_json::json!(aic_fmha_dtype),
-        );
-        given.insert(
-            "aic_kv_cache_dtype".to_owned(),
-            serde_json::json!(aic_kv_cache_dtype),
-        );
-        given.insert(
-            "aic_comm_dtype".to_owned(),
-            serde_json::json!(aic_comm_dtype),
-        );
-        given.insert(
-            "gpu_memory_utilization".to_owned(),
-            serde_json::json!(gpu_memory_utilization),
-        );
-        given.insert(
-            "mem_fraction_static".to_owned(),
-            serde_json::json!(mem_fraction_static),
-        );
-        given.insert(
-            "free_gpu_memory_fraction".to_owned(),
-            serde_json::json!(free_gpu_memory_fraction),
-        );
-        given.insert(
-            "enable_local_indexer".to_owned(),
-            serde_json::json!(enable_local_indexer),
-        );
-        given.insert(
-            "bootstrap_port".to_owned(),
-            serde_json::json!(bootstrap_port),
-        );
-        given.insert(
-            "handoff_session_timeout_ms".to_owned(),
-            serde_json::json!(handoff_session_timeout_ms),
-        );
-        given.insert(
-            "kv_bytes_per_token".to_owned(),
-            serde_json::json!(kv_bytes_per_token),
-        );
-        given.insert(
-            "kv_transfer_bandwidth".to_owned(),
-            serde_json::json!(kv_transfer_bandwidth),
-        );
-        given.insert(
-            "kv_transfer_timing_mode".to_owned(),
-            serde_json::json!(kv_transfer_timing_mode),
-        );
-        given.insert(
-            "reasoning".to_owned(),
-            serde_json::json!(reasoning.map(|v| v.inner.clone())),
-        );
-        given.insert(
-            "response_replay_trace_path".to_owned(),
-            serde_json::json!(response_replay_trace_path.map(|p| p.display().to_string())),
-        );
-        given.insert(
-            "zmq_kv_events_port".to_owned(),
-            serde_json::json!(zmq_kv_events_port),
-        );
-        given.insert(
-            "zmq_replay_port".to_owned(),
-            serde_json::json!(zmq_replay_port),
-        );
-        given.insert(
-            "preemption_mode".to_owned(),
-            serde_json::json!(preemption_mode),
-        );
-        given.insert(
-            "router_queue_policy".to_owned(),
-            serde_json::json!(router_queue_policy),
-        );
-        given.insert(
-            "sglang".to_owned(),
-            serde_json::json!(sglang.map(|v| v.inner.clone())),
-        );
-        given.insert(
-            "trtllm".to_owned(),
-            serde_json::json!(trtllm.map(|v| v.inner.clone())),
-        );
-        given.insert("num_g2_blocks".to_owned(), serde_json::json!(num_g2_blocks));
-        given.insert("num_g3_blocks".to_owned(), serde_json::json!(num_g3_blocks));
-        given.insert(
-            "offload_batch_size".to_owned(),
-            serde_json::json!(offload_batch_size),
-        );
-        given.insert(
-            "bandwidth_g1_to_g2_gbps".to_owned(),
-            serde_json::json!(bandwidth_g1_to_g2_gbps),
-        );
-        given.insert(
-            "bandwidth_g2_to_g1_gbps".to_owned(),
-            serde_json::json!(bandwidth_g2_to_g1_gbps),
-        );
-        given.insert(
-            "bandwidth_g2_to_g3_gbps".to_owned(),
-            serde_json::json!(bandwidth_g2_to_g3_gbps),
-        );
-        given.insert(
-            "bandwidth_g3_to_g2_gbps".to_owned(),
-            serde_json::json!(bandwidth_g3_to_g2_gbps),
-        );
-        given.insert(
-            "enable_g4_storage".to_owned(),
-            serde_json::json!(enable_g4_storage),
-        );
-        given.insert(
-            "bandwidth_g2_to_g4_gbps".to_owned(),
-            serde_json::json!(bandwidth_g2_to_g4_gbps),
-        );
-        given.insert(
-            "bandwidth_g4_to_g2_gbps".to_owned(),
-            serde_json::json!(bandwidth_g4_to_g2_gbps),
-        );
-        given.insert("max_model_len".to_owned(), serde_json::json!(max_model_len));
-        Self::from_given(serde_json::Value::Object(given))
+        // Paths as text (a non-UTF-8 path is shown lossily rather than failing), option
+        // objects as their JSON.
+        let planner_profile_data = planner_profile_data.map(|p| p.display().to_string());
+        let response_replay_trace_path =
+            response_replay_trace_path.map(|p| p.display().to_string());
+        let reasoning = reasoning.map(|v| v.inner.clone());
+        let sglang = sglang.map(|v| v.inner.clone());
+        let trtllm = trtllm.map(|v| v.inner.clone());
+        Self::from_given(json_of!(
+            engine_type, num_gpu_blocks, block_size, max_num_seqs, max_num_batched_tokens,
+            enable_prefix_caching, enable_chunked_prefill, speedup_ratio, decode_speedup_ratio,
+            dp_size, startup_time, worker_type, planner_profile_data, aic_backend, aic_system,
+            aic_backend_version, aic_tp_size, aic_model_path, aic_moe_tp_size, aic_moe_ep_size,
+            aic_attention_dp_size, aic_nextn, aic_nextn_accept_rates, aic_mtp_seed,
+            aic_gemm_dtype, aic_moe_dtype, aic_fmha_dtype, aic_kv_cache_dtype, aic_comm_dtype,
+            gpu_memory_utilization, mem_fraction_static, free_gpu_memory_fraction,
+            enable_local_indexer, bootstrap_port, handoff_session_timeout_ms,
+            kv_bytes_per_token, kv_transfer_bandwidth, kv_transfer_timing_mode, reasoning,
+            response_replay_trace_path, zmq_kv_events_port, zmq_replay_port, preemption_mode,
+            router_queue_policy, sglang, trtllm, num_g2_blocks, num_g3_blocks,
+            offload_batch_size, bandwidth_g1_to_g2_gbps, bandwidth_g2_to_g1_gbps,
+            bandwidth_g2_to_g3_gbps, bandwidth_g3_to_g2_gbps, enable_g4_storage,
+            bandwidth_g2_to_g4_gbps, bandwidth_g4_to_g2_gbps, max_model_len,
+        ))
     }
 
     /// Parse a JSON object (missing fields take their defaults).
@@ -588,447 +526,42 @@ impl PyMockEngineArgs {
         enable_prefix_caching: Option<bool>,
         worker_type: Option<String>,
     ) -> PyResult<Self> {
-        let mut overrides = serde_json::Map::new();
-        overrides.insert(
-            "bootstrap_port".to_owned(),
-            serde_json::json!(bootstrap_port),
-        );
-        overrides.insert(
-            "zmq_kv_events_port".to_owned(),
-            serde_json::json!(zmq_kv_events_port),
-        );
-        overrides.insert(
-            "zmq_replay_port".to_owned(),
-            serde_json::json!(zmq_replay_port),
-        );
-        overrides.insert(
-            "kv_bytes_per_token".to_owned(),
-            serde_json::json!(kv_bytes_per_token),
-        );
-        overrides.insert(
-            "num_gpu_blocks".to_owned(),
-            serde_json::json!(num_gpu_blocks),
-        );
-        overrides.insert("aic_backend".to_owned(), serde_json::json!(aic_backend));
-        overrides.insert("aic_system".to_owned(), serde_json::json!(aic_system));
-        overrides.insert(
-            "aic_backend_version".to_owned(),
-            serde_json::json!(aic_backend_version),
-        );
-        overrides.insert("aic_tp_size".to_owned(), serde_json::json!(aic_tp_size));
-        overrides.insert(
-            "aic_model_path".to_owned(),
-            serde_json::json!(aic_model_path),
-        );
-        overrides.insert(
-            "aic_moe_tp_size".to_owned(),
-            serde_json::json!(aic_moe_tp_size),
-        );
-        overrides.insert(
-            "aic_moe_ep_size".to_owned(),
-            serde_json::json!(aic_moe_ep_size),
-        );
-        overrides.insert(
-            "aic_attention_dp_size".to_owned(),
-            serde_json::json!(aic_attention_dp_size),
-        );
-        overrides.insert("aic_nextn".to_owned(), serde_json::json!(aic_nextn));
-        overrides.insert(
-            "aic_nextn_accept_rates".to_owned(),
-            serde_json::json!(aic_nextn_accept_rates),
-        );
-        overrides.insert("aic_mtp_seed".to_owned(), serde_json::json!(aic_mtp_seed));
-        overrides.insert(
-            "aic_gemm_dtype".to_owned(),
-            serde_json::json!(aic_gemm_dtype),
-        );
-        overrides.insert("aic_moe_dtype".to_owned(), serde_json::json!(aic_moe_dtype));
-        overrides.insert(
-            "aic_fmha_dtype".to_owned(),
-            serde_json::json!(aic_fmha_dtype),
-        );
-        overrides.insert(
-            "aic_kv_cache_dtype".to_owned(),
-            serde_json::json!(aic_kv_cache_dtype),
-        );
-        overrides.insert(
-            "aic_comm_dtype".to_owned(),
-            serde_json::json!(aic_comm_dtype),
-        );
-        overrides.insert(
-            "gpu_memory_utilization".to_owned(),
-            serde_json::json!(gpu_memory_utilization),
-        );
-        overrides.insert(
-            "mem_fraction_static".to_owned(),
-            serde_json::json!(mem_fraction_static),
-        );
-        overrides.insert(
-            "free_gpu_memory_fraction".to_owned(),
-            serde_json::json!(free_gpu_memory_fraction),
-        );
-        overrides.insert(
-            "enable_prefix_caching".to_owned(),
-            serde_json::json!(enable_prefix_caching),
-        );
-        overrides.insert("worker_type".to_owned(), serde_json::json!(worker_type));
-        self.overridden(serde_json::Value::Object(overrides))
-    }
-
-    #[getter]
-    fn num_gpu_blocks(&self) -> usize {
-        self.inner.num_gpu_blocks
-    }
-
-    #[setter]
-    fn set_num_gpu_blocks(&mut self, value: usize) -> PyResult<()> {
-        *self = self.overridden(serde_json::json!({ "num_gpu_blocks": value }))?;
-        Ok(())
-    }
-
-    #[getter]
-    fn enable_prefix_caching(&self) -> bool {
-        self.inner.enable_prefix_caching
-    }
-
-    #[setter]
-    fn set_enable_prefix_caching(&mut self, value: bool) {
-        self.inner.enable_prefix_caching = value;
-    }
-
-    #[getter]
-    fn worker_type(&self) -> &'static str {
-        match self.inner.worker_type {
-            MockWorkerType::Aggregated => "aggregated",
-            MockWorkerType::Prefill => "prefill",
-            MockWorkerType::Decode => "decode",
-        }
-    }
-
-    #[setter]
-    fn set_worker_type(&mut self, value: &str) -> PyResult<()> {
-        *self = self.overridden(serde_json::json!({ "worker_type": value }))?;
-        Ok(())
-    }
-
-    #[getter]
-    fn block_size(&self) -> usize {
-        self.inner.block_size
-    }
-
-    #[getter]
-    fn max_model_len(&self) -> Option<usize> {
-        self.inner.max_model_len
-    }
-
-    #[getter]
-    fn max_num_seqs(&self) -> Option<usize> {
-        Some(self.inner.max_num_seqs)
-    }
-
-    #[getter]
-    fn max_num_batched_tokens(&self) -> Option<usize> {
-        Some(self.inner.max_num_batched_tokens)
-    }
-
-    #[getter]
-    fn enable_local_indexer(&self) -> bool {
-        self.inner.enable_local_indexer
-    }
-
-    #[getter]
-    fn dp_size(&self) -> u32 {
-        self.inner.dp_size
-    }
-
-    #[getter]
-    fn engine_type(&self) -> String {
-        self.inner.engine_type.clone()
-    }
-
-    #[getter]
-    fn bootstrap_port(&self) -> Option<u16> {
-        self.unsupported("bootstrap_port").unwrap_or_default()
-    }
-
-    #[getter]
-    fn handoff_session_timeout_ms(&self) -> u64 {
-        self.unsupported("handoff_session_timeout_ms")
-            .unwrap_or(300_000)
-    }
-
-    #[getter]
-    fn kv_transfer_timing_mode(&self) -> String {
-        self.unsupported("kv_transfer_timing_mode")
-            .unwrap_or("full_prompt".to_owned())
-    }
-
-    #[getter]
-    fn response_replay_trace_path(&self) -> Option<PathBuf> {
-        self.unsupported("response_replay_trace_path")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn num_g2_blocks(&self) -> Option<u64> {
-        self.unsupported("num_g2_blocks").unwrap_or_default()
-    }
-
-    #[getter]
-    fn num_g3_blocks(&self) -> Option<u64> {
-        self.unsupported("num_g3_blocks").unwrap_or_default()
-    }
-
-    #[getter]
-    fn offload_batch_size(&self) -> Option<u64> {
-        self.unsupported("offload_batch_size").unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g1_to_g2_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g1_to_g2_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g2_to_g1_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g2_to_g1_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g2_to_g3_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g2_to_g3_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g3_to_g2_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g3_to_g2_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g2_to_g4_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g2_to_g4_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn bandwidth_g4_to_g2_gbps(&self) -> Option<f64> {
-        self.unsupported("bandwidth_g4_to_g2_gbps")
-            .unwrap_or_default()
-    }
-
-    #[getter]
-    fn enable_g4_storage(&self) -> bool {
-        self.unsupported("enable_g4_storage").unwrap_or(false)
-    }
-
-    #[getter]
-    fn aic_backend(&self) -> Option<String> {
-        self.unsupported("aic_backend").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_backend(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_backend", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_system(&self) -> Option<String> {
-        self.unsupported("aic_system").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_system(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_system", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_backend_version(&self) -> Option<String> {
-        self.unsupported("aic_backend_version").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_backend_version(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_backend_version", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_model_path(&self) -> Option<String> {
-        self.unsupported("aic_model_path").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_model_path(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_model_path", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_gemm_dtype(&self) -> Option<String> {
-        self.unsupported("aic_gemm_dtype").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_gemm_dtype(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_gemm_dtype", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_moe_dtype(&self) -> Option<String> {
-        self.unsupported("aic_moe_dtype").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_moe_dtype(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_moe_dtype", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_fmha_dtype(&self) -> Option<String> {
-        self.unsupported("aic_fmha_dtype").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_fmha_dtype(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_fmha_dtype", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_kv_cache_dtype(&self) -> Option<String> {
-        self.unsupported("aic_kv_cache_dtype").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_kv_cache_dtype(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_kv_cache_dtype", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_comm_dtype(&self) -> Option<String> {
-        self.unsupported("aic_comm_dtype").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_comm_dtype(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_comm_dtype", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_nextn_accept_rates(&self) -> Option<String> {
-        self.unsupported("aic_nextn_accept_rates")
-            .unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_nextn_accept_rates(&mut self, value: Option<String>) -> PyResult<()> {
-        self.set_unsupported("aic_nextn_accept_rates", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_tp_size(&self) -> Option<u32> {
-        self.unsupported("aic_tp_size").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_tp_size(&mut self, value: Option<u32>) -> PyResult<()> {
-        self.set_unsupported("aic_tp_size", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_moe_tp_size(&self) -> Option<u32> {
-        self.unsupported("aic_moe_tp_size").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_moe_tp_size(&mut self, value: Option<u32>) -> PyResult<()> {
-        self.set_unsupported("aic_moe_tp_size", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_moe_ep_size(&self) -> Option<u32> {
-        self.unsupported("aic_moe_ep_size").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_moe_ep_size(&mut self, value: Option<u32>) -> PyResult<()> {
-        self.set_unsupported("aic_moe_ep_size", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_attention_dp_size(&self) -> Option<u32> {
-        self.unsupported("aic_attention_dp_size")
-            .unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_attention_dp_size(&mut self, value: Option<u32>) -> PyResult<()> {
-        self.set_unsupported("aic_attention_dp_size", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_nextn(&self) -> Option<u32> {
-        self.unsupported("aic_nextn").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_aic_nextn(&mut self, value: Option<u32>) -> PyResult<()> {
-        self.set_unsupported("aic_nextn", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn aic_mtp_seed(&self) -> u64 {
-        self.unsupported("aic_mtp_seed").unwrap_or(42)
-    }
-
-    #[setter]
-    fn set_aic_mtp_seed(&mut self, value: u64) -> PyResult<()> {
-        self.set_unsupported("aic_mtp_seed", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn gpu_memory_utilization(&self) -> Option<f64> {
-        self.unsupported("gpu_memory_utilization")
-            .unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_gpu_memory_utilization(&mut self, value: Option<f64>) -> PyResult<()> {
-        self.set_unsupported("gpu_memory_utilization", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn mem_fraction_static(&self) -> Option<f64> {
-        self.unsupported("mem_fraction_static").unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_mem_fraction_static(&mut self, value: Option<f64>) -> PyResult<()> {
-        self.set_unsupported("mem_fraction_static", serde_json::json!(value))
-    }
-
-    #[getter]
-    fn free_gpu_memory_fraction(&self) -> Option<f64> {
-        self.unsupported("free_gpu_memory_fraction")
-            .unwrap_or_default()
-    }
-
-    #[setter]
-    fn set_free_gpu_memory_fraction(&mut self, value: Option<f64>) -> PyResult<()> {
-        self.set_unsupported("free_gpu_memory_fraction", serde_json::json!(value))
-    }
-
-    fn __eq__(&self, other: &Bound<'_, PyAny>) -> bool {
-        other
-            .cast::<Self>()
-            .is_ok_and(|o| o.borrow().inner == self.inner)
+        self.overridden(json_of!(
+            bootstrap_port, zmq_kv_events_port, zmq_replay_port, kv_bytes_per_token,
+            num_gpu_blocks, aic_backend, aic_system, aic_backend_version, aic_tp_size,
+            aic_model_path, aic_moe_tp_size, aic_moe_ep_size, aic_attention_dp_size, aic_nextn,
+            aic_nextn_accept_rates, aic_mtp_seed, aic_gemm_dtype, aic_moe_dtype, aic_fmha_dtype,
+            aic_kv_cache_dtype, aic_comm_dtype, gpu_memory_utilization, mem_fraction_static,
+            free_gpu_memory_fraction, enable_prefix_caching, worker_type,
+        ))
     }
 
     fn __repr__(&self) -> String {
         let json = serde_json::to_string(&self.inner).unwrap_or_else(|e| e.to_string());
         format!("MockEngineArgs({json})")
     }
+}
+
+/// `EntrypointArgs(mocker_engine_args=...)`: a `MockEngineArgs`, or the reference 1.6.x
+/// mapping form `{"engine": {...}, "dynamo": {...}, <launch options>}` (an unknown key or a
+/// bad value raises `ValueError` naming it).
+pub(crate) fn mock_engine_args_from_py(obj: &Bound<'_, PyAny>) -> PyResult<MockEngineArgs> {
+    if let Ok(args) = obj.cast::<PyMockEngineArgs>() {
+        return Ok(args.borrow().inner.clone());
+    }
+    if !obj.is_instance(&obj.py().import("collections.abc")?.getattr("Mapping")?)? {
+        return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+            "mocker_engine_args must be a MockEngineArgs or a mapping, not {}",
+            obj.get_type().name()?
+        )));
+    }
+    let config = py_to_json(
+        &obj.py()
+            .import("builtins")?
+            .getattr("dict")?
+            .call1((obj,))?,
+    )?;
+    MockEngineArgs::from_launch_config(config).map_err(llm_error)
 }
 
 /// Register the mocker configuration classes.

@@ -134,7 +134,7 @@ impl KvDiscovery {
     }
 }
 
-async fn list_instances(store: &dyn KvStore, prefix: &str) -> Result<Vec<Instance>> {
+pub(crate) async fn list_instances(store: &dyn KvStore, prefix: &str) -> Result<Vec<Instance>> {
     let mut out: Vec<Instance> = store
         .list(prefix)
         .await?
