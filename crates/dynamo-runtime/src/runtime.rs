@@ -361,6 +361,7 @@ impl DistributedRuntime {
                 }
             },
             device_type: None,
+            request_plane_codec: Some(crate::transport::codec::CODEC_NAME.to_owned()),
         };
         // Cancelled once the endpoint has drained: callers' STOP and CREDIT frames must
         // still arrive while it drains.

@@ -218,6 +218,7 @@ async fn a_dropped_connection_ends_the_stream_with_disconnected() {
         instance_id: 99,
         transport: TransportAddress::Tcp(format!("{addr}/{}", ep.path())),
         device_type: None,
+        request_plane_codec: None,
     };
     drt.discovery().register(&fake).await.unwrap();
     let client = drt.client(&ep);
