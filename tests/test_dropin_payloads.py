@@ -12,8 +12,6 @@ import json
 import pytest
 from runtime_util import collect, local_runtime, unique_ns
 
-from dynamo._core import DistributedRuntime  # noqa: F401 - the runtime under test
-
 
 @pytest.fixture(params=["tcp", "nats"])
 def plane(request, monkeypatch, tmp_path) -> str:
