@@ -247,7 +247,7 @@ async def test_non_generator_handler_and_bad_items_fail_the_stream() -> None:
             await client.wait_for_instances()
         with pytest.raises(ValueError, match="async generator"):
             await ca.round_robin({})
-        with pytest.raises(ValueError, match="not JSON serializable"):
+        with pytest.raises(ValueError, match="failed serializing Python response"):
             await collect(await cb.round_robin({}))
         assert await collect(await cc.round_robin({})) == []
 

@@ -155,9 +155,15 @@ class Endpoint:
 
         ``handler`` is an async-generator function called as ``handler(request)``, or as
         ``handler(request, context=Context)`` when it declares a parameter named
-        ``context``. Each yielded JSON-like item is one response frame. An exception ends
-        the stream with an error the caller raises (the same class for ``dynamo._core``
-        exceptions, ``ValueError`` otherwise); the worker keeps serving.
+        ``context``. Each yielded item is one response frame, sent as MessagePack (``None``,
+        ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists/tuples/sets, dicts, pydantic
+        models; tuples and sets arrive as lists). A handler declaring ``response_sender``
+        runs in push mode: it calls ``response_sender.send(item)`` and ``close()`` instead
+        of yielding. An exception ends the stream with an error the caller raises as
+        ``ValueError("{category}: {type}: {text}")`` (for ``dynamo._core`` exceptions, a
+        class deriving from that class and ``ValueError``); the worker keeps serving.
+        After the caller's ``stop_generating()`` the handler's pending ``yield`` returns
+        with ``context.is_stopped()`` True; a further ``yield`` closes the generator.
 
         Raises:
             TypeError: ``health_check_payload`` is not a dict, or ``metrics_labels`` is not a

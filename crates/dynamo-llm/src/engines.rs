@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use dynamo_runtime::Context;
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
-use dynamo_runtime::transport::{ErrorKind, WireError};
+use dynamo_runtime::transport::{ErrorKind, WireError, codec};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
@@ -246,7 +246,7 @@ impl Handler for TokenEngineHandler {
 }
 
 async fn serve_request(engine: Arc<dyn TokenEngine>, request: Request, mut out: Responder) {
-    let req: PreprocessedRequest = match serde_json::from_slice(&request.body) {
+    let req: PreprocessedRequest = match codec::decode(&request.body) {
         Ok(r) => r,
         Err(e) => {
             out.fail(WireError::new(
@@ -274,7 +274,7 @@ async fn serve_request(engine: Arc<dyn TokenEngine>, request: Request, mut out: 
             }
         };
         let finished = item.finish_reason.is_some();
-        let bytes = serde_json::to_vec(&Annotated::data(item)).unwrap_or_default();
+        let bytes = codec::encode(&Annotated::data(item)).unwrap_or_default();
         match out.send(&bytes) {
             Ok(SendStatus::Ready) => {}
             Ok(SendStatus::Wait) => out.credit().await,

@@ -13,6 +13,8 @@ _READY = 0
 _STOPPED = 1
 _WAIT = 2
 _FLUSH = 3
+_FAILED = 4
+_KILLED = 5
 
 
 def accepts_context(handler):
@@ -23,9 +25,17 @@ def accepts_context(handler):
         return False
 
 
+def accepts_sender(handler):
+    """Whether the handler declares a ``response_sender`` parameter (push mode)."""
+    try:
+        return "response_sender" in inspect.signature(handler).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def start_pump(loop, inbox, handler, pass_context):
     """Start the endpoint's pump task on ``loop`` (called on the loop thread)."""
-    return loop.create_task(_pump(loop, inbox, handler, pass_context))
+    return loop.create_task(_pump(loop, inbox, handler, pass_context, accepts_sender(handler)))
 
 
 async def serve(serving, pump):
@@ -60,17 +70,24 @@ def _open(handler, request, context, pass_context, sink, what):
     return gen
 
 
-async def _pump(loop, inbox, handler, pass_context):
+async def _pump(loop, inbox, handler, pass_context, push):
     tasks = set()
     while True:
         batch = await inbox.next()
         if batch is None:
             return
         for request, sink, context in batch:
-            gen = _open(handler, request, context, pass_context, sink, "endpoint handler")
-            if gen is None:
-                continue
-            task = loop.create_task(_drive(gen, sink, loop.call_soon))
+            if push:
+                sender = ResponseSender(sink, loop.call_soon)
+                task = _open_push(handler, request, context, pass_context, sink, sender)
+                if task is None:
+                    continue
+                task = loop.create_task(task)
+            else:
+                gen = _open(handler, request, context, pass_context, sink, "endpoint handler")
+                if gen is None:
+                    continue
+                task = loop.create_task(_drive(gen, sink, loop.call_soon))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             # Queued after the task's first step: the acknowledgement leaves with whatever
@@ -80,9 +97,19 @@ async def _pump(loop, inbox, handler, pass_context):
 
 
 async def _drive(gen, sink, call_soon):
+    # After the caller stops the stream (STOP), the handler is resumed once more: its
+    # `yield` returns, so a handler written as in the worker guide (`if
+    # context.is_stopped(): break`) ends its own loop and cleans up. An item yielded after
+    # that is not sent, and the generator is closed there (GeneratorExit at that `yield`),
+    # as the reference does: a handler ignoring is_stopped() runs at most to its next
+    # yield. A kill (KILL, or the caller's connection lost) closes it at once.
     stopped = False
+    close = False
     try:
         async for item in gen:
+            if stopped:
+                close = True
+                break
             status = sink.send(item)
             if status == _READY:
                 continue
@@ -90,23 +117,102 @@ async def _drive(gen, sink, call_soon):
                 call_soon(sink.flush)
                 continue
             if status == _WAIT:
+                # A stop while waiting shows at the next send.
                 await sink.credit()
-                if not sink.is_stopped():
-                    continue
-            stopped = True
+                continue
+            if status == _STOPPED:
+                stopped = True
+                continue
+            # _FAILED (the item could not be serialised; the stream already ended with
+            # that error) or _KILLED.
+            close = True
             break
     except BaseException as e:  # noqa: BLE001 - mapped to a typed stream error
         sink.fail(e)
         if isinstance(e, (KeyboardInterrupt, SystemExit)):
             raise
         return
-    if stopped:
-        # The caller stopped the stream: close the generator so its `finally` blocks run.
+    if close:
+        # Close the generator so its `finally` blocks run.
         try:
             await gen.aclose()
         except BaseException:  # noqa: BLE001, S110 - the stream is over either way
             pass
     sink.finish()
+
+
+class ResponseSender:
+    """Push egress: handed to a handler that declares ``response_sender`` (as in the
+    reference), which pushes its items with ``send`` instead of yielding them and ends the
+    stream with ``close`` (or by returning). Items go through the same sink as yielded
+    ones, so they travel with the same codec and types.
+
+    ``send`` never blocks the event loop: beyond the stream's credit window items are
+    buffered rather than waited for. After the caller stopped the stream, or once the
+    stream failed, items are dropped (check ``context.is_stopped()`` to end early).
+    """
+
+    __slots__ = ("_sink", "_call_soon", "_closed")
+
+    def __init__(self, sink, call_soon):
+        self._sink = sink
+        self._call_soon = call_soon
+        self._closed = False
+
+    def send(self, item):
+        """Send one response item."""
+        if self._closed:
+            raise RuntimeError("send on a closed response_sender")
+        if self._sink.send(item) == _FLUSH:
+            self._call_soon(self._sink.flush)
+
+    def close(self):
+        """End the response stream successfully."""
+        if not self._closed:
+            self._closed = True
+            self._sink.finish()
+
+
+_YIELDED_IN_PUSH = (
+    "critical error: push-mode handler yielded a response instead of pushing it to its "
+    "response_sender"
+)
+
+
+def _open_push(handler, request, context, pass_context, sink, sender):
+    """Call a push-mode handler; return the coroutine that runs it, or None on failure."""
+    try:
+        kwargs = {"response_sender": sender}
+        if pass_context:
+            kwargs["context"] = context
+        run = handler(request, **kwargs)
+        if not hasattr(run, "__anext__") and not inspect.isawaitable(run):
+            raise TypeError(
+                "a push-mode handler must be an async function or async generator "
+                f"function, got {type(run).__name__}"
+            )
+    except BaseException as e:  # noqa: BLE001 - every failure ends the stream
+        sink.fail(e)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return None
+    return _drive_push(run, sink, sender)
+
+
+async def _drive_push(run, sink, sender):
+    try:
+        if hasattr(run, "__anext__"):
+            async for _ in run:
+                await run.aclose()
+                raise RuntimeError(_YIELDED_IN_PUSH)
+        else:
+            await run
+    except BaseException as e:  # noqa: BLE001 - mapped to a typed stream error
+        sink.fail(e)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        return
+    sender.close()
 
 
 def start_feed(loop, source, feeder):

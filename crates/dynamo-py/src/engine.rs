@@ -30,7 +30,8 @@ use tokio_util::sync::CancellationToken;
 use crate::aio::{py_future, py_future_with};
 use crate::context::PyContext;
 use crate::errors::{handler_error, runtime_error};
-use crate::json::{from_json, from_value, to_json};
+use crate::msgpack::{Wide, from_msgpack, to_msgpack, write_value};
+use dynamo_runtime::transport::codec;
 
 /// Largest batch of requests handed to the pump in one wake-up.
 const MAX_BATCH: usize = 512;
@@ -141,7 +142,7 @@ fn make_batch(py: Python<'_>, jobs: Vec<Job>, bidirectional: bool) -> PyResult<B
             let rx = request.input.unwrap_or_else(|| mpsc::unbounded_channel().1);
             Bound::new(py, PyAsyncRequestStream::new(rx))?.into_any()
         } else {
-            match from_json(py, &request.body) {
+            match from_msgpack(py, &request.body) {
                 Ok(v) => v,
                 Err(e) => {
                     responder.fail(WireError::new(
@@ -245,29 +246,44 @@ impl Sink {
     }
 }
 
-/// The JSON of one response item: `{"data": item}`, or the fields of an annotated
-/// envelope (a dict with `"_dynamo_annotated": True`).
+/// The envelope of one response item (MessagePack): `{"data": item}`, or the fields of an
+/// annotated envelope (a dict with `"_dynamo_annotated": True`).
 fn item_payload(item: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
+    let mut out = Vec::with_capacity(64);
     if let Ok(d) = item.cast::<PyDict>() {
         let flagged = d
             .get_item("_dynamo_annotated")?
             .is_some_and(|v| v.is_truthy().unwrap_or(false));
         if flagged {
-            let env = PyDict::new(item.py());
+            let mut fields = Vec::with_capacity(4);
             for key in ["data", "id", "event", "comment"] {
                 if let Some(v) = d.get_item(key)?.filter(|v| !v.is_none()) {
-                    env.set_item(key, v)?;
+                    fields.push((key, v));
                 }
             }
-            return to_json(env.as_any());
+            codec::write_map_len(&mut out, fields.len());
+            for (key, v) in fields {
+                codec::write_str(&mut out, key);
+                write_value(&mut out, &v, Wide::Bytes, 0)?;
+            }
+            return Ok(out);
         }
     }
-    let data = to_json(item)?;
-    let mut out = Vec::with_capacity(data.len() + 9);
-    out.extend_from_slice(b"{\"data\":");
-    out.extend_from_slice(&data);
-    out.push(b'}');
+    codec::write_map_len(&mut out, 1);
+    codec::write_str(&mut out, "data");
+    write_value(&mut out, item, Wide::Bytes, 0)?;
     Ok(out)
+}
+
+/// The text the caller sees for an item that cannot be serialised (the reference's).
+fn serialize_failure(err: &PyErr, py: Python<'_>) -> String {
+    let detail = err.value(py).to_string();
+    let detail = if err.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+        format!("OverflowError: {detail}")
+    } else {
+        detail
+    };
+    format!("critical error: failed serializing Python response as msgpack: {detail}")
 }
 
 #[pymethods]
@@ -296,9 +312,23 @@ impl Sink {
     }
 
     /// Send one item: 0 = buffered, 1 = the caller stopped the stream, 2 = sent but await
-    /// `credit()` before the next one, 3 = buffered and a `flush` must be queued.
+    /// `credit()` before the next one, 3 = buffered and a `flush` must be queued, 4 = the
+    /// item could not be serialised: the stream ended with that error, 5 = the stream was
+    /// killed.
     fn send(&self, item: &Bound<'_, PyAny>) -> PyResult<u8> {
-        let payload = item_payload(item)?;
+        let payload = match item_payload(item) {
+            Ok(p) => p,
+            Err(e) => {
+                if let Some(r) = self.take() {
+                    r.fail(WireError::new(
+                        ErrorKind::Unknown,
+                        serialize_failure(&e, item.py()),
+                        false,
+                    ));
+                }
+                return Ok(4);
+            }
+        };
         let mut guard = self.responder.lock().unwrap_or_else(|e| e.into_inner());
         let Some(r) = guard.as_mut() else {
             return Ok(1);
@@ -306,6 +336,7 @@ impl Sink {
         match r.send(&payload).map_err(runtime_error)? {
             SendStatus::Ready if self.needs_flush(r) => Ok(3),
             SendStatus::Ready => Ok(0),
+            SendStatus::Stopped if self.context.is_killed() => Ok(5),
             SendStatus::Stopped => Ok(1),
             SendStatus::Wait => Ok(2),
         }
@@ -374,7 +405,7 @@ impl PyAsyncRequestStream {
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         if let Ok(mut rx) = self.rx.try_lock() {
             match rx.try_recv() {
-                Ok(b) => return Ok(Bound::new(py, Ready::new(from_json(py, &b)?))?.into_any()),
+                Ok(b) => return Ok(Bound::new(py, Ready::new(from_msgpack(py, &b)?))?.into_any()),
                 Err(mpsc::error::TryRecvError::Disconnected) => {
                     return Err(PyStopAsyncIteration::new_err(()));
                 }
@@ -386,7 +417,7 @@ impl PyAsyncRequestStream {
             py,
             async move { rx.lock().await.recv().await },
             |py, item| match item {
-                Some(b) => from_json(py, &b).map(Bound::unbind),
+                Some(b) => from_msgpack(py, &b).map(Bound::unbind),
                 None => Err(PyStopAsyncIteration::new_err(())),
             },
             false,
@@ -412,7 +443,7 @@ impl Feeder {
 impl Feeder {
     /// Queue one item; False once the call is over.
     fn send(&self, item: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let bytes = Bytes::from(to_json(item)?);
+        let bytes = Bytes::from(to_msgpack(item, Wide::Refuse)?);
         let guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         Ok(guard.as_ref().is_some_and(|tx| tx.send(bytes).is_ok()))
     }
@@ -471,64 +502,36 @@ impl Annotated {
     }
 }
 
-/// One decoded response item (JSON, no Python objects yet).
+/// One response item, its envelope parsed (no Python objects yet).
 pub(crate) struct Item {
-    data: Option<serde_json::Value>,
-    id: Option<String>,
-    event: Option<String>,
-    comments: Option<Vec<String>>,
+    payload: Bytes,
+    env: codec::Envelope,
 }
 
 /// Parse one response payload (no GIL needed). `Ok(None)`: nothing to yield (no data, raw
 /// mode). An `event == "error"` item is an error.
-fn parse_item(bytes: &[u8], annotated: bool) -> PyResult<Option<Item>> {
-    let value: serde_json::Value = serde_json::from_slice(bytes)
+fn parse_item(payload: Bytes, annotated: bool) -> PyResult<Option<Item>> {
+    let env = codec::parse_envelope(&payload)
         .map_err(|e| PyValueError::new_err(format!("malformed response item: {e}")))?;
-    let serde_json::Value::Object(mut env) = value else {
-        return Err(PyValueError::new_err(
-            "malformed response item: not an object",
-        ));
-    };
-    let text = |v: Option<serde_json::Value>| match v {
-        Some(serde_json::Value::String(s)) => Some(s),
-        _ => None,
-    };
-    let event = text(env.remove("event"));
-    let comments: Option<Vec<String>> = env.remove("comment").and_then(|c| match c {
-        serde_json::Value::Array(items) => Some(
-            items
-                .into_iter()
-                .map(|i| match i {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                })
-                .collect(),
-        ),
-        _ => None,
-    });
-    if event.as_deref() == Some("error") {
-        let msg = comments
+    if env.event.as_deref() == Some("error") {
+        let msg = env
+            .comment
             .as_ref()
             .map(|c| c.join("; "))
             .unwrap_or_else(|| "error".into());
         return Err(PyValueError::new_err(msg));
     }
-    let data = env.remove("data");
-    if !annotated && data.is_none() {
+    if !annotated && env.data.is_none() {
         return Ok(None);
     }
-    Ok(Some(Item {
-        data,
-        id: text(env.remove("id")),
-        event,
-        comments,
-    }))
+    Ok(Some(Item { payload, env }))
 }
 
 /// The Python object for an item: an `Annotated` wrapper, or the raw data.
 fn item_to_py(py: Python<'_>, item: Item, annotated: bool) -> PyResult<Py<PyAny>> {
-    let data = match &item.data {
-        Some(d) => Some(from_value(py, d)?),
+    let Item { payload, env } = item;
+    let data = match env.data {
+        Some(range) => Some(from_msgpack(py, &payload[range])?),
         None => None,
     };
     if !annotated {
@@ -536,9 +539,9 @@ fn item_to_py(py: Python<'_>, item: Item, annotated: bool) -> PyResult<Py<PyAny>
     }
     let wrapped = Annotated {
         data: data.map(Bound::unbind),
-        id: item.id,
-        event: item.event,
-        comments: item.comments,
+        id: env.id,
+        event: env.event,
+        comments: env.comment,
     };
     Ok(Bound::new(py, wrapped)?.into_any().unbind())
 }
@@ -607,8 +610,11 @@ impl AsyncResponseStream {
         if let Ok(mut s) = self.stream.try_lock() {
             loop {
                 match s.try_next() {
+                    // After the caller stopped the stream, late items are dropped and
+                    // the stream ends quietly (as the reference).
+                    Ok(Some(Ok(_))) if s.context().is_stopped() => {}
                     Ok(Some(Ok(b))) => {
-                        if let Some(item) = parse_item(&b, self.annotated)? {
+                        if let Some(item) = parse_item(b, self.annotated)? {
                             let obj = item_to_py(py, item, self.annotated)?.into_bound(py);
                             return Ok(Bound::new(py, Ready::new(obj))?.into_any());
                         }
@@ -627,8 +633,9 @@ impl AsyncResponseStream {
                 let mut s = stream.lock().await;
                 loop {
                     match s.next().await {
+                        Some(Ok(_)) if s.context().is_stopped() => {}
                         Some(Ok(b)) => {
-                            if let Some(item) = parse_item(&b, annotated)? {
+                            if let Some(item) = parse_item(b, annotated)? {
                                 return Ok(item);
                             }
                         }

@@ -152,7 +152,10 @@ pub(crate) fn runtime_error(err: dynamo_runtime::Error) -> PyErr {
         E::Discovery(_) | E::Nats(_) | E::NatsAuth(_) => CannotConnect::new_err(msg),
         E::UnknownInstance { .. } => PyValueError::new_err(msg),
         E::CannotConnect { .. } | E::NoInstances(_) => CannotConnect::new_err(msg),
-        E::Disconnected(_) => Disconnected::new_err(msg),
+        // The reference raises ValueError("Unavailable: Stream ended before generation
+        // completed") for a stream cut short; ours is a Disconnected that is also a
+        // ValueError, with the reference's text first.
+        E::Disconnected(_) => compat::Disconnected::new_err(format!("Unavailable: {msg}")),
         E::ConnectionTimeout(_) => ConnectionTimeout::new_err(msg),
         E::ShuttingDown => Cancelled::new_err(msg),
         E::Remote(w) => wire_error(w),
@@ -161,23 +164,59 @@ pub(crate) fn runtime_error(err: dynamo_runtime::Error) -> PyErr {
     }
 }
 
-/// The Python exception a caller raises for an error frame: the typed class when the
-/// worker's handler raised one of ours, else `ValueError` (as the reference).
+/// The Python exception a caller raises for an error frame. As the reference (observed on
+/// 1.6.1), the message is `"{category}: {message}"` (`Internal: RuntimeError: boom`,
+/// `InvalidRequest: ValueError: bad`, `Cancelled: ...`) and the exception is a
+/// `ValueError`; when the worker's handler raised one of the runtime's typed classes, the
+/// caller's exception is also an instance of that class (a subclass of both, so `except
+/// ValueError` written for the reference and `except Cancelled` both catch it).
 pub(crate) fn wire_error(w: dynamo_runtime::transport::WireError) -> PyErr {
     use dynamo_runtime::transport::ErrorKind as K;
-    let m = w.message;
+    if w.kind == K::Unavailable {
+        return CannotConnect::new_err(w.message);
+    }
+    let m = format!("{}: {}", wire_category(w.kind), w.message);
     match (w.kind, w.typed) {
-        (K::Unavailable, _) => CannotConnect::new_err(m),
-        (K::Unknown, true) => Unknown::new_err(m),
-        (K::InvalidArgument, true) => InvalidArgument::new_err(m),
-        (K::CannotConnect, true) => CannotConnect::new_err(m),
-        (K::Disconnected, true) => Disconnected::new_err(m),
-        (K::ConnectionTimeout, true) => ConnectionTimeout::new_err(m),
-        (K::Cancelled, true) => Cancelled::new_err(m),
-        (K::EngineShutdown, true) => EngineShutdown::new_err(m),
-        (K::StreamIncomplete, true) => StreamIncomplete::new_err(m),
+        (K::Unknown, true) => compat::Unknown::new_err(m),
+        (K::InvalidArgument, true) => compat::InvalidArgument::new_err(m),
+        (K::CannotConnect, true) => compat::CannotConnect::new_err(m),
+        (K::Disconnected, true) => compat::Disconnected::new_err(m),
+        (K::ConnectionTimeout, true) => compat::ConnectionTimeout::new_err(m),
+        (K::Cancelled, true) => compat::Cancelled::new_err(m),
+        (K::EngineShutdown, true) => compat::EngineShutdown::new_err(m),
+        (K::StreamIncomplete, true) => compat::StreamIncomplete::new_err(m),
         _ => PyValueError::new_err(m),
     }
+}
+
+/// The reference's name for an error category, as it prefixes caller-side messages.
+fn wire_category(kind: dynamo_runtime::transport::ErrorKind) -> &'static str {
+    use dynamo_runtime::transport::ErrorKind as K;
+    match kind {
+        K::InvalidArgument => "InvalidRequest",
+        K::CannotConnect => "CannotConnect",
+        K::Disconnected => "Disconnected",
+        K::ConnectionTimeout => "ConnectionTimeout",
+        K::Cancelled => "Cancelled",
+        K::EngineShutdown => "EngineShutdown",
+        K::StreamIncomplete => "StreamIncomplete",
+        K::NotFound => "NotFound",
+        K::Unavailable => "Unavailable",
+        _ => "Internal",
+    }
+}
+
+/// Classes that derive from one typed class and `ValueError` (`python/dynamo/_wire_errors.py`);
+/// imported when first raised, so errors made on tokio threads stay lazy (no GIL there).
+mod compat {
+    pyo3::import_exception!(dynamo._wire_errors, Unknown);
+    pyo3::import_exception!(dynamo._wire_errors, InvalidArgument);
+    pyo3::import_exception!(dynamo._wire_errors, CannotConnect);
+    pyo3::import_exception!(dynamo._wire_errors, Disconnected);
+    pyo3::import_exception!(dynamo._wire_errors, ConnectionTimeout);
+    pyo3::import_exception!(dynamo._wire_errors, Cancelled);
+    pyo3::import_exception!(dynamo._wire_errors, EngineShutdown);
+    pyo3::import_exception!(dynamo._wire_errors, StreamIncomplete);
 }
 
 /// Classify an exception raised by a handler (API_CONTRACT §3, "Python → runtime"; the
@@ -195,8 +234,11 @@ pub(crate) fn handler_error(err: &Bound<'_, PyAny>) -> dynamo_runtime::transport
     let message = if text.is_empty() {
         type_name.clone()
     } else {
-        text
+        text.clone()
     };
+    // Untyped exceptions travel as "{type}: {text}", as the reference's
+    // ("RuntimeError: boom"; the caller adds the category in front).
+    let described = format!("{type_name}: {text}");
     let is = |t: Bound<'_, pyo3::types::PyType>| err.is_instance(&t).unwrap_or(false);
     let typed = [
         (py.get_type::<Unknown>(), K::Unknown),
@@ -246,7 +288,7 @@ pub(crate) fn handler_error(err: &Bound<'_, PyAny>) -> dynamo_runtime::transport
         .ok()
         .is_some_and(|t| err.is_instance(&t).unwrap_or(false));
     if cancelled {
-        return WireError::new(K::Cancelled, format!("request cancelled: {message}"), true);
+        return WireError::new(K::Cancelled, described, true);
     }
     let kind = if is(py.get_type::<x::PyValueError>()) || is(py.get_type::<x::PyTypeError>()) {
         K::InvalidArgument
@@ -259,5 +301,5 @@ pub(crate) fn handler_error(err: &Bound<'_, PyAny>) -> dynamo_runtime::transport
     } else {
         K::Unknown
     };
-    WireError::new(kind, message, false)
+    WireError::new(kind, described, false)
 }

@@ -1,4 +1,6 @@
-//! JSON conversion of request and response payloads.
+//! JSON conversion of Python values, for what is JSON outside the request plane: the
+//! system server's `/engine` routes, in-process engines behind the HTTP frontend, and
+//! configuration values. Request-plane payloads are MessagePack (`msgpack.rs`).
 //!
 //! Python values go to JSON bytes (`None`, `bool`, `int`, `float`, `str`, `list`, `tuple`,
 //! `dict` with `str`/`int`/`float`/`bool` keys, and pydantic models through

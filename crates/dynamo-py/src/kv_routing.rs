@@ -18,6 +18,7 @@ use crate::aio::py_future;
 use crate::engine::AsyncResponseStream;
 use crate::json::to_json;
 use crate::kv::OverlapScores;
+use crate::msgpack::{Wide, to_msgpack};
 use crate::router::{PyKvRouterConfig, PyRoutingConstraints};
 use crate::runtime::Endpoint;
 use crate::{convert, errors};
@@ -644,7 +645,7 @@ impl KvRouter {
             routing.set_item("dp_rank", dp_rank.unwrap_or(0))?;
             request.set_item("routing", routing)?;
         }
-        let body = to_json(request.as_any())?;
+        let body = to_msgpack(request.as_any(), Wide::Refuse)?;
         routed_stream(py, Arc::clone(&self.inner), tokens, body, opts)
     }
 
@@ -691,7 +692,7 @@ impl KvRouter {
                 opts.pinned = Some(WorkerWithDpRank::new(w.extract()?, rank));
             }
         }
-        let body = to_json(request)?;
+        let body = to_msgpack(request, Wide::Refuse)?;
         routed_stream(py, Arc::clone(&self.inner), tokens, body, opts)
     }
 

@@ -39,6 +39,7 @@ mod llm;
 mod llm_serving;
 mod llm_static;
 mod logging;
+mod msgpack;
 mod router;
 mod runtime;
 

@@ -20,6 +20,7 @@ use crate::context::{ContextMetadata, PyContext, SpanProxy};
 use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
 use crate::json::{from_value, to_json};
+use crate::msgpack::{Wide, to_msgpack};
 
 /// Register the runtime classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -288,7 +289,7 @@ impl Endpoint {
             Some(p) if !p.is_instance_of::<PyDict>() => {
                 return Err(PyTypeError::new_err("health_check_payload must be a dict"));
             }
-            Some(p) => Some(Bytes::from(to_json(p)?)),
+            Some(p) => Some(Bytes::from(to_msgpack(p, Wide::Refuse)?)),
             None => None,
         };
         self.serve(py, handler, graceful_shutdown, false, labels, payload)
@@ -566,9 +567,10 @@ impl Client {
                 "start_feed",
                 (event_loop, request, Bound::new(py, Feeder::new(tx))?),
             )?;
-            (Bytes::from_static(b"null"), Some(rx))
+            // MessagePack `nil`: a bidirectional call's request is its items.
+            (Bytes::from_static(b"\xc0"), Some(rx))
         } else {
-            (Bytes::from(to_json(request)?), None)
+            (Bytes::from(to_msgpack(request, Wide::Refuse)?), None)
         };
         let client = self.inner.clone();
         py_future(
@@ -723,7 +725,7 @@ fn kv_generate<'py>(
             PyValueError::new_err("a KV-routed request must be a dict with \"token_ids\"")
         })?;
     let tokens = crate::convert::tokens(&tokens)?;
-    let body = Bytes::from(to_json(request)?);
+    let body = Bytes::from(to_msgpack(request, Wide::Refuse)?);
     let ctx = match context {
         Some(c) => c.inner.child(),
         None => dynamo_runtime::Context::default(),

@@ -459,6 +459,7 @@ impl DistributedRuntime {
                 }
             },
             device_type: None,
+            request_plane_codec: Some(crate::transport::codec::CODEC_NAME.to_owned()),
         }
     }
 

@@ -218,6 +218,7 @@ async fn a_dropped_connection_ends_the_stream_with_disconnected() {
         instance_id: 99,
         transport: TransportAddress::Tcp(format!("{addr}/{}", ep.path())),
         device_type: None,
+        request_plane_codec: None,
     };
     drt.discovery().register(&fake).await.unwrap();
     let client = drt.client(&ep);
@@ -291,4 +292,37 @@ async fn stop_and_drop_reach_the_handler() {
     assert_eq!(id.as_deref(), Some("drop-me"));
     drt.shutdown();
     drt.stopped().await;
+}
+
+/// Reports whether the request's context was stopped when the handler started.
+struct StoppedAtStart(tokio::sync::mpsc::UnboundedSender<bool>);
+
+impl Handler for StoppedAtStart {
+    fn start(&self, request: Request, out: Responder) {
+        let _ = self.0.send(request.context.is_stopped());
+        out.finish();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_with_a_stopped_context_starts_stopped() {
+    let ep = unique("prestopped");
+    let drt = runtime(RuntimeConfig::default());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    serve(&drt, &ep, Arc::new(StoppedAtStart(tx)));
+    let client = drt.client(&ep);
+    client.wait_for_instances().await.unwrap();
+    for stopped in [false, true] {
+        let ctx = Context::default();
+        if stopped {
+            ctx.stop_generating();
+        }
+        let mut s = client
+            .generate(Bytes::from_static(b"\xc0"), Route::RoundRobin, ctx, None)
+            .await
+            .unwrap();
+        assert!(items(&mut s).await.is_empty());
+        // The handler is called either way and sees the caller's state from the start.
+        assert_eq!(rx.recv().await, Some(stopped));
+    }
 }

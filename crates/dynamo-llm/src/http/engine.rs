@@ -163,7 +163,7 @@ impl<T> Annotated<T> {
 pub(crate) fn decode_item<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<Option<T>, HttpError> {
-    let a: Annotated<T> = serde_json::from_slice(bytes)
+    let a: Annotated<T> = dynamo_runtime::transport::codec::decode(bytes)
         .map_err(|e| HttpError::internal(format!("malformed worker output: {e}")))?;
     if a.event.as_deref() == Some("error") {
         let msg = a
@@ -172,6 +172,16 @@ pub(crate) fn decode_item<T: serde::de::DeserializeOwned>(
         return Err(HttpError::internal(format!("engine error: {msg}")));
     }
     Ok(a.data)
+}
+
+/// Re-encode an HTTP JSON body for the request plane (whose payloads are MessagePack):
+/// text-input workers receive the OpenAI request as a map.
+pub(crate) fn json_body_to_wire(body: &[u8]) -> Result<Bytes, HttpError> {
+    let value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| HttpError::bad_request(format!("invalid JSON body: {e}"), None))?;
+    dynamo_runtime::transport::codec::encode(&value)
+        .map(Bytes::from)
+        .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))
 }
 
 /// Map a request-plane error to the client's HTTP error.
@@ -256,7 +266,7 @@ impl WorkerStream {
             } else {
                 self.request.continued(&self.generated)
             };
-            let body = serde_json::to_vec(&request)
+            let body = dynamo_runtime::transport::codec::encode(&request)
                 .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))?;
             // The previous attempt's load is released before the next one books.
             self.end_attempt();

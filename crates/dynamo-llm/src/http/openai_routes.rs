@@ -743,6 +743,13 @@ async fn text_request(
         streaming,
         started,
     );
+    let body = match super::engine::json_body_to_wire(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            shared.metrics.error(&model, e.kind());
+            return e.into_response();
+        }
+    };
     let mut stream = match entry.client.generate(body, route, ctx, None).await {
         Ok(s) => s,
         Err(e) => {

@@ -10,7 +10,7 @@ use dynamo_kv_router::protocols::{
 use dynamo_kv_router::publisher::{PublishInput, PublisherCore, StoredInput};
 use dynamo_kv_router::recovery::{LocalKvIndexer, WorkerKvQueryRequest, WorkerKvQueryResponse};
 use dynamo_runtime::transport::server::{Handler, Request, Responder};
-use dynamo_runtime::transport::{ErrorKind, WireError};
+use dynamo_runtime::transport::{ErrorKind, WireError, codec};
 use dynamo_runtime::{DistributedRuntime, EndpointId};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
@@ -53,7 +53,7 @@ struct QueryHandler {
 
 impl Handler for QueryHandler {
     fn start(&self, request: Request, mut out: Responder) {
-        let req: WorkerKvQueryRequest = match serde_json::from_slice(&request.body) {
+        let req: WorkerKvQueryRequest = match codec::decode(&request.body) {
             Ok(r) => r,
             Err(e) => {
                 out.fail(WireError::new(
@@ -72,7 +72,7 @@ impl Handler for QueryHandler {
             };
             local.map(|l| l.query(&req))
         };
-        match answer.map(|a| serde_json::to_vec(&a)) {
+        match answer.map(|a| codec::encode(&a)) {
             Some(Ok(bytes)) => {
                 let _ = out.send(&bytes);
                 out.finish();
@@ -466,9 +466,8 @@ pub(crate) async fn query_worker(
         start_event_id,
         end_event_id: None,
     };
-    let body = Bytes::from(
-        serde_json::to_vec(&req).map_err(|e| super::Error::InvalidArgument(e.to_string()))?,
-    );
+    let body =
+        Bytes::from(codec::encode(&req).map_err(|e| super::Error::InvalidArgument(e.to_string()))?);
     // Discovery may not have caught up with the worker yet: a few bounded retries.
     let mut last_err = None;
     for _ in 0..20 {
@@ -485,7 +484,7 @@ pub(crate) async fn query_worker(
                 let item = stream.next().await.ok_or_else(|| {
                     super::Error::InvalidArgument("empty KV query answer".into())
                 })??;
-                return serde_json::from_slice(&item)
+                return codec::decode(&item)
                     .map_err(|e| super::Error::InvalidArgument(e.to_string()));
             }
             Err(e @ dynamo_runtime::Error::UnknownInstance { .. }) => {

@@ -610,7 +610,7 @@ fn output_token_count(bytes: &[u8]) -> usize {
     struct Envelope {
         data: Option<Output>,
     }
-    match serde_json::from_slice::<Envelope>(bytes) {
+    match dynamo_runtime::transport::codec::decode::<Envelope>(bytes) {
         Ok(Envelope { data: Some(out) }) => out.token_ids.len(),
         _ => 0,
     }

@@ -255,7 +255,8 @@ struct Tokens;
 impl Handler for Tokens {
     fn start(&self, _request: Request, mut out: Responder) {
         for _ in 0..3 {
-            let _ = out.send(br#"{"data":{"token_ids":[1,2,3,4,5,6]}}"#);
+            // `{"data": {"token_ids": [1, 2, 3, 4, 5, 6]}}` in MessagePack.
+            let _ = out.send(b"\x81\xa4data\x81\xa9token_ids\x96\x01\x02\x03\x04\x05\x06");
         }
         out.finish();
     }

@@ -77,6 +77,10 @@ pub struct Instance {
     /// `"cpu"`, `"cuda"` or absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_type: Option<String>,
+    /// The payload codec of its request plane (`"msgpack"`, as the reference advertises;
+    /// see [`crate::transport::codec`]). Absent in entries written by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_plane_codec: Option<String>,
 }
 
 impl Instance {
@@ -271,6 +275,7 @@ mod tests {
             instance_id: id,
             transport: TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
             device_type: None,
+            request_plane_codec: None,
         }
     }
 

@@ -353,6 +353,7 @@ impl ResponseStream {
             id: context.id().to_owned(),
             metadata: context.metadata_snapshot(),
             streaming: input.is_some(),
+            stopped: context.is_stopped(),
         };
         let (stream, rx) = conn.open(path, &header, body)?;
         let mut s = Self {

@@ -7,6 +7,7 @@
 //! [`client::ResponseStream`]s.
 
 pub mod client;
+pub mod codec;
 pub mod frame;
 pub mod nats;
 pub mod server;
@@ -85,4 +86,9 @@ pub struct RequestHeader {
     /// `true` for a bidirectional call: request items follow as `ITEM` frames.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub streaming: bool,
+    /// `true` when the caller's context was already stopped when the request was sent:
+    /// the handler still runs (as in the reference) but sees `is_stopped()` from its first
+    /// line, and its items are not sent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
 }

@@ -661,6 +661,9 @@ fn start_request(
     }
     let guard = InflightGuard(Arc::clone(&entry), Instant::now());
     let context = Context::new(Some(header.id), header.metadata);
+    if header.stopped {
+        context.stop_generating();
+    }
     let state = Arc::new(StreamState {
         context: context.clone(),
         credits: AtomicI64::new(i64::from(STREAM_WINDOW)),

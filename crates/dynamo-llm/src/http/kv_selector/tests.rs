@@ -24,7 +24,10 @@ use crate::model_card::{ModelInput, ModelType, RegisterModelArgs};
 use crate::preprocessor::PreprocessedRequest;
 
 const BLOCK: u32 = 4;
-const TOKEN: &[u8] = br#"{"data":{"token_ids":[7]}}"#;
+/// `{"data": {"token_ids": [7]}}` in MessagePack (the request plane's codec).
+const TOKEN: &[u8] = b"\x81\xa4data\x81\xa9token_ids\x91\x07";
+/// `{"data": {"token_ids": [1, 2, 3, 4, 5, 6]}}` in MessagePack.
+const SIX_TOKENS: &[u8] = b"\x81\xa4data\x81\xa9token_ids\x96\x01\x02\x03\x04\x05\x06";
 
 /// How a test worker answers.
 #[derive(Clone, Copy)]
@@ -61,7 +64,7 @@ impl Handler for Worker {
             }
             if matches!(behaviour, Behaviour::BurstThenHold) {
                 for _ in 0..3 {
-                    let _ = out.send(br#"{"data":{"token_ids":[1,2,3,4,5,6]}}"#);
+                    let _ = out.send(SIX_TOKENS);
                 }
                 tokio::select! {
                     () = release.cancelled() => {}
