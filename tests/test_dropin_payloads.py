@@ -7,6 +7,7 @@ our request planes (``tcp``, and ``nats`` with a real nats-server).
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -204,6 +205,8 @@ async def test_push_mode_handlers_keep_the_same_types(plane) -> None:
         async def coroutine_handler(request, response_sender):
             for i in range(3):
                 response_sender.send((i, b"x"))
+            # From another thread too.
+            await asyncio.to_thread(response_sender.send, {b"t": True})
 
         ep2 = rt.endpoint(f"{unique_ns()}.backend.generate")
         rt.serve(ep2, coroutine_handler)
@@ -213,4 +216,5 @@ async def test_push_mode_handlers_keep_the_same_types(plane) -> None:
             [0, b"x"],
             [1, b"x"],
             [2, b"x"],
+            {b"t": True},
         ]

@@ -78,7 +78,7 @@ async def _pump(loop, inbox, handler, pass_context, push):
             return
         for request, sink, context in batch:
             if push:
-                sender = ResponseSender(sink, loop.call_soon)
+                sender = ResponseSender(sink, loop)
                 task = _open_push(handler, request, context, pass_context, sink, sender)
                 if task is None:
                     continue
@@ -148,15 +148,16 @@ class ResponseSender:
     ones, so they travel with the same codec and types.
 
     ``send`` never blocks the event loop: beyond the stream's credit window items are
-    buffered rather than waited for. After the caller stopped the stream, or once the
-    stream failed, items are dropped (check ``context.is_stopped()`` to end early).
+    buffered rather than waited for. It may be called from another thread (as the
+    reference allows). After the caller stopped the stream, or once the stream failed,
+    items are dropped (check ``context.is_stopped()`` to end early).
     """
 
-    __slots__ = ("_sink", "_call_soon", "_closed")
+    __slots__ = ("_sink", "_loop", "_closed")
 
-    def __init__(self, sink, call_soon):
+    def __init__(self, sink, loop):
         self._sink = sink
-        self._call_soon = call_soon
+        self._loop = loop
         self._closed = False
 
     def send(self, item):
@@ -164,7 +165,10 @@ class ResponseSender:
         if self._closed:
             raise RuntimeError("send on a closed response_sender")
         if self._sink.send(item) == _FLUSH:
-            self._call_soon(self._sink.flush)
+            if asyncio._get_running_loop() is self._loop:
+                self._loop.call_soon(self._sink.flush)
+            else:
+                self._loop.call_soon_threadsafe(self._sink.flush)
 
     def close(self):
         """End the response stream successfully."""

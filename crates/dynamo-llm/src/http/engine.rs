@@ -398,3 +398,83 @@ impl WorkerStream {
         }
     }
 }
+
+#[cfg(test)]
+mod codec_tests {
+    use dynamo_runtime::transport::codec;
+
+    use super::*;
+    use crate::preprocessor::FinishReason;
+
+    /// A worker item as a Python handler's bridge writes it: a map with `data`.
+    fn python_item(write_data: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut b = Vec::new();
+        codec::write_map_len(&mut b, 1);
+        codec::write_str(&mut b, "data");
+        write_data(&mut b);
+        b
+    }
+
+    #[test]
+    fn python_worker_items_decode_into_engine_outputs() {
+        let bytes = python_item(|b| {
+            codec::write_map_len(b, 4);
+            codec::write_str(b, "token_ids");
+            codec::write_array_len(b, 2);
+            codec::write_u64(b, 7);
+            codec::write_u64(b, 300);
+            codec::write_str(b, "text");
+            codec::write_str(b, "hi");
+            codec::write_str(b, "finish_reason");
+            codec::write_str(b, "length");
+            codec::write_str(b, "cum_log_probs");
+            codec::write_f64(b, -0.5);
+        });
+        let out = decode_item::<LLMEngineOutput>(&bytes)
+            .expect("decodes")
+            .expect("has data");
+        assert_eq!(out.token_ids, vec![7, 300]);
+        assert_eq!(out.text.as_deref(), Some("hi"));
+        assert_eq!(out.finish_reason, Some(FinishReason::Length));
+        assert_eq!(out.cum_log_probs, Some(-0.5));
+    }
+
+    #[test]
+    fn error_items_and_json_bytes_are_errors() {
+        let mut b = Vec::new();
+        codec::write_map_len(&mut b, 2);
+        codec::write_str(&mut b, "event");
+        codec::write_str(&mut b, "error");
+        codec::write_str(&mut b, "comment");
+        codec::write_array_len(&mut b, 1);
+        codec::write_str(&mut b, "boom");
+        assert!(decode_item::<LLMEngineOutput>(&b).is_err());
+        assert!(decode_item::<LLMEngineOutput>(br#"{"data":{"token_ids":[1]}}"#).is_err());
+    }
+
+    #[test]
+    fn mocker_items_round_trip_through_the_codec() {
+        let item = LLMEngineOutput {
+            token_ids: vec![1, 2],
+            finish_reason: Some(FinishReason::Stop),
+            ..Default::default()
+        };
+        let bytes = codec::encode(&Annotated::data(item.clone())).expect("encodes");
+        assert_eq!(
+            decode_item::<LLMEngineOutput>(&bytes).ok().flatten(),
+            Some(item)
+        );
+    }
+
+    #[test]
+    fn json_bodies_are_reencoded_for_text_workers() {
+        let json = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"n":1,"t":0.5}"#;
+        let wire = json_body_to_wire(json).expect("valid JSON");
+        let back: serde_json::Value = codec::decode(&wire).expect("decodes");
+        assert_eq!(
+            back,
+            serde_json::from_slice::<serde_json::Value>(json).unwrap()
+        );
+        assert!(json_body_to_wire(b"{not json").is_err());
+    }
+}

@@ -518,4 +518,25 @@ mod tests {
         let mut r = Reader::new(b"\xdb\xff\xff\xff\xff");
         assert!(r.skip().is_err());
     }
+
+    proptest::proptest! {
+        /// Untrusted bytes never panic the reader, and where a reference decoder (rmpv)
+        /// reads a value, skipping it ends exactly where rmpv stopped.
+        #[test]
+        fn skipping_agrees_with_rmpv_on_any_bytes(bytes in proptest::collection::vec(
+            proptest::prelude::any::<u8>(), 0..64,
+        )) {
+            let _ = parse_envelope(&bytes);
+            let _ = Reader::new(&bytes).skip();
+            // rmpv reads the reserved marker 0xc1 as nil; we refuse it. Compare the rest.
+            let bytes: Vec<u8> = bytes.iter().map(|&b| if b == 0xc1 { 0xc0 } else { b }).collect();
+            let mut ours = Reader::new(&bytes);
+            let skipped = ours.skip();
+            let mut theirs = &bytes[..];
+            if rmpv::decode::read_value(&mut theirs).is_ok() {
+                proptest::prop_assert!(skipped.is_ok());
+                proptest::prop_assert_eq!(ours.position(), bytes.len() - theirs.len());
+            }
+        }
+    }
 }
