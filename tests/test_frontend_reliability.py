@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -362,5 +363,60 @@ def test_the_clis_honour_dyn_request_plane(tmp_path, model_dir, nats_server) -> 
         ]
         assert any('"nats' in r.lower() for r in records), records
         chat_ok(base)
+    finally:
+        procs.close()
+
+
+def test_a_stream_longer_than_the_header_timeout_is_not_cut(capped) -> None:
+    """The header timeout only runs while a request head is awaited, never during a
+    response: a stream that lasts longer than it ends normally."""
+    base, _ = capped
+    with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60) as client:
+        started = time.monotonic()
+        stream = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8000,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = list(stream)
+        elapsed = time.monotonic() - started
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert elapsed > HEADER_TIMEOUT, "the stream was too short to show anything"
+
+
+def test_sigterm_closes_the_listener_and_ends_streams_cleanly(tmp_path, model_dir) -> None:
+    """SIGTERM closes the listener at once; a stream in flight ends with an SSE error event
+    (not a reset or a hang) and the process exits.
+
+    The stream does not run to its end: the runtime's shutdown ends the frontend's streams
+    to workers ("the caller's runtime shut down"), the same before and after the accept loop
+    was replaced (checked against the previous build)."""
+    procs = Procs(tmp_path / "kv", tmp_path)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        frontend = procs.frontend(port, "--namespace", "drain")
+        procs.mocker(
+            model_dir, "--endpoint", "dyn://drain.backend.generate", "--speedup-ratio", "10"
+        )
+        wait_for_instances(base, "tiny", 1)
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60) as c:
+            stream = c.chat.completions.create(
+                model="tiny",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=4000,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            next(stream)
+            frontend.send_signal(signal.SIGTERM)
+            with pytest.raises(openai.APIError, match="shut down"):
+                for _ in stream:
+                    pass
+        frontend.wait(15)
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
     finally:
         procs.close()

@@ -91,8 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--http-max-connections-per-ip",
         type=_non_negative(int),
         default=None,
-        help="open connections allowed per client address; 0: no limit "
-        "(default: $DYN_HTTP_MAX_CONNECTIONS_PER_IP, else 1024)",
+        help="open connections allowed per client address; 0: no limit; raise it behind a "
+        "proxy, whose address every request then has (default: "
+        "$DYN_HTTP_MAX_CONNECTIONS_PER_IP, else 1024)",
     )
     # KV router flags: accepted and passed to the router configuration.
     p.add_argument("--kv-cache-block-size", type=int, default=None)
