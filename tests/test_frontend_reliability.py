@@ -357,11 +357,12 @@ def test_the_clis_honour_dyn_request_plane(tmp_path, model_dir, nats_server) -> 
         procs.mocker(model_dir, "--endpoint", "dyn://natsplane.backend.generate")
         wait_for_instances(base, "tiny", 1)
         records = [
-            p.read_text(errors="replace")
+            json.loads(p.read_text())
             for p in (tmp_path / "kv").rglob("*")
             if p.is_file() and "instances" in str(p)
         ]
-        assert any('"nats' in r.lower() for r in records), records
+        generate = [r for r in records if r.get("endpoint") == "generate"]
+        assert generate and all(list(r["transport"]) == ["nats_tcp"] for r in generate), records
         chat_ok(base)
     finally:
         procs.close()
