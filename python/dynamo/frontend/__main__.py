@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # HTTP limits: flag > environment variable > the Rust default (see the module docstring).
     p.add_argument(
         "--http-body-limit-mb",
-        type=_non_negative(int),
+        type=_non_negative(int, least=1),
         default=None,
         help="largest request body in MiB (default: $DYN_HTTP_BODY_LIMIT_MB, else 32)",
     )
@@ -149,11 +149,11 @@ def _env(name: str, kind: type) -> float | int | None:
     return kind(value) if value else None
 
 
-def _non_negative(kind: type):
+def _non_negative(kind: type, least: float = 0):
     def parse(text: str) -> float | int:
         value = kind(text)
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
         return value
 
     parse.__name__ = kind.__name__
