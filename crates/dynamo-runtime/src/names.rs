@@ -60,10 +60,22 @@ impl fmt::Display for EndpointId {
     }
 }
 
-/// Check one name part: non-empty, `[a-z0-9-_]` only.
+/// Longest name part, in bytes. The request frame carries the `ns/comp/ep` path behind a
+/// `u16` length, and file discovery stores each part as a path component (at most 255 bytes
+/// on common file systems): 255 per part keeps the path (at most 767 bytes) valid for both,
+/// so a name that cannot be served is refused when the endpoint is created, not at every call.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Check one name part: non-empty, at most [`MAX_NAME_LEN`] bytes, `[a-z0-9-_]` only.
 pub fn validate_name(kind: &str, name: &str) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidName(format!("{kind} name must not be empty")));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName(format!(
+            "{kind} name is {} bytes long; at most {MAX_NAME_LEN} are allowed",
+            name.len()
+        )));
     }
     if let Some(c) = name
         .chars()
@@ -111,5 +123,18 @@ mod tests {
             );
         }
         assert!(EndpointId::parse("my-ns.comp_1.gen-2").is_ok());
+    }
+
+    #[test]
+    fn names_longer_than_the_limit_are_refused() {
+        let longest = "a".repeat(MAX_NAME_LEN);
+        let id = EndpointId::new(&longest, &longest, &longest).expect("at the limit");
+        assert!(u16::try_from(id.path().len()).is_ok());
+        let long = "a".repeat(MAX_NAME_LEN + 1);
+        let long = long.as_str();
+        for (ns, comp, ep) in [(long, "c", "e"), ("n", long, "e"), ("n", "c", long)] {
+            let e = EndpointId::new(ns, comp, ep).expect_err("too long");
+            assert!(e.to_string().contains("at most 255"), "{e}");
+        }
     }
 }

@@ -4,6 +4,10 @@ Thin argparse over :mod:`dynamo._core`: the flags become a :class:`RouterConfig`
 :class:`EntrypointArgs` (``EngineType.Dynamic``); ``make_engine`` and ``run_input(runtime,
 "http", engine)`` do the rest in Rust (``-i``: ``run_input(runtime, "text", engine)``, a
 terminal chat). Workers appear as they call ``register_model``.
+
+The HTTP limits (body size, header and body read timeouts, connections per client) are read
+by the Rust frontend from their ``DYN_HTTP_*`` variables; each flag defaults to its variable
+and, when given, sets it for this process. ``docs/reliability.md`` explains them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dynamo._core import (
     make_engine,
     run_input,
 )
-from dynamo.runtime import _default_discovery_backend
+from dynamo.runtime import _default_discovery_backend, _default_request_plane
 
 _MODES = {
     "round-robin": RouterMode.RoundRobin,
@@ -55,6 +59,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--discovery-backend",
         default=None,
         help="file (default without etcd) or mem",
+    )
+    p.add_argument(
+        "--request-plane",
+        choices=["tcp", "nats"],
+        default=None,
+        help="how requests reach workers (default: $DYN_REQUEST_PLANE, else tcp)",
+    )
+    # HTTP limits: flag > environment variable > the Rust default (see the module docstring).
+    p.add_argument(
+        "--http-body-limit-mb",
+        type=_non_negative(int, least=1),
+        default=None,
+        help="largest request body in MiB (default: $DYN_HTTP_BODY_LIMIT_MB, else 32)",
+    )
+    p.add_argument(
+        "--http-header-timeout",
+        type=_non_negative(float),
+        default=None,
+        help="seconds to receive a request head, also the keep-alive idle limit; 0: none "
+        "(default: $DYN_HTTP_HEADER_TIMEOUT_SECS, else 30)",
+    )
+    p.add_argument(
+        "--http-body-timeout",
+        type=_non_negative(float),
+        default=None,
+        help="seconds to receive a whole request body; 0: none "
+        "(default: $DYN_HTTP_BODY_TIMEOUT_SECS, else 60)",
+    )
+    p.add_argument(
+        "--http-max-connections-per-ip",
+        type=_non_negative(int),
+        default=None,
+        help="open connections allowed per client address; 0: no limit; raise it behind a "
+        "proxy, whose address every request then has (default: "
+        "$DYN_HTTP_MAX_CONNECTIONS_PER_IP, else 1024)",
     )
     # KV router flags: accepted and passed to the router configuration.
     p.add_argument("--kv-cache-block-size", type=int, default=None)
@@ -110,10 +149,38 @@ def _env(name: str, kind: type) -> float | int | None:
     return kind(value) if value else None
 
 
+def _non_negative(kind: type, least: float = 0):
+    def parse(text: str) -> float | int:
+        value = kind(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+#: Flag → the variable the Rust frontend reads it from.
+_HTTP_LIMIT_VARS = {
+    "http_body_limit_mb": "DYN_HTTP_BODY_LIMIT_MB",
+    "http_header_timeout": "DYN_HTTP_HEADER_TIMEOUT_SECS",
+    "http_body_timeout": "DYN_HTTP_BODY_TIMEOUT_SECS",
+    "http_max_connections_per_ip": "DYN_HTTP_MAX_CONNECTIONS_PER_IP",
+}
+
+
+def _export_http_limits(args: argparse.Namespace) -> None:
+    for flag, var in _HTTP_LIMIT_VARS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            os.environ[var] = str(value)
+
+
 async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     backend = args.discovery_backend or _default_discovery_backend()
-    runtime = DistributedRuntime(loop, backend, "tcp")
+    _export_http_limits(args)
+    runtime = DistributedRuntime(loop, backend, args.request_plane or _default_request_plane())
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runtime.shutdown)
     kv = KvRouterConfig(

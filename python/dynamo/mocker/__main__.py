@@ -22,7 +22,7 @@ from dynamo._core import (
     make_engine,
     run_input,
 )
-from dynamo.runtime import _default_discovery_backend
+from dynamo.runtime import _default_discovery_backend, _default_request_plane
 
 
 def _default_endpoint() -> str:
@@ -53,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="JSON object (or a path to a JSON file) of MockEngineArgs fields",
     )
     p.add_argument("--discovery-backend", default=None, help="file (default) or mem")
+    p.add_argument(
+        "--request-plane",
+        choices=["tcp", "nats"],
+        default=None,
+        help="how requests reach the workers (default: $DYN_REQUEST_PLANE, else tcp)",
+    )
     return p.parse_args(argv)
 
 
@@ -86,7 +92,8 @@ async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     backend = args.discovery_backend or _default_discovery_backend()
     mock = engine_args(args)
-    runtimes = [DistributedRuntime(loop, backend, "tcp") for _ in range(args.num_workers)]
+    plane = args.request_plane or _default_request_plane()
+    runtimes = [DistributedRuntime(loop, backend, plane) for _ in range(args.num_workers)]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: [rt.shutdown() for rt in runtimes])
     tasks = []

@@ -47,6 +47,11 @@ def _default_discovery_backend() -> str:
     return "etcd" if os.environ.get("ETCD_ENDPOINTS", "").strip() else "file"
 
 
+def _default_request_plane() -> str:
+    """``DYN_REQUEST_PLANE`` (``tcp`` or ``nats``), else ``tcp``."""
+    return os.environ.get("DYN_REQUEST_PLANE", "").strip().lower() or "tcp"
+
+
 def _install_signal_handlers(loop: asyncio.AbstractEventLoop, runtime: DistributedRuntime) -> list:
     """SIGTERM/SIGINT start the runtime's graceful shutdown (main thread only)."""
     installed = []
@@ -81,8 +86,9 @@ def dynamo_worker(enable_nats: bool | None = None) -> Callable[[F], F]:
         @wraps(func)
         async def wrapper(*args: Any, **kwargs: Any) -> None:
             loop = asyncio.get_running_loop()
-            request_plane = os.environ.get("DYN_REQUEST_PLANE", "tcp").strip() or "tcp"
-            runtime = DistributedRuntime(loop, _default_discovery_backend(), request_plane)
+            runtime = DistributedRuntime(
+                loop, _default_discovery_backend(), _default_request_plane()
+            )
             installed = _install_signal_handlers(loop, runtime)
             try:
                 await func(runtime, *args, **kwargs)

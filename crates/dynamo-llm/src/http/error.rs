@@ -74,8 +74,11 @@ impl HttpError {
 
     /// The envelope.
     pub fn body(&self) -> serde_json::Value {
+        // A 404 is about a model only when it names the `model` parameter; unknown routes
+        // and disabled endpoints are plain `not_found`.
         let code = match self.status {
-            404 => serde_json::Value::String("model_not_found".into()),
+            404 if self.param.as_deref() == Some("model") => "model_not_found".into(),
+            404 => "not_found".into(),
             _ => serde_json::Value::Null,
         };
         serde_json::json!({

@@ -3,8 +3,17 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
 //! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
-//! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
-//! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
+//! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
+//! (unknown model: code `model_not_found`; unknown route: code `not_found`), 408 (body not
+//! received within the body-read timeout), 413 (body over the limit), 415 (a POST body that
+//! is not `application/json`), 429 (too many connections from one client), 503 (no
+//! workers), 529 (every worker over the KV router's busy thresholds).
+//!
+//! Limits that keep one client from taking the process down (see `docs/reliability.md`):
+//! the body limit ([`DEFAULT_BODY_LIMIT`]), the header-read and body-read timeouts
+//! ([`DEFAULT_HEADER_READ_TIMEOUT`], [`DEFAULT_BODY_READ_TIMEOUT`]), the per-client
+//! connection limit ([`DEFAULT_MAX_CONNECTIONS_PER_IP`]), and prompts refused by length
+//! without being tokenised whole ([`crate::preprocessor::COUNT_CHUNK_BYTES`]).
 //!
 //! Models come from a [`ModelManager`] that a [`crate::discovery::ModelWatcher`] keeps in
 //! step with the cards workers register. For `ModelInput::Tokens` models the frontend
@@ -25,10 +34,13 @@ pub mod error;
 pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
+mod request_body;
+mod serve;
 pub mod static_engine;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -47,8 +59,27 @@ pub use static_engine::{OpenAiEngine, PreCommit, StaticModels, StaticTokenModel}
 use crate::discovery::{ModelManager, ModelWatcher};
 use crate::error::{Error, Result};
 
-/// Default request body limit (the reference's `DYN_HTTP_BODY_LIMIT_MB`, 192 MiB).
-pub const DEFAULT_BODY_LIMIT: usize = 192 * 1024 * 1024;
+/// Default request body limit, `DYN_HTTP_BODY_LIMIT_MB` (the reference's default is 192 MiB).
+///
+/// 32 MiB holds any text prompt a model can take (a 1M-token context is ~4 MB of text; JSON
+/// escaping at most sextuples it) plus a few base64 images, while keeping what one request
+/// can make the frontend hold small: the body, one parsed copy of its text and one chunk of
+/// tokenisation (a prompt longer than the context is refused before it is tokenised whole).
+pub const DEFAULT_BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+/// Default deadline for a request head, `DYN_HTTP_HEADER_TIMEOUT_SECS` (also closes idle
+/// keep-alive connections after as long). hyper's default: long enough for any real client,
+/// short enough that a slow sender's connection is reclaimed soon.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Default deadline for a whole request body, `DYN_HTTP_BODY_TIMEOUT_SECS`: a body at the
+/// default limit arrives in it at ~0.5 MB/s.
+pub const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Default most open connections per client address, `DYN_HTTP_MAX_CONNECTIONS_PER_IP`
+/// (0: no limit). Above the concurrency of common load generators on one host, well under
+/// the usual open-file limits.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1024;
 
 /// Frontend settings.
 #[derive(Debug, Clone)]
@@ -65,6 +96,12 @@ pub struct FrontendConfig {
     pub namespace: Option<String>,
     /// Largest accepted request body.
     pub body_limit: usize,
+    /// Deadline for a request head (`None`: none).
+    pub header_read_timeout: Option<Duration>,
+    /// Deadline for a whole request body (`None`: none).
+    pub body_read_timeout: Option<Duration>,
+    /// Most open connections per client address (0: no limit).
+    pub max_connections_per_ip: usize,
     /// KV router configuration (`--router-mode kv`).
     pub kv_router_config: dynamo_kv_router::scheduling::config::KvRouterConfig,
     /// Busy thresholds of the KV router: when every worker is over one, requests are
@@ -84,6 +121,18 @@ impl Default for FrontendConfig {
             migration_limit: 0,
             namespace: None,
             body_limit: body_limit_from_env(),
+            header_read_timeout: timeout_from_env(
+                "DYN_HTTP_HEADER_TIMEOUT_SECS",
+                DEFAULT_HEADER_READ_TIMEOUT,
+            ),
+            body_read_timeout: timeout_from_env(
+                "DYN_HTTP_BODY_TIMEOUT_SECS",
+                DEFAULT_BODY_READ_TIMEOUT,
+            ),
+            max_connections_per_ip: std::env::var("DYN_HTTP_MAX_CONNECTIONS_PER_IP")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(DEFAULT_MAX_CONNECTIONS_PER_IP),
             kv_router_config: Default::default(),
             load_thresholds: Default::default(),
             wait_for_first_item: false,
@@ -99,6 +148,15 @@ pub fn body_limit_from_env() -> usize {
         .map_or(DEFAULT_BODY_LIMIT, |mb| mb * 1024 * 1024)
 }
 
+/// A timeout in seconds from `var` (fractions allowed; 0: none), else `default`.
+fn timeout_from_env(var: &str, default: Duration) -> Option<Duration> {
+    match std::env::var(var).ok().map(|v| v.trim().parse::<f64>()) {
+        Some(Ok(0.0)) => None,
+        Some(Ok(secs)) if secs.is_finite() && secs > 0.0 => Some(Duration::from_secs_f64(secs)),
+        _ => Some(default),
+    }
+}
+
 /// State shared by the handlers.
 pub(crate) struct Shared {
     pub(crate) models: ModelManager,
@@ -110,6 +168,8 @@ pub(crate) struct Shared {
     /// The runtime whose discovery `/health` reports (absent for a router built without
     /// [`HttpService::run`]).
     pub(crate) runtime: Option<DistributedRuntime>,
+    pub(crate) body_limit: usize,
+    pub(crate) body_read_timeout: Option<Duration>,
 }
 
 /// The HTTP service.
@@ -212,6 +272,8 @@ impl HttpService {
             migration_limit: self.config.migration_limit,
             statics: self.statics.clone(),
             pre_commit: PreCommit::from_env(self.config.wait_for_first_item),
+            body_limit: self.config.body_limit,
+            body_read_timeout: self.config.body_read_timeout,
         });
         Router::new()
             .route(
@@ -258,15 +320,12 @@ impl HttpService {
                 () = runtime.stopped() => {}
             }
         };
-        // Small SSE frames must leave at once: without TCP_NODELAY, Nagle plus the client's
-        // delayed ACK adds ~40 ms to every short streamed response.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, router)
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|e| Error::Runtime(format!("HTTP server failed: {e}")))
+        let limits = serve::ConnLimits {
+            header_read_timeout: self.config.header_read_timeout,
+            max_connections_per_ip: self.config.max_connections_per_ip,
+        };
+        serve::serve(listener, router, limits, shutdown).await;
+        Ok(())
     }
 
     /// Stop serving (idempotent).

@@ -6,8 +6,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use dynamo_runtime::Context;
 
@@ -41,13 +40,6 @@ impl Surface {
             Self::Completions => "completion",
         }
     }
-}
-
-fn body_bytes(body: Result<Bytes, BytesRejection>) -> Result<Bytes, HttpError> {
-    body.map_err(|e| {
-        let status = e.status().as_u16();
-        HttpError::new(status, format!("request body rejected: {}", e.body_text()))
-    })
 }
 
 pub(super) fn json_response(value: &impl serde::Serialize) -> Response {
@@ -96,15 +88,23 @@ pub(super) fn fail(
 
 pub(super) async fn chat_completions(
     State(shared): State<Arc<Shared>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
+    let body =
+        super::request_body::read(&headers, body, shared.body_limit, shared.body_read_timeout)
+            .await;
     handle(shared, body, Surface::Chat).await
 }
 
 pub(super) async fn completions(
     State(shared): State<Arc<Shared>>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
+    let body =
+        super::request_body::read(&headers, body, shared.body_limit, shared.body_read_timeout)
+            .await;
     handle(shared, body, Surface::Completions).await
 }
 
@@ -160,13 +160,9 @@ impl Parsed {
     }
 }
 
-async fn handle(
-    shared: Arc<Shared>,
-    body: Result<Bytes, BytesRejection>,
-    surface: Surface,
-) -> Response {
+async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Surface) -> Response {
     let started = Instant::now();
-    let body = match body_bytes(body) {
+    let body = match body {
         Ok(b) => b,
         Err(e) => return fail(&shared, "", surface, false, e),
     };
@@ -906,6 +902,7 @@ pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
-pub(super) async fn not_found() -> Response {
-    HttpError::new(404, "not found").into_response()
+/// Unknown routes: 404 with code `not_found` (OpenAI's wording), not a model error.
+pub(super) async fn not_found(method: Method, uri: Uri) -> Response {
+    HttpError::new(404, format!("Invalid URL ({method} {}).", uri.path())).into_response()
 }

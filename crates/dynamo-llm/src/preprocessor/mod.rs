@@ -28,6 +28,7 @@
 
 pub mod backend;
 pub mod detokenizer;
+mod length;
 pub mod openai;
 pub mod protocols;
 pub mod template;
@@ -39,6 +40,7 @@ use serde_json::{Map, Value as Json};
 use tokenizers::Tokenizer;
 
 pub use backend::{BackendOutput, OutputProcessor};
+pub use length::{COUNT_CHUNK_BYTES, UNKNOWN_CONTEXT_TOKEN_CAP};
 pub use protocols::{
     FinishReason, LLMEngineOutput, OutputOptions, PreprocessedRequest, SamplingOptions,
     StopConditions,
@@ -49,7 +51,11 @@ use crate::error::{Error, Result};
 use crate::model_card::{
     GenerationConfig, ModelDeploymentCard, ModelInfo, PromptFormatterArtifact, TokenizerKind,
 };
-use openai::{ChatCompletionRequest, CompletionRequest, Prompt, SamplingExtensions};
+use length::TokenBudget;
+use openai::{
+    ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, Prompt,
+    SamplingExtensions,
+};
 
 /// Default `max_tokens` of `/v1/completions` (OpenAI's).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
@@ -181,6 +187,91 @@ impl Preprocessor {
             .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
+    /// The most prompt tokens a request may have: the context length, or
+    /// [`UNKNOWN_CONTEXT_TOKEN_CAP`] when the card does not give one.
+    fn token_limit(&self) -> usize {
+        if self.context_length > 0 {
+            self.context_length as usize
+        } else {
+            UNKNOWN_CONTEXT_TOKEN_CAP
+        }
+    }
+
+    fn too_long(&self, at_least: usize, param: &str) -> Error {
+        let limit = self.token_limit();
+        Error::request(
+            format!(
+                "This model's maximum context length is {limit} tokens. However, your prompt has at least {at_least} tokens. Please reduce the length of the messages or prompt."
+            ),
+            Some(param),
+        )
+    }
+
+    /// Tokenise `text`, first counting it in pieces when it may be longer than the token
+    /// limit, so that a prompt that cannot fit is refused without being tokenised whole (see
+    /// `length.rs`). `counted` bytes of it were counted already (the message text of a chat
+    /// request): only text beyond them can push it over.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] (`param`) when the text is longer than the limit;
+    /// [`Error::Tokenizer`].
+    fn encode_bounded(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        param: &str,
+        counted: usize,
+    ) -> Result<Vec<u32>> {
+        let limit = self.token_limit();
+        // Text has at most about one token per byte, so text within `limit` bytes of what
+        // was counted cannot hold much more than the limit: tokenising it whole is bounded.
+        if text.len().saturating_sub(counted) > limit.max(COUNT_CHUNK_BYTES) {
+            let mut budget = TokenBudget::new(&self.tokenizer, limit);
+            if !budget.add(text)? {
+                return Err(self.too_long(budget.counted(), param));
+            }
+        }
+        self.encode(text, add_special_tokens)
+    }
+
+    /// Count the text of `req`'s messages against the token limit when it is long enough to
+    /// matter. Returns the number of bytes counted (0 when the text was short).
+    ///
+    /// A conversation whose message text alone is longer than the context is refused even
+    /// when the template would drop some of it (some templates strip earlier reasoning): the
+    /// price of refusing a 200 MB conversation without copying it several times.
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] (`messages`) when it cannot fit; [`Error::Tokenizer`].
+    fn check_messages_fit(&self, req: &ChatCompletionRequest) -> Result<usize> {
+        let texts = || {
+            req.messages
+                .iter()
+                .filter_map(|m| m.content.as_ref())
+                .flat_map(|c| match c {
+                    MessageContent::Text(t) => vec![t.as_str()],
+                    MessageContent::Parts(parts) => parts
+                        .iter()
+                        .filter_map(|p| match p {
+                            ContentPart::Text { text } => Some(text.as_str()),
+                            _ => None,
+                        })
+                        .collect(),
+                })
+        };
+        let bytes: usize = texts().map(str::len).sum();
+        if bytes <= self.token_limit().max(COUNT_CHUNK_BYTES) {
+            return Ok(0);
+        }
+        let mut budget = TokenBudget::new(&self.tokenizer, self.token_limit());
+        for text in texts() {
+            if !budget.add(text)? {
+                return Err(self.too_long(budget.counted(), "messages"));
+            }
+        }
+        Ok(bytes)
+    }
+
     /// Render the chat template for `req`.
     ///
     /// # Errors
@@ -242,8 +333,10 @@ impl Preprocessor {
     /// [`Error::Template`] / [`Error::InvalidRequest`] (HTTP 400) for conversations the
     /// template rejects and prompts that do not fit the context; [`Error::Tokenizer`].
     pub fn preprocess_chat(&self, req: &ChatCompletionRequest) -> Result<PreprocessedRequest> {
+        // Refuse conversations whose text alone cannot fit before the template copies it.
+        let counted = self.check_messages_fit(req)?;
         let prompt = self.render_chat(req)?;
-        let token_ids = self.encode(&prompt, false)?;
+        let token_ids = self.encode_bounded(&prompt, false, "messages", counted)?;
         let mut out = self.build(
             token_ids,
             req.max_output_tokens(),
@@ -274,8 +367,10 @@ impl Preprocessor {
     /// hold ids outside the vocabulary; [`Error::Tokenizer`].
     pub fn preprocess_completion(&self, req: &CompletionRequest) -> Result<PreprocessedRequest> {
         let token_ids = match &req.prompt {
-            Prompt::Text(t) => self.encode(t, true)?,
-            Prompt::Texts(v) => self.encode(v.first().map_or("", String::as_str), true)?,
+            Prompt::Text(t) => self.encode_bounded(t, true, "prompt", 0)?,
+            Prompt::Texts(v) => {
+                self.encode_bounded(v.first().map_or("", String::as_str), true, "prompt", 0)?
+            }
             Prompt::Tokens(t) => t.clone(),
             Prompt::TokenLists(v) => v.first().cloned().unwrap_or_default(),
         };
@@ -313,6 +408,9 @@ impl Preprocessor {
         }
         let prompt_len = u32::try_from(token_ids.len()).unwrap_or(u32::MAX);
         let ctx = self.context_length;
+        if ctx == 0 && token_ids.len() >= UNKNOWN_CONTEXT_TOKEN_CAP {
+            return Err(self.too_long(token_ids.len(), "messages"));
+        }
         let max_tokens = if ctx > 0 {
             if prompt_len >= ctx {
                 return Err(Error::request(

@@ -559,6 +559,103 @@ fn validate_common(
         ));
     }
     check_range(ext.min_p, 0.0, 1.0, "min_p")?;
+    // -1 and 0 are the engines' (vLLM's) "no top-k"; anything lower is a mistake.
+    if let Some(k) = ext.top_k
+        && k < -1
+    {
+        return Err(Error::request(
+            format!(
+                "{k} is not a valid value for 'top_k': must be -1 or 0 (disabled), or at least 1."
+            ),
+            Some("top_k"),
+        ));
+    }
+    check_object(ext.nvext.as_ref(), "nvext")?;
+    Ok(())
+}
+
+/// JSON's name for the kind of `v` (for error messages).
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// `value`, when present, must be a JSON object.
+fn check_object(value: Option<&serde_json::Value>, param: &str) -> Result<()> {
+    match value {
+        Some(v) if !v.is_object() => Err(Error::request(
+            format!(
+                "Invalid type for '{param}': expected an object, but got {} instead.",
+                json_kind(v)
+            ),
+            Some(param),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// `response_format`: an object with a string `type` (`text`, `json_object`, `json_schema`,
+/// or an engine's own kind, passed on).
+fn check_response_format(value: Option<&serde_json::Value>) -> Result<()> {
+    check_object(value, "response_format")?;
+    if let Some(v) = value
+        && !v.get("type").is_some_and(serde_json::Value::is_string)
+    {
+        return Err(Error::request(
+            "Missing required parameter: 'response_format.type'.",
+            Some("response_format.type"),
+        ));
+    }
+    Ok(())
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or an object naming a tool.
+fn check_tool_choice(value: Option<&serde_json::Value>) -> Result<()> {
+    match value {
+        None | Some(serde_json::Value::Object(_)) => Ok(()),
+        Some(serde_json::Value::String(s))
+            if matches!(s.as_str(), "none" | "auto" | "required") =>
+        {
+            Ok(())
+        }
+        Some(v) => Err(Error::request(
+            format!(
+                "Invalid value for 'tool_choice': expected 'none', 'auto', 'required' or an object naming a tool, but got {}.",
+                match v {
+                    serde_json::Value::String(s) => format!("{s:?}"),
+                    other => json_kind(other).to_owned(),
+                }
+            ),
+            Some("tool_choice"),
+        )),
+    }
+}
+
+/// Every message but an assistant's (which may carry only `tool_calls`) and a legacy
+/// `function` result must have content: a `null` or missing one would reach the template as
+/// `None` and silently become the text "None" or nothing.
+fn check_message_contents(messages: &[ChatMessage]) -> Result<()> {
+    for (i, m) in messages.iter().enumerate() {
+        if m.content.is_none() && !matches!(m.role, Role::Assistant | Role::Function) {
+            let param = format!("messages.[{i}].content");
+            return Err(Error::request(
+                format!(
+                    "Invalid value for '{param}': a {} message must have content (a string or a list of parts), not null.",
+                    serde_json::to_value(m.role)
+                        .ok()
+                        .and_then(|r| r.as_str().map(str::to_owned))
+                        .unwrap_or_default()
+                ),
+                Some(&param),
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -606,6 +703,9 @@ impl ChatCompletionRequest {
                 Some("messages"),
             ));
         }
+        check_message_contents(&self.messages)?;
+        check_response_format(self.response_format.as_ref())?;
+        check_tool_choice(self.tool_choice.as_ref())?;
         if self.max_output_tokens() == Some(0) {
             return Err(Error::request(
                 "max_tokens must be at least 1.",

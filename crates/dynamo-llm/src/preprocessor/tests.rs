@@ -81,6 +81,52 @@ fn context_length_is_enforced() {
     assert_eq!(err.http_status(), 400);
 }
 
+/// Prompts far longer than the context are refused by the piecewise count ("at least"),
+/// whichever part of the request holds the text; a long prompt that fits is tokenised as a
+/// whole, as before.
+#[test]
+fn prompts_longer_than_the_context_are_refused_before_whole_tokenisation() {
+    let pre = tiny();
+    let long = "hello world ".repeat(200_000);
+    let body = serde_json::json!({"model": "tiny", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": long}]},
+    ]});
+    let err = pre
+        .preprocess_chat(&chat(&body.to_string()))
+        .expect_err("too long");
+    assert!(err.to_string().contains("at least"), "{err}");
+    assert_eq!(err.http_status(), 400);
+    // Text the message count does not see (tools) is counted on the rendered prompt.
+    let body = serde_json::json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "description": long}}]});
+    let template_with_tools = pre.preprocess_chat(&chat(&body.to_string()));
+    // The tiny template ignores tools: the prompt is short and fits.
+    assert!(template_with_tools.is_ok());
+    let r = parse_completion_request(
+        serde_json::json!({"model": "tiny", "prompt": long})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("parse");
+    let err = pre.preprocess_completion(&r).expect_err("too long");
+    assert!(err.to_string().contains("at least"), "{err}");
+    assert_eq!(
+        err,
+        Error::request(err.to_string(), Some("prompt")),
+        "names the prompt"
+    );
+    // Just under the piecewise threshold: tokenised whole, exact count in the message.
+    let fits = "hello ".repeat(1000);
+    let r = parse_completion_request(
+        serde_json::json!({"model": "tiny", "prompt": fits})
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("parse");
+    assert!(pre.preprocess_completion(&r).is_ok());
+}
+
 #[test]
 fn completion_prompts() {
     let pre = tiny();
@@ -420,4 +466,52 @@ fn responses_carry_refusal_cached_tokens_and_one_index_per_choice() {
     let chunk = serde_json::to_value(f.chat_chunk_at(2, Some("t".into()), true, None)).unwrap();
     assert_eq!(chunk["choices"][0]["index"], 2);
     assert_eq!(chunk["choices"][0]["delta"]["role"], "assistant");
+}
+
+/// Values of the wrong shape are refused naming the field; the legal shapes next to them
+/// (vLLM's `top_k: -1`, an assistant turn with only `tool_calls`) are accepted.
+#[test]
+fn fields_of_the_wrong_shape_are_refused_by_name() {
+    let user = r#"[{"role":"user","content":"hi"}]"#;
+    for (extra, param) in [
+        (r#""top_k":-2"#, "top_k"),
+        (r#""response_format":"json""#, "response_format"),
+        (r#""response_format":{"schema":{}}"#, "response_format.type"),
+        (r#""tool_choice":5"#, "tool_choice"),
+        (r#""tool_choice":"sometimes""#, "tool_choice"),
+        (r#""nvext":[1]"#, "nvext"),
+    ] {
+        let body = format!(r#"{{"model":"tiny","messages":{user},{extra}}}"#);
+        match parse_chat_request(body.as_bytes()) {
+            Err(Error::InvalidRequest { param: p, .. }) => {
+                assert_eq!(p.as_deref(), Some(param), "{body}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    for role in ["user", "system", "developer", "tool"] {
+        let body = format!(
+            r#"{{"model":"tiny","messages":[{{"role":"user","content":"a"}},{{"role":"{role}","content":null}}]}}"#
+        );
+        match parse_chat_request(body.as_bytes()) {
+            Err(Error::InvalidRequest { param: p, .. }) => {
+                assert_eq!(p.as_deref(), Some("messages.[1].content"), "{body}");
+            }
+            other => panic!("{body}: {other:?}"),
+        }
+    }
+    let completion = br#"{"model":"tiny","prompt":"a","top_k":-5}"#;
+    assert!(parse_completion_request(completion).is_err());
+    for ok in [
+        format!(r#"{{"model":"tiny","messages":{user},"top_k":-1}}"#),
+        format!(r#"{{"model":"tiny","messages":{user},"top_k":0,"nvext":{{"annotations":[]}}}}"#),
+        format!(r#"{{"model":"tiny","messages":{user},"response_format":{{"type":"json_object"}}}}"#),
+        format!(r#"{{"model":"tiny","messages":{user},"tool_choice":"auto"}}"#),
+        format!(
+            r#"{{"model":"tiny","messages":{user},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}}}"#
+        ),
+        r#"{"model":"tiny","messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}]}"#.to_owned(),
+    ] {
+        parse_chat_request(ok.as_bytes()).expect(&ok);
+    }
 }
