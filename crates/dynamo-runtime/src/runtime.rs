@@ -75,6 +75,8 @@ pub(crate) struct Inner {
     system_address: Option<SocketAddr>,
     server: OnceCell<Arc<Server>>,
     pub(crate) pool: ConnectionPool,
+    /// Instances seen failing, shared by every client and router of this runtime.
+    pub(crate) down: crate::router::DownInstances,
     endpoint_shutdown: CancellationToken,
     pub(crate) primary: CancellationToken,
     served: Mutex<HashMap<String, Served>>,
@@ -204,6 +206,7 @@ impl DistributedRuntime {
                 system_address,
                 server: OnceCell::new(),
                 pool,
+                down: crate::router::DownInstances::default(),
                 endpoint_shutdown: CancellationToken::new(),
                 primary,
                 served: Mutex::new(HashMap::new()),

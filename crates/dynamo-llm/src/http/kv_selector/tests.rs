@@ -389,7 +389,17 @@ fn migration_frees_the_old_booking_and_books_the_new_worker() {
         assert!(stream.next().await.is_none());
         assert_eq!(c.booked(), (0, 0, 0));
 
-        // Without migrations left the shutdown ends the stream with an error.
+        c.shutdown();
+
+        // Without migrations left the shutdown ends the stream with an error. (A fresh
+        // cluster: the first one's frontend now knows worker 0 is shutting down and
+        // routes around it.)
+        let c = Cluster::start(
+            &[Behaviour::TokenThenShutdown, Behaviour::TokenThenHold],
+            LoadThresholds::default(),
+        )
+        .await;
+        c.cache(0, &prompt).await;
         let mut stream = c.open(&prompt, 0).await.unwrap();
         assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
         assert!(stream.next().await.unwrap().is_err());
@@ -466,6 +476,86 @@ fn output_blocks_are_booked_as_tokens_stream_and_freed_on_disconnect() {
         assert_eq!(c.booked(), (1, 0, 32 + 4));
         drop(stream);
         assert_eq!(c.booked(), (0, 0, 0));
+        c.shutdown();
+    });
+}
+
+/// A worker killed with SIGKILL stays in discovery until its lease expires; its address
+/// refuses or drops every connection. The first request routed there fails before any
+/// output and is retried on the live worker although the migration limit is 0; the dead
+/// worker is marked down for the runtime at once, so the KV router never picks it again
+/// (even though it is the idle one), until discovery changes its entry.
+#[test]
+fn a_dead_worker_is_avoided_at_once_and_unsent_requests_retry_elsewhere() {
+    use dynamo_runtime::discovery::{Instance, TransportAddress};
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let c = Cluster::start(&[Behaviour::TokenThenHold], LoadThresholds::default()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        tokio::spawn({
+            let accepts = Arc::clone(&accepts);
+            async move {
+                while let Ok((sock, _)) = listener.accept().await {
+                    accepts.fetch_add(1, Ordering::SeqCst);
+                    drop(sock);
+                }
+            }
+        });
+        let ep = c.model.endpoint.clone();
+        let dead = |port: u16| Instance {
+            namespace: ep.namespace.clone(),
+            component: ep.component.clone(),
+            endpoint: ep.name.clone(),
+            instance_id: 4242,
+            transport: TransportAddress::Tcp(format!("127.0.0.1:{port}/{}", ep.path())),
+            device_type: None,
+        };
+        c.frontend
+            .discovery()
+            .register(&dead(addr.port()))
+            .await
+            .unwrap();
+        until("dead worker known", || c.router.core().workers().len() == 2).await;
+        // Held streams keep load on the live worker, so the idle dead one is the router's
+        // choice whenever it is not known down.
+        let prompt = long_prompt();
+        let mut streams = Vec::new();
+        for i in 0..20 {
+            let mut s = c
+                .open(&prompt, 0)
+                .await
+                .unwrap_or_else(|status| panic!("request {i} failed with {status}"));
+            assert_eq!(s.next().await.unwrap().unwrap().token_ids, vec![7]);
+            streams.push(s);
+        }
+        assert_eq!(
+            accepts.load(Ordering::SeqCst),
+            1,
+            "the dead worker was tried once"
+        );
+        assert_eq!(c.model.client.down_instance_ids(), vec![4242]);
+        assert_eq!(c.started(), vec![20]);
+        assert!(
+            !c.metrics
+                .render()
+                .contains("migration_type=\"new_request\"} 1")
+        );
+        // Discovery re-registers it with a changed entry: routable again at once.
+        c.frontend
+            .discovery()
+            .unregister(&dead(addr.port()))
+            .await
+            .unwrap();
+        c.frontend.discovery().register(&dead(1)).await.unwrap();
+        until("changed entry is up", || {
+            c.model.client.instances().iter().any(|i| i == &dead(1))
+                && c.model.client.down_instance_ids().is_empty()
+        })
+        .await;
+        c.release.cancel();
+        drop(streams);
         c.shutdown();
     });
 }
