@@ -26,6 +26,10 @@ use crate::runtime::DistributedRuntime;
 use crate::transport::ErrorKind;
 use crate::transport::client::ResponseStream;
 
+/// Pause between re-sends to a NATS worker while the connection settles after a broker
+/// restart (a worker re-subscribes within about a reconnection delay).
+const SETTLE_RETRY_DELAY: Duration = Duration::from_millis(100);
+
 /// How a request picks its instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -226,19 +230,24 @@ impl Client {
         let bidirectional = input.is_some();
         let mut input = input;
         let mut tried: Vec<u64> = Vec::new();
+        let mut again: Option<Instance> = None;
+        let settle_deadline = Instant::now() + crate::nats::SETTLE_WINDOW;
         loop {
-            let instance = self.pick(route, &tried)?;
-            tried.push(instance.instance_id);
+            let instance = match again.take() {
+                Some(i) => i,
+                None => self.pick(route, &tried)?,
+            };
+            if !tried.contains(&instance.instance_id) {
+                tried.push(instance.instance_id);
+            }
             let attempt = async {
                 let (conn, path) = match &instance.transport {
                     TransportAddress::NatsTcp(subject) => {
                         let client = self.inner.runtime.nats().await?;
-                        let conn = self
-                            .inner
-                            .runtime
-                            .inner
+                        let rt = &self.inner.runtime.inner;
+                        let conn = rt
                             .pool
-                            .get_nats(client, subject)
+                            .get_nats(client, subject, rt.nats_link.losses())
                             .await?;
                         let path = format!(
                             "{}/{}/{}",
@@ -275,10 +284,20 @@ impl Client {
                     let lost = instance.clone();
                     stream.set_on_disconnect(Box::new(move || {
                         if let Some(inner) = weak.upgrade() {
-                            inner.runtime.inner.down.mark(&lost);
+                            // A stream cut by our own NATS connection's loss says nothing
+                            // about the worker.
+                            let nats = matches!(lost.transport, TransportAddress::NatsTcp(_));
+                            if !(nats && inner.runtime.inner.nats_link.unsettled()) {
+                                inner.runtime.inner.down.mark(&lost);
+                            }
                         }
                     }));
                     return Ok(stream);
+                }
+                Err(e) if self.settling(&instance, &e, bidirectional, settle_deadline) => {
+                    tracing::debug!(instance_id = instance.instance_id, error = %e, "NATS reconnected recently; retrying the same worker");
+                    tokio::time::sleep(SETTLE_RETRY_DELAY).await;
+                    again = Some(instance);
                 }
                 Err(e) => {
                     let retryable =
@@ -295,6 +314,24 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Whether a NATS request that failed before being accepted should be re-sent to the
+    /// same worker: our NATS connection is down or came back moments ago, so the failure
+    /// (no subscriber yet, connection lost) says nothing about the worker. Nothing was
+    /// accepted, so nothing runs twice; bounded by `deadline`.
+    fn settling(
+        &self,
+        instance: &Instance,
+        e: &Error,
+        bidirectional: bool,
+        deadline: Instant,
+    ) -> bool {
+        matches!(instance.transport, TransportAddress::NatsTcp(_))
+            && !bidirectional
+            && matches!(e, Error::CannotConnect { .. } | Error::Disconnected(_))
+            && Instant::now() + SETTLE_RETRY_DELAY < deadline
+            && self.inner.runtime.inner.nats_link.unsettled()
     }
 
     fn pick(&self, route: Route, tried: &[u64]) -> Result<Instance> {

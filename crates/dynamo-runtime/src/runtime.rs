@@ -71,6 +71,8 @@ pub(crate) struct Inner {
     pub(crate) event_plane: EventPlane,
     pub(crate) request_plane: RequestPlane,
     nats: OnceCell<async_nats::Client>,
+    /// The NATS connection's history (request-plane recovery after a broker restart).
+    pub(crate) nats_link: Arc<crate::nats::NatsLink>,
     pub(crate) system: Arc<SystemState>,
     system_address: Option<SocketAddr>,
     server: OnceCell<Arc<Server>>,
@@ -201,6 +203,7 @@ impl DistributedRuntime {
                 store,
                 event_plane,
                 nats: OnceCell::new(),
+                nats_link: Arc::default(),
                 request_plane,
                 system,
                 system_address,
@@ -261,7 +264,9 @@ impl DistributedRuntime {
     pub(crate) async fn nats(&self) -> Result<async_nats::Client> {
         self.inner
             .nats
-            .get_or_try_init(|| crate::nats::connect(&self.inner.config))
+            .get_or_try_init(|| {
+                crate::nats::connect(&self.inner.config, Arc::clone(&self.inner.nats_link))
+            })
             .await
             .cloned()
     }
