@@ -88,11 +88,24 @@ impl Handler for Worker {
     }
 }
 
-fn runtime() -> DistributedRuntime {
+/// A runtime on the TCP request plane, or on NATS at `nats_port`.
+fn runtime_on(nats_port: Option<u16>) -> DistributedRuntime {
+    let Some(port) = nats_port else {
+        return DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .unwrap();
+    };
     DistributedRuntime::new(
         DiscoveryBackend::Mem,
-        RequestPlane::Tcp,
-        RuntimeConfig::default(),
+        RequestPlane::Nats,
+        RuntimeConfig {
+            nats_server: format!("nats://127.0.0.1:{port}"),
+            nats_server_set: true,
+            ..RuntimeConfig::default()
+        },
     )
     .unwrap()
 }
@@ -129,13 +142,22 @@ impl Cluster {
         config: KvRouterConfig,
         thresholds: LoadThresholds,
     ) -> Self {
+        Self::build(behaviours, config, thresholds, None).await
+    }
+
+    async fn build(
+        behaviours: &[Behaviour],
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+        nats_port: Option<u16>,
+    ) -> Self {
         let ns = format!("kvsel{}", fastrand::u32(..));
         let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
         let release = CancellationToken::new();
         let mut workers = Vec::new();
         let mut started = Vec::new();
         for &behaviour in behaviours {
-            let w = runtime();
+            let w = runtime_on(nats_port);
             let count = Arc::new(AtomicUsize::new(0));
             let handler = Arc::new(Worker {
                 behaviour,
@@ -160,7 +182,7 @@ impl Cluster {
                 .unwrap()
             })
             .collect();
-        let frontend = runtime();
+        let frontend = runtime_on(nats_port);
         let mut card = RegisterModelArgs {
             model_input: ModelInput::Tokens,
             model_type: ModelType::CHAT,
@@ -557,5 +579,78 @@ fn a_dead_worker_is_avoided_at_once_and_unsent_requests_retry_elsewhere() {
         c.release.cancel();
         drop(streams);
         c.shutdown();
+    });
+}
+
+/// A nats-server process, killed when dropped (also when a test panics).
+struct NatsServer(std::process::Child);
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A nats-server on `port` (loopback), ready to accept connections.
+fn nats_server(port: u16) -> NatsServer {
+    let child = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server is installed (scripts/test.sh)");
+    let server = NatsServer(child);
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("nats-server did not start");
+}
+
+/// On the NATS request plane a broker restart cuts the in-flight stream (its frames may
+/// have died with the broker); with a migration left, the frontend's stream continues on
+/// a worker from the tokens received so far, and the client sees one stream.
+#[test]
+fn a_nats_broker_restart_mid_stream_is_migrated() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let nats = nats_server(port);
+        let c = Cluster::build(
+            &[Behaviour::TokenThenHold, Behaviour::TokenThenHold],
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+            Some(port),
+        )
+        .await;
+        let prompt = long_prompt();
+        let mut stream = c.open(&prompt, 1).await.unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
+        drop(nats);
+        let nats = nats_server(port);
+        // The cut stream migrates; the new attempt's worker sends its first token at once.
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("migrated in time")
+            .unwrap()
+            .expect("no error reaches the client");
+        assert_eq!(item.token_ids, vec![7]);
+        assert!(
+            c.metrics
+                .render()
+                .contains(r#"migration_type="ongoing_request"} 1"#)
+        );
+        c.release.cancel();
+        assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
+        assert!(stream.next().await.is_none());
+        drop(stream);
+        c.shutdown();
+        drop(nats);
     });
 }
