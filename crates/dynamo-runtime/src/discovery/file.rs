@@ -413,9 +413,14 @@ impl KvStore for FileStore {
         let state = Arc::clone(&self.state);
         let prefix = prefix.to_owned();
         Box::pin(async move {
-            let all = tokio::task::spawn_blocking(move || state.scan_and_publish())
-                .await
-                .map_err(|e| Error::Discovery(format!("file store scan failed: {e}")))?;
+            let all = match tokio::runtime::Handle::try_current() {
+                Ok(handle) => handle
+                    .spawn_blocking(move || state.scan_and_publish())
+                    .await
+                    .map_err(|e| Error::Discovery(format!("file store scan failed: {e}")))?,
+                // Polled outside tokio (no async worker threads to protect): scan here.
+                Err(_) => state.scan_and_publish(),
+            };
             Ok(all
                 .into_iter()
                 .filter(|(k, _)| k.starts_with(&prefix))
