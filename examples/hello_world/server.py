@@ -2,7 +2,7 @@
 
 Run it in one terminal, then ``python examples/hello_world/client.py`` in another. Workers
 and clients find each other through the embedded ``file`` discovery backend (a directory,
-``$DYN_FILE_KV`` or ``$TMPDIR/dynamo_store_kv``): no etcd or NATS needed. Start several
+``$DYN_FILE_KV``, else a per-user one such as ``/tmp/dynamo_store_kv-<uid>``): no etcd or NATS needed. Start several
 servers to see the client's round-robin spread requests. Ctrl-C (or SIGTERM) shuts the
 worker down gracefully: it leaves discovery and finishes the streams in flight.
 """

@@ -53,6 +53,9 @@ pub struct RouteRequest<'a> {
     pub constraints: Option<&'a RoutingConstraints>,
     /// Route to exactly this rank.
     pub pinned: Option<WorkerWithDpRank>,
+    /// Workers not to choose while another eligible one exists (known down, or already
+    /// failed this request).
+    pub avoid: &'a [u64],
     /// Record the decision in the approximate index even without booking.
     pub update_indexer: bool,
 }
@@ -303,6 +306,7 @@ impl KvRouterCore {
             overrides: req.overrides,
             constraints: req.constraints,
             pinned: req.pinned,
+            avoid: req.avoid,
         })?;
         if let Index::Approx(approx) = &self.index
             && (req.request_id.is_some() || req.update_indexer)

@@ -522,6 +522,7 @@ fn route_options(
         cache_namespace,
         block_mm_infos: mm_infos(block_mm_infos)?,
         pinned: None,
+        avoid: Vec::new(),
         update_indexer: false,
         strict_priority: 0,
     })

@@ -84,7 +84,7 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(10),
             graceful_shutdown_timeout: Duration::from_secs(900),
             inhibited_duration: Duration::from_secs(5),
-            file_kv_root: std::env::temp_dir().join("dynamo_store_kv"),
+            file_kv_root: crate::discovery::file::private_default_root(),
             file_kv_ttl: crate::discovery::file::DEFAULT_TTL,
             event_plane: None,
             event_codec: EventCodec::default(),

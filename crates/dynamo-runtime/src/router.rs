@@ -1,14 +1,19 @@
 //! [`Client`]: routes requests of one endpoint over its live instances.
 //!
-//! The routable set is the discovered instances minus those this client saw fail
-//! (connection refused or lost, worker unavailable, engine shutting down), which stay
-//! excluded for `inhibited_duration` or until discovery drops them. If every discovered
-//! instance is excluded, all of them are tried again rather than failing outright.
+//! The routable set is the discovered instances minus those marked down: an instance
+//! that any client or router of this runtime saw fail (connection refused or lost, worker
+//! unavailable) is excluded at once for every client of the runtime and for the KV
+//! router's worker selection ([`Client::down_instance_ids`]), through one shared
+//! [`DownInstances`] set. It returns when discovery says so (its entry disappears or
+//! changes: a re-registered worker), when a request to it succeeds, or after
+//! `inhibited_duration`, when the next request serves as the probe (a failed probe marks
+//! it down again, and the request is retried elsewhere). If every discovered instance is
+//! down, all of them are tried again rather than failing outright.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
@@ -21,6 +26,10 @@ use crate::runtime::DistributedRuntime;
 use crate::transport::ErrorKind;
 use crate::transport::client::ResponseStream;
 
+/// Pause between re-sends to a NATS worker while the connection settles after a broker
+/// restart (a worker re-subscribes within about a reconnection delay).
+const SETTLE_RETRY_DELAY: Duration = Duration::from_millis(100);
+
 /// How a request picks its instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Route {
@@ -32,12 +41,59 @@ pub enum Route {
     Direct(u64),
 }
 
+/// The instances this runtime saw fail, shared by all its clients and routers. Keyed by
+/// the whole discovery entry, so a re-registered worker with a changed entry (new address
+/// or endpoint) is a different key and routable at once.
+#[derive(Default)]
+pub struct DownInstances {
+    down: Mutex<HashMap<Instance, Instant>>,
+}
+
+impl DownInstances {
+    /// Mark `instance` down (again: the time restarts).
+    pub fn mark(&self, instance: &Instance) {
+        let fresh = lock(&self.down)
+            .insert(instance.clone(), Instant::now())
+            .is_none();
+        if fresh {
+            tracing::info!(
+                instance_id = instance.instance_id,
+                address = instance.transport.address(),
+                "instance marked down"
+            );
+        }
+    }
+
+    /// A request to `instance` succeeded: it is up.
+    pub fn clear(&self, instance: &Instance) {
+        if lock(&self.down).remove(instance).is_some() {
+            tracing::info!(instance_id = instance.instance_id, "instance up again");
+        }
+    }
+
+    /// Of `live` (the discovered instances of `endpoint`), those down for less than
+    /// `ttl`. Forgets the entries of `endpoint` that expired or that discovery dropped or
+    /// changed.
+    pub fn down_among(&self, endpoint: &EndpointId, live: &[Instance], ttl: Duration) -> Vec<u64> {
+        let mut down = lock(&self.down);
+        down.retain(|i, at| {
+            let mine = i.namespace == endpoint.namespace
+                && i.component == endpoint.component
+                && i.endpoint == endpoint.name;
+            !mine || (at.elapsed() < ttl && live.contains(i))
+        });
+        live.iter()
+            .filter(|i| down.contains_key(*i))
+            .map(|i| i.instance_id)
+            .collect()
+    }
+}
+
 struct ClientInner {
     runtime: DistributedRuntime,
     endpoint: EndpointId,
     instances: watch::Receiver<Arc<Vec<Instance>>>,
     next: AtomicUsize,
-    down: Mutex<HashMap<u64, Instant>>,
 }
 
 /// A client of one endpoint (cheap to clone).
@@ -68,7 +124,6 @@ impl Client {
                 endpoint,
                 instances,
                 next: AtomicUsize::new(0),
-                down: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -121,19 +176,29 @@ impl Client {
         }
     }
 
-    /// Exclude an instance from routing for the inhibited duration.
+    /// Mark an instance down for every client and router of this runtime (see the module
+    /// docs for when it returns).
     pub fn report_instance_down(&self, instance_id: u64) {
         inhibit(&self.inner, instance_id);
     }
 
+    /// The discovered instances currently marked down (sorted). Selectors that pick
+    /// instances themselves (the KV router) avoid these.
+    pub fn down_instance_ids(&self) -> Vec<u64> {
+        let all = self.inner.instances.borrow().clone();
+        self.inner.runtime.inner.down.down_among(
+            &self.inner.endpoint,
+            &all,
+            self.inner.runtime.config().inhibited_duration,
+        )
+    }
+
     fn routable(&self) -> Vec<Instance> {
         let all = self.inner.instances.borrow().clone();
-        let mut down = lock(&self.inner.down);
-        let ttl = self.inner.runtime.config().inhibited_duration;
-        down.retain(|id, at| at.elapsed() < ttl && all.iter().any(|i| i.instance_id == *id));
+        let down = self.down_instance_ids();
         let up: Vec<Instance> = all
             .iter()
-            .filter(|i| !down.contains_key(&i.instance_id))
+            .filter(|i| !down.contains(&i.instance_id))
             .cloned()
             .collect();
         if up.is_empty() {
@@ -165,19 +230,24 @@ impl Client {
         let bidirectional = input.is_some();
         let mut input = input;
         let mut tried: Vec<u64> = Vec::new();
+        let mut again: Option<Instance> = None;
+        let settle_deadline = Instant::now() + crate::nats::SETTLE_WINDOW;
         loop {
-            let instance = self.pick(route, &tried)?;
-            tried.push(instance.instance_id);
+            let instance = match again.take() {
+                Some(i) => i,
+                None => self.pick(route, &tried)?,
+            };
+            if !tried.contains(&instance.instance_id) {
+                tried.push(instance.instance_id);
+            }
             let attempt = async {
                 let (conn, path) = match &instance.transport {
                     TransportAddress::NatsTcp(subject) => {
                         let client = self.inner.runtime.nats().await?;
-                        let conn = self
-                            .inner
-                            .runtime
-                            .inner
+                        let rt = &self.inner.runtime.inner;
+                        let conn = rt
                             .pool
-                            .get_nats(client, subject)
+                            .get_nats(client, subject, rt.nats_link.losses())
                             .await?;
                         let path = format!(
                             "{}/{}/{}",
@@ -208,21 +278,33 @@ impl Client {
             };
             match attempt.await {
                 Ok(mut stream) => {
+                    // The worker accepted: it is up, whatever an earlier failure said.
+                    self.inner.runtime.inner.down.clear(&instance);
                     let weak: Weak<ClientInner> = Arc::downgrade(&self.inner);
-                    let id = instance.instance_id;
+                    let lost = instance.clone();
                     stream.set_on_disconnect(Box::new(move || {
                         if let Some(inner) = weak.upgrade() {
-                            inhibit(&inner, id);
+                            // A stream cut by our own NATS connection's loss says nothing
+                            // about the worker.
+                            let nats = matches!(lost.transport, TransportAddress::NatsTcp(_));
+                            if !(nats && inner.runtime.inner.nats_link.unsettled()) {
+                                inner.runtime.inner.down.mark(&lost);
+                            }
                         }
                     }));
                     return Ok(stream);
+                }
+                Err(e) if self.settling(&instance, &e, bidirectional, settle_deadline) => {
+                    tracing::debug!(instance_id = instance.instance_id, error = %e, "NATS reconnected recently; retrying the same worker");
+                    tokio::time::sleep(SETTLE_RETRY_DELAY).await;
+                    again = Some(instance);
                 }
                 Err(e) => {
                     let retryable =
                         matches!(&e, Error::CannotConnect { .. } | Error::Disconnected(_))
                             || matches!(&e, Error::Remote(w) if w.kind == ErrorKind::Unavailable);
                     if retryable {
-                        inhibit(&self.inner, instance.instance_id);
+                        self.inner.runtime.inner.down.mark(&instance);
                     }
                     let more = self.instance_ids().iter().any(|id| !tried.contains(id));
                     if !retryable || matches!(route, Route::Direct(_)) || !more || bidirectional {
@@ -232,6 +314,24 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// Whether a NATS request that failed before being accepted should be re-sent to the
+    /// same worker: our NATS connection is down or came back moments ago, so the failure
+    /// (no subscriber yet, connection lost) says nothing about the worker. Nothing was
+    /// accepted, so nothing runs twice; bounded by `deadline`.
+    fn settling(
+        &self,
+        instance: &Instance,
+        e: &Error,
+        bidirectional: bool,
+        deadline: Instant,
+    ) -> bool {
+        matches!(instance.transport, TransportAddress::NatsTcp(_))
+            && !bidirectional
+            && matches!(e, Error::CannotConnect { .. } | Error::Disconnected(_))
+            && Instant::now() + SETTLE_RETRY_DELAY < deadline
+            && self.inner.runtime.inner.nats_link.unsettled()
     }
 
     fn pick(&self, route: Route, tried: &[u64]) -> Result<Instance> {
@@ -266,5 +366,13 @@ impl Client {
 }
 
 fn inhibit(inner: &ClientInner, instance_id: u64) {
-    lock(&inner.down).insert(instance_id, Instant::now());
+    let instance = inner
+        .instances
+        .borrow()
+        .iter()
+        .find(|i| i.instance_id == instance_id)
+        .cloned();
+    if let Some(instance) = instance {
+        inner.runtime.inner.down.mark(&instance);
+    }
 }

@@ -71,10 +71,14 @@ pub(crate) struct Inner {
     pub(crate) event_plane: EventPlane,
     pub(crate) request_plane: RequestPlane,
     nats: OnceCell<async_nats::Client>,
+    /// The NATS connection's history (request-plane recovery after a broker restart).
+    pub(crate) nats_link: Arc<crate::nats::NatsLink>,
     pub(crate) system: Arc<SystemState>,
     system_address: Option<SocketAddr>,
     server: OnceCell<Arc<Server>>,
     pub(crate) pool: ConnectionPool,
+    /// Instances seen failing, shared by every client and router of this runtime.
+    pub(crate) down: crate::router::DownInstances,
     endpoint_shutdown: CancellationToken,
     pub(crate) primary: CancellationToken,
     served: Mutex<HashMap<String, Served>>,
@@ -199,11 +203,13 @@ impl DistributedRuntime {
                 store,
                 event_plane,
                 nats: OnceCell::new(),
+                nats_link: Arc::default(),
                 request_plane,
                 system,
                 system_address,
                 server: OnceCell::new(),
                 pool,
+                down: crate::router::DownInstances::default(),
                 endpoint_shutdown: CancellationToken::new(),
                 primary,
                 served: Mutex::new(HashMap::new()),
@@ -258,7 +264,9 @@ impl DistributedRuntime {
     pub(crate) async fn nats(&self) -> Result<async_nats::Client> {
         self.inner
             .nats
-            .get_or_try_init(|| crate::nats::connect(&self.inner.config))
+            .get_or_try_init(|| {
+                crate::nats::connect(&self.inner.config, Arc::clone(&self.inner.nats_link))
+            })
             .await
             .cloned()
     }

@@ -478,3 +478,85 @@ async fn nats_request_plane_shutdown_drains_streams_to_the_end() {
         tokio::time::timeout(WAIT, caller.stopped()).await.unwrap();
     }
 }
+
+/// NATS "no responders": with a settled connection, a request to a subject nobody serves
+/// (a gone worker) is refused at once with `CannotConnect` instead of waiting out the
+/// acknowledgement timeout; right after a broker restart, the same situation (the worker
+/// has not re-subscribed yet) makes the request wait for the worker instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_no_responders_is_refused_at_once_or_awaited_after_a_broker_restart() {
+    use dynamo_runtime::discovery::{Instance, TransportAddress};
+    let mut server = nats_server(&[]);
+    let rt = || {
+        DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Nats,
+            nats_config(server.port),
+        )
+        .unwrap()
+    };
+    let (worker, caller) = (rt(), rt());
+    let ep = EndpointId::parse("natsnr.backend.generate").unwrap();
+    let id = worker.connection_id();
+    // The worker's discovery entry, before it serves (nobody subscribed to the subject).
+    let instance = Instance {
+        namespace: ep.namespace.clone(),
+        component: ep.component.clone(),
+        endpoint: ep.name.clone(),
+        instance_id: id,
+        transport: TransportAddress::NatsTcp(format!("natsnr_backend.generate-{id:x}")),
+        device_type: None,
+        request_plane_codec: None,
+    };
+    caller.discovery().register(&instance).await.unwrap();
+    let client = caller.client(&ep);
+    tokio::time::timeout(WAIT, client.wait_for_instances())
+        .await
+        .unwrap()
+        .unwrap();
+    let body = bytes::Bytes::from_static(b"\"hello\"");
+    let direct = dynamo_runtime::Route::Direct(id);
+
+    let t0 = Instant::now();
+    let err = client
+        .generate(body.clone(), direct, Default::default(), None)
+        .await
+        .err()
+        .expect("nobody serves the subject");
+    assert!(
+        matches!(err, dynamo_runtime::Error::CannotConnect { .. }),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("no responders"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+
+    // Broker restart; the worker subscribes 500 ms into the request.
+    server.stop();
+    server.restart();
+    let serving = {
+        let (worker, ep) = (worker.clone(), ep.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            worker.serve_endpoint(&ep, Arc::new(Echo), true).await
+        })
+    };
+    let t0 = Instant::now();
+    let mut stream = client
+        .generate(body.clone(), direct, Default::default(), None)
+        .await
+        .expect("awaited the re-subscribing worker");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t0.elapsed()
+    );
+    assert_eq!(stream.next().await.unwrap().unwrap(), body);
+    drop(stream);
+    worker.shutdown();
+    tokio::time::timeout(WAIT, serving)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    caller.shutdown();
+}

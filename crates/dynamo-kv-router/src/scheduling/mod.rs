@@ -49,6 +49,9 @@ pub struct SchedulingRequest<'a> {
     pub constraints: Option<&'a RoutingConstraints>,
     /// Route to exactly this worker rank (it must be registered); it still gets a cost.
     pub pinned: Option<WorkerWithDpRank>,
+    /// Workers (all their ranks) not to choose while another eligible one exists: those
+    /// known down, or that already failed this request.
+    pub avoid: &'a [u64],
 }
 
 /// The outcome of a selection.
@@ -257,6 +260,18 @@ impl Scheduler {
                 if allowed.is_empty() {
                     return Err(Error::NoEligibleWorkers);
                 }
+                // Avoided workers only when nothing else is left: better a probe of a
+                // worker believed down than no answer at all.
+                let preferred: Vec<_> = allowed
+                    .iter()
+                    .copied()
+                    .filter(|(r, _)| !req.avoid.contains(&r.worker_id))
+                    .collect();
+                let allowed = if preferred.is_empty() {
+                    allowed
+                } else {
+                    preferred
+                };
                 let idle: Vec<_> = allowed
                     .iter()
                     .copied()

@@ -369,3 +369,22 @@ fn sampling_matches_softmax_distribution() {
         "chi2 {chi2}, counts {counts:?}, expected {expected:?}"
     );
 }
+
+#[test]
+fn avoided_workers_are_chosen_only_when_nothing_else_is_eligible() {
+    let s = scheduler(&[1, 2]);
+    let ov = overlaps(&[(2, 8)]);
+    let blocks = hashes(0..10);
+    let req = |avoid: &'static [u64]| SchedulingRequest {
+        isl_tokens: 160,
+        seq_hashes: &blocks,
+        overlaps: Some(&ov),
+        avoid,
+        ..Default::default()
+    };
+    // Worker 2 holds the prefix and wins unless avoided (down, or failed this request).
+    assert_eq!(s.select(&req(&[])).expect("ok").worker, w(2));
+    assert_eq!(s.select(&req(&[2])).expect("ok").worker, w(1));
+    // Every worker avoided: the best of them rather than no answer.
+    assert_eq!(s.select(&req(&[1, 2])).expect("ok").worker, w(2));
+}

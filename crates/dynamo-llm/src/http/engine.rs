@@ -12,6 +12,12 @@
 //! and `max_tokens` reduced ([`PreprocessedRequest::continued`]), so its caller sees one
 //! stream. `Cancelled` and any error after the client went away never migrate.
 //!
+//! Retries before output: an attempt that fails before the request produced anything
+//! (the worker could not be reached, dropped the connection, or was not accepting) is
+//! re-sent to another worker whatever the migration limit, up to [`MAX_UNSENT_RETRIES`]
+//! times: nothing was produced, so nothing can be duplicated. The failed worker is also
+//! marked down for every router of the runtime (see [`dynamo_runtime::router`]).
+//!
 //! Bookings: each attempt's booking lives in the [`WorkerStream`] and sees every worker
 //! item; it is dropped (releasing the load) when the stream ends, fails, migrates (before
 //! the next attempt books) or is dropped because the client went away.
@@ -28,6 +34,11 @@ use super::error::HttpError;
 use super::metrics::{Metrics, MigrationType};
 use crate::discovery::ModelEntry;
 use crate::preprocessor::{LLMEngineOutput, PreprocessedRequest};
+
+/// Retries of a request that failed before producing anything, on other workers, not
+/// counted as migrations. Bounds the cost of a burst of dead workers (each failed attempt
+/// costs a refused connection, or at worst the connect timeout).
+pub const MAX_UNSENT_RETRIES: u32 = 3;
 
 /// How the frontend picks a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -223,7 +234,17 @@ pub struct WorkerStream {
     /// The selector's cached-prefix estimate for the first attempt (the one whose prompt
     /// the response's usage reports).
     router_cached_tokens: Option<u32>,
+    /// Whether any item reached the caller (no free retry after that).
+    produced: bool,
+    /// Free retries used (see [`MAX_UNSENT_RETRIES`]).
+    unsent_retries: u32,
     done: bool,
+}
+
+/// Whether an attempt that failed with `e` before any output may be re-sent elsewhere.
+fn retryable_before_output(e: &dynamo_runtime::Error) -> bool {
+    e.is_migratable()
+        || matches!(e, dynamo_runtime::Error::Remote(w) if w.kind == ErrorKind::Unavailable)
 }
 
 impl WorkerStream {
@@ -253,6 +274,8 @@ impl WorkerStream {
             instance: None,
             failed: Vec::new(),
             router_cached_tokens: None,
+            produced: false,
+            unsent_retries: 0,
             done: false,
         };
         s.connect(MigrationType::NewRequest).await?;
@@ -301,6 +324,11 @@ impl WorkerStream {
                     self.stream = Some(s);
                     return Ok(());
                 }
+                Err(e) if self.may_retry_unsent(&e) => {
+                    self.attempt_failed();
+                    self.unsent_retries += 1;
+                    tracing::info!(model = %self.model.name, error = %e, "no worker output yet; retrying on another worker");
+                }
                 Err(e) if e.is_migratable() && self.may_migrate() => {
                     self.attempt_failed();
                     self.migrations_left -= 1;
@@ -339,6 +367,21 @@ impl WorkerStream {
         self.router_cached_tokens
     }
 
+    /// A failure before any output, with free retries left and a worker not tried yet.
+    /// Called before the failed attempt is recorded, so the current instance counts as
+    /// tried.
+    fn may_retry_unsent(&self, e: &dynamo_runtime::Error) -> bool {
+        if self.produced
+            || self.unsent_retries >= MAX_UNSENT_RETRIES
+            || self.context.is_stopped()
+            || !retryable_before_output(e)
+        {
+            return false;
+        }
+        let tried = |id: &u64| self.failed.contains(id) || self.instance == Some(*id);
+        self.model.client.instance_ids().iter().any(|id| !tried(id))
+    }
+
     /// The next worker item; `None` at the end.
     pub async fn next(&mut self) -> Option<Result<LLMEngineOutput, HttpError>> {
         loop {
@@ -355,6 +398,7 @@ impl WorkerStream {
                 Some(Ok(bytes)) => {
                     return Some(match decode_item::<LLMEngineOutput>(&bytes) {
                         Ok(Some(item)) => {
+                            self.produced = true;
                             if let Some(b) = self.booking.as_mut() {
                                 b.on_output(item.token_ids.len());
                             }
@@ -370,6 +414,17 @@ impl WorkerStream {
                     });
                 }
                 Some(Err(e)) => {
+                    if self.may_retry_unsent(&e) {
+                        // The worker accepted, then died before its first item.
+                        self.attempt_failed();
+                        self.unsent_retries += 1;
+                        tracing::info!(model = %self.model.name, error = %e, "stream broke before any output; retrying on another worker");
+                        if let Err(e) = self.connect(MigrationType::NewRequest).await {
+                            self.done = true;
+                            return Some(Err(e));
+                        }
+                        continue;
+                    }
                     if e.is_migratable() {
                         self.attempt_failed();
                     } else {

@@ -11,8 +11,9 @@
 //! ends, fails, migrates or is dropped (client disconnect).
 //!
 //! Errors: no instance → 503; every worker over the busy thresholds
-//! ([`LoadThresholds`]) → 529 ([`HttpError::overloaded`]). A migrated attempt avoids the
-//! workers the request already failed on.
+//! ([`LoadThresholds`]) → 529 ([`HttpError::overloaded`]). A migrated or retried attempt
+//! avoids the workers the request already failed on, and every attempt avoids the workers
+//! the runtime knows are down ([`dynamo_runtime::Client::down_instance_ids`]).
 //!
 //! Text (`ModelInput::Text`) requests go round-robin (no tokens to route by).
 
@@ -103,29 +104,6 @@ fn routing_error(model: &ModelEntry, e: &kv_routing::Error) -> HttpError {
     }
 }
 
-/// Pin `opts` to the least-loaded rank outside `avoid` when the router's own choice could
-/// be one of them (a migrated request must not go back to the worker that failed it; its
-/// cached prefix would otherwise draw it there).
-fn avoid_failed(router: &KvRouter, tokens: &[u32], avoid: &[u64], opts: &mut RouteOptions) {
-    if avoid.is_empty() {
-        return;
-    }
-    let Ok(loads) = router.potential_loads(tokens, &RouteOptions::default()) else {
-        return;
-    };
-    opts.pinned = loads
-        .iter()
-        .filter(|l| !avoid.contains(&l.worker.worker_id))
-        .min_by_key(|l| {
-            (
-                l.potential_prefill_tokens
-                    .saturating_add(l.potential_decode_blocks * u64::from(router.block_size())),
-                l.active_requests,
-            )
-        })
-        .map(|l| l.worker);
-}
-
 impl WorkerSelector for KvSelector {
     fn select(&self, model: &ModelEntry, _client: &Client, request: &RoutedRequest<'_>) -> Route {
         // Query only (no booking): callers that do not report completion.
@@ -135,10 +113,12 @@ impl WorkerSelector for KvSelector {
         let Some(router) = self.router(model) else {
             return Route::RoundRobin;
         };
+        let down = model.client.down_instance_ids();
         match router
             .core()
             .best_worker(&dynamo_kv_router::kv_router::RouteRequest {
                 tokens: &req.token_ids,
+                avoid: &down,
                 ..Default::default()
             }) {
             Ok(sel) => Route::Direct(sel.worker.worker_id),
@@ -171,11 +151,14 @@ impl WorkerSelector for KvSelector {
             let Some(router) = self.router(model) else {
                 return Ok(plain(Route::RoundRobin));
             };
-            let mut opts = RouteOptions {
+            // A migrated or retried attempt must not go back to a worker that failed it
+            // (its cached prefix would otherwise draw it there); workers known down are
+            // avoided by the router itself.
+            let opts = RouteOptions {
                 request_id: Some(attempt_id.to_owned()),
+                avoid: avoid.to_vec(),
                 ..Default::default()
             };
-            avoid_failed(&router, &req.token_ids, avoid, &mut opts);
             let (selection, booking) = router
                 .book(&req.token_ids, &opts)
                 .await

@@ -45,6 +45,9 @@ pub struct RouteOptions {
     pub block_mm_infos: Option<Vec<Option<BlockExtraInfo>>>,
     /// Route to exactly this rank.
     pub pinned: Option<WorkerWithDpRank>,
+    /// Workers not to choose while another is eligible (e.g. those a migrated request
+    /// already failed on). Instances the runtime knows are down are always avoided.
+    pub avoid: Vec<u64>,
     /// Record the decision in the approximate index.
     pub update_indexer: bool,
     /// Router-queue priority tier (higher first).
@@ -62,6 +65,7 @@ impl RouteOptions {
             overrides: self.overrides.as_ref(),
             constraints: self.constraints.as_ref(),
             pinned: self.pinned,
+            avoid: &self.avoid,
             update_indexer: self.update_indexer,
         }
     }
@@ -331,6 +335,14 @@ impl KvRouter {
         {
             self.wait_in_queue(tokens, opts).await?;
         }
+        // A worker any client of this runtime saw fail is avoided at once, before
+        // discovery drops it: routing to it would only fail (or cost a retry).
+        let down = self.client.down_instance_ids();
+        if down.is_empty() {
+            return Ok(self.shared.core.best_worker(&opts.request(tokens))?);
+        }
+        let mut opts = opts.clone();
+        opts.avoid.extend(down);
         Ok(self.shared.core.best_worker(&opts.request(tokens))?)
     }
 

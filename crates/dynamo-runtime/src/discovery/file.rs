@@ -1,8 +1,9 @@
 //! A key-value store in a directory, shared by the processes of one machine.
 //!
 //! * Each key is one file in the root directory (`DYN_FILE_KV`, default
-//!   `$TMPDIR/dynamo_store_kv`); its name is the key percent-encoded (only `[A-Za-z0-9_-]`
-//!   stay raw), its content the value.
+//!   `$XDG_RUNTIME_DIR/dynamo_store_kv`, else `$TMPDIR/dynamo_store_kv-<uid>`, created mode
+//!   0700 and refused when another user owns it or others may write to it); its name is the
+//!   key percent-encoded (only `[A-Za-z0-9_-]` stay raw), its content the value.
 //! * Writes go to a `.tmp-*` file first and are published by rename, so readers never see
 //!   a partial value; names starting with `.` are ignored.
 //! * Leases: the owning process touches its files' mtime every TTL/3. Any process deletes
@@ -10,10 +11,18 @@
 //!   cleans up after processes that died. Owned files are deleted on shutdown.
 //! * Watching: a background thread rescans the directory every [`POLL_INTERVAL`] and bumps
 //!   the change counter when the live set differs from the previous scan.
+//!
+//! The directory is not trusted: only regular files are read, opened with `O_NOFOLLOW |
+//! O_NONBLOCK` (a symlink, FIFO or device never blocks or feeds a reader), up to
+//! [`MAX_ENTRY_BYTES`] each (larger entries are skipped with a warning); reads run off the
+//! async worker threads; and a scan that fails (`read_dir` error, or an entry that cannot
+//! be opened for a reason other than having gone) keeps the last known state instead of
+//! reporting every key gone.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -32,11 +41,18 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// Default lease TTL, matching the reference (and etcd's default lease).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
+/// Largest entry read, in bytes. Discovery values are instance records and model cards
+/// (a few KiB); etcd refuses values over 1.5 MiB by default, so anything that works with
+/// etcd fits with room to spare, while a huge or endless file cannot exhaust memory.
+pub const MAX_ENTRY_BYTES: u64 = 8 << 20;
+
 struct State {
     root: PathBuf,
     ttl: Duration,
     owned: Mutex<BTreeMap<String, String>>,
     last_scan: Mutex<BTreeMap<String, String>>,
+    /// Names already reported as unreadable (warn once per name, not every poll).
+    warned: Mutex<BTreeSet<String>>,
     version: watch::Sender<u64>,
     stop: AtomicBool,
     /// Serializes lease refreshes with puts and deletes, so a refresh never resurrects a
@@ -54,12 +70,21 @@ impl FileStore {
     /// lease/watch thread.
     pub fn open(root: impl Into<PathBuf>, ttl: Duration) -> Result<Self> {
         let root = root.into();
-        fs::create_dir_all(&root)?;
+        // New directories are private; an existing one is used as it is (an explicit
+        // `DYN_FILE_KV` is the operator's choice), except the default, checked below.
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)?;
+        if root == private_default_root() {
+            check_private(&root)?;
+        }
         let state = Arc::new(State {
             root,
             ttl,
             owned: Mutex::new(BTreeMap::new()),
             last_scan: Mutex::new(BTreeMap::new()),
+            warned: Mutex::new(BTreeSet::new()),
             version: watch::channel(0).0,
             stop: AtomicBool::new(false),
             io: Mutex::new(()),
@@ -71,11 +96,14 @@ impl FileStore {
         Ok(Self { state })
     }
 
-    /// The default root: `$DYN_FILE_KV`, else `$TMPDIR/dynamo_store_kv`.
+    /// The default root: `$DYN_FILE_KV`, else a directory private to the user:
+    /// `$XDG_RUNTIME_DIR/dynamo_store_kv` when that is set, else
+    /// `$TMPDIR/dynamo_store_kv-<uid>` (a shared, world-writable `/tmp/dynamo_store_kv`
+    /// would let any local user plant or read discovery entries).
     pub fn default_root() -> PathBuf {
         match std::env::var_os("DYN_FILE_KV") {
             Some(p) if !p.is_empty() => PathBuf::from(p),
-            _ => std::env::temp_dir().join("dynamo_store_kv"),
+            _ => private_default_root(),
         }
     }
 
@@ -94,6 +122,92 @@ impl Drop for FileStore {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::Release);
     }
+}
+
+/// The per-user default directory (see [`FileStore::default_root`]).
+pub(crate) fn private_default_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
+        && dir.is_absolute()
+        && dir.is_dir()
+    {
+        return dir.join("dynamo_store_kv");
+    }
+    // The owner of `/proc/self` is this process's effective uid (no `unsafe` getuid).
+    let uid =
+        fs::metadata("/proc/self").map_or_else(|_| "user".to_owned(), |m| m.uid().to_string());
+    std::env::temp_dir().join(format!("dynamo_store_kv-{uid}"))
+}
+
+/// Refuse a default directory that someone else owns, or that others may write to (it
+/// may have been created in advance by another user of a shared `/tmp`).
+fn check_private(root: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(root)?;
+    let me = fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    let refuse = |why: &str| {
+        Err(Error::Discovery(format!(
+            "file discovery directory {} {why}; set DYN_FILE_KV to a private directory",
+            root.display()
+        )))
+    };
+    if !meta.is_dir() {
+        return refuse("is not a directory");
+    }
+    if me.is_some_and(|uid| uid != meta.uid()) {
+        return refuse("belongs to another user");
+    }
+    if meta.permissions().mode() & 0o022 != 0 {
+        return refuse("is writable by other users");
+    }
+    Ok(())
+}
+
+/// Why an entry was not read.
+enum Skip {
+    /// It is gone (deleted or renamed while scanning): not an error.
+    Gone,
+    /// It is not something the store wrote (not a regular file, too big, not UTF-8).
+    Rejected(String),
+    /// It could not be read now (e.g. out of file descriptors): keep its last value.
+    Failed(std::io::Error),
+}
+
+/// Read one entry, trusting nothing about it: no symlink is followed, nothing blocks (a
+/// FIFO opens without a writer and is then rejected), only a regular file of at most
+/// [`MAX_ENTRY_BYTES`] is read.
+fn read_entry(path: &Path) -> std::result::Result<String, Skip> {
+    let file = fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            ErrorKind::NotFound => Skip::Gone,
+            // ELOOP: the name is a symlink (O_NOFOLLOW); ENXIO: a FIFO/socket with no peer.
+            _ if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) => {
+                Skip::Rejected(format!("not a regular file ({e})"))
+            }
+            _ => Skip::Failed(e),
+        })?;
+    let meta = file.metadata().map_err(Skip::Failed)?;
+    if !meta.file_type().is_file() {
+        return Err(Skip::Rejected("not a regular file".to_owned()));
+    }
+    if meta.len() > MAX_ENTRY_BYTES {
+        return Err(Skip::Rejected(format!(
+            "{} bytes, over the {MAX_ENTRY_BYTES}-byte limit",
+            meta.len()
+        )));
+    }
+    let mut buf = Vec::with_capacity(meta.len() as usize);
+    // `take` bounds the read even if the file grows after the size check.
+    file.take(MAX_ENTRY_BYTES + 1)
+        .read_to_end(&mut buf)
+        .map_err(Skip::Failed)?;
+    if buf.len() as u64 > MAX_ENTRY_BYTES {
+        return Err(Skip::Rejected(
+            "grew over the size limit while read".to_owned(),
+        ));
+    }
+    String::from_utf8(buf).map_err(|_| Skip::Rejected("not UTF-8".to_owned()))
 }
 
 /// Percent-encode a key into a file name.
@@ -151,9 +265,16 @@ impl State {
 
     /// Scan, and bump the change counter when the live set differs from the previous scan
     /// (by this thread or by a watcher's `list`): every scan updates the baseline, so a
-    /// change seen first by a `list` is not missed by the next poll.
+    /// change seen first by a `list` is not missed by the next poll. A scan that fails
+    /// leaves the last known state in place (and answers it).
     fn scan_and_publish(&self) -> BTreeMap<String, String> {
-        let live = self.scan();
+        let live = match self.scan() {
+            Ok(live) => live,
+            Err(e) => {
+                tracing::warn!(root = %self.root.display(), error = %e, "file store: cannot scan the directory; keeping the last known entries");
+                return lock(&self.last_scan).clone();
+            }
+        };
         let changed = {
             let mut last = lock(&self.last_scan);
             if *last == live {
@@ -180,10 +301,26 @@ impl State {
         let now = SystemTime::now();
         for (key, value) in owned {
             let path = self.root.join(encode(&key));
+            // Not following a symlink nor blocking on a FIFO someone put in its place; a
+            // non-regular file is replaced by a rewrite.
             let touched = fs::File::options()
                 .write(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
                 .open(&path)
-                .and_then(|f| f.set_modified(now));
+                .and_then(|f| {
+                    if f.metadata()?.file_type().is_file() {
+                        f.set_modified(now)
+                    } else {
+                        Err(std::io::Error::from(ErrorKind::NotFound))
+                    }
+                })
+                .map_err(|e| {
+                    if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENXIO)) {
+                        std::io::Error::from(ErrorKind::NotFound)
+                    } else {
+                        e
+                    }
+                });
             if let Err(e) = touched {
                 if e.kind() == ErrorKind::NotFound {
                     if let Err(e) = write_atomic(&self.root, &key, &value) {
@@ -196,15 +333,17 @@ impl State {
         }
     }
 
-    /// The live entries; deletes expired ones that this process does not own.
-    fn scan(&self) -> BTreeMap<String, String> {
+    /// The live entries; deletes expired ones that this process does not own. An entry
+    /// that cannot be read for now keeps its last known value; the whole scan fails when
+    /// the directory cannot be listed.
+    fn scan(&self) -> std::io::Result<BTreeMap<String, String>> {
         let mut out = BTreeMap::new();
-        let Ok(dir) = fs::read_dir(&self.root) else {
-            return out;
-        };
+        let dir = fs::read_dir(&self.root)?;
         let owned = lock(&self.owned).clone();
+        let last = lock(&self.last_scan).clone();
         let now = SystemTime::now();
-        for entry in dir.flatten() {
+        for entry in dir {
+            let entry = entry?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
             if name.starts_with('.') {
@@ -213,6 +352,7 @@ impl State {
             let Some(key) = decode(name) else { continue };
             let path = entry.path();
             if !owned.contains_key(&key) {
+                // `DirEntry::metadata` is an lstat: a symlink's own age, never its target's.
                 let age = entry
                     .metadata()
                     .and_then(|m| m.modified())
@@ -223,11 +363,25 @@ impl State {
                     continue;
                 }
             }
-            if let Ok(value) = fs::read_to_string(&path) {
-                out.insert(key, value);
+            match read_entry(&path) {
+                Ok(value) => {
+                    out.insert(key, value);
+                }
+                Err(Skip::Gone) => {}
+                Err(Skip::Rejected(why)) => {
+                    if lock(&self.warned).insert(name.to_owned()) {
+                        tracing::warn!(entry = %path.display(), reason = %why, "file store: ignoring entry");
+                    }
+                }
+                Err(Skip::Failed(e)) => {
+                    if let Some(v) = last.get(&key) {
+                        out.insert(key, v.clone());
+                    }
+                    tracing::warn!(entry = %path.display(), error = %e, "file store: cannot read entry; keeping its last value");
+                }
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -254,13 +408,24 @@ impl KvStore for FileStore {
     }
 
     fn list(&self, prefix: &str) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
-        let out = self
-            .state
-            .scan_and_publish()
-            .into_iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .collect();
-        Box::pin(async move { Ok(out) })
+        // Directory I/O runs on the blocking pool: whatever the directory holds, it never
+        // stalls the async worker threads.
+        let state = Arc::clone(&self.state);
+        let prefix = prefix.to_owned();
+        Box::pin(async move {
+            let all = match tokio::runtime::Handle::try_current() {
+                Ok(handle) => handle
+                    .spawn_blocking(move || state.scan_and_publish())
+                    .await
+                    .map_err(|e| Error::Discovery(format!("file store scan failed: {e}")))?,
+                // Polled outside tokio (no async worker threads to protect): scan here.
+                Err(_) => state.scan_and_publish(),
+            };
+            Ok(all
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(&prefix))
+                .collect())
+        })
     }
 
     fn changes(&self) -> watch::Receiver<u64> {
@@ -311,5 +476,77 @@ mod tests {
         b.put("v1/y", "two").await.unwrap();
         b.shutdown().await;
         assert!(fs::read_dir(dir.path()).unwrap().next().is_none());
+    }
+
+    /// A FIFO, a symlink to `/dev/zero`, a 3 GiB sparse file and a symlink to a real
+    /// value are all ignored, promptly: the scan neither blocks (FIFO) nor reads them
+    /// whole (the process would run out of memory), and the good entry stays visible.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn hostile_entries_are_skipped_without_blocking_or_reading_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path(), Duration::from_secs(60)).unwrap();
+        store.put("v1/good", "ok").await.unwrap();
+        let fifo = dir.path().join(encode("v1/fifo"));
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::os::unix::fs::symlink("/dev/zero", dir.path().join(encode("v1/zero"))).unwrap();
+        let big = fs::File::create(dir.path().join(encode("v1/big"))).unwrap();
+        big.set_len(3 << 30).unwrap();
+        let real = dir.path().join("real-value");
+        fs::write(&real, "secret").unwrap();
+        std::os::unix::fs::symlink(&real, dir.path().join(encode("v1/link"))).unwrap();
+        let started = std::time::Instant::now();
+        let listed = tokio::time::timeout(Duration::from_secs(5), store.list("v1/"))
+            .await
+            .expect("list must not hang on a FIFO")
+            .unwrap();
+        assert_eq!(listed, vec![("v1/good".to_owned(), "ok".to_owned())]);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // The background poller keeps running over them too.
+        tokio::time::sleep(POLL_INTERVAL * 3).await;
+        assert_eq!(store.list("v1/").await.unwrap().len(), 1);
+        store.shutdown().await;
+    }
+
+    /// A scan that fails (here: the directory cannot be listed) keeps the last known
+    /// entries instead of reporting every key gone.
+    #[tokio::test]
+    async fn failed_scan_keeps_the_last_known_state() {
+        let parent = tempfile::tempdir().unwrap();
+        let root = parent.path().join("kv");
+        let store = FileStore::open(&root, Duration::from_secs(60)).unwrap();
+        store.put("v1/a", "one").await.unwrap();
+        let before = store.list("v1/").await.unwrap();
+        assert_eq!(before.len(), 1);
+        let moved = parent.path().join("moved");
+        fs::rename(&root, &moved).unwrap();
+        // The directory is gone: `read_dir` fails, the last state stands.
+        assert_eq!(store.list("v1/").await.unwrap(), before);
+        // Per-entry read failures other than "gone" keep that entry's last value too.
+        let state = &store.state;
+        assert!(matches!(read_entry(&moved.join("absent")), Err(Skip::Gone)));
+        fs::rename(&moved, &root).unwrap();
+        assert_eq!(state.scan().unwrap(), before.into_iter().collect());
+        store.shutdown().await;
+    }
+
+    #[test]
+    fn default_directory_must_be_private() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        assert!(check_private(dir.path()).is_ok());
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o1777)).unwrap();
+        let err = check_private(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("writable by other users"), "{err}");
+        let file = dir.path().join("f");
+        fs::write(&file, "").unwrap();
+        assert!(check_private(&file).is_err());
+        let root = private_default_root();
+        let name = root.file_name().unwrap().to_str().unwrap();
+        assert!(name.starts_with("dynamo_store_kv"), "{name}");
+        assert_ne!(root, std::env::temp_dir().join("dynamo_store_kv"));
     }
 }

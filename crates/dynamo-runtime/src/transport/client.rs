@@ -38,6 +38,10 @@ pub enum Event {
     Error(WireError),
     /// The connection was lost.
     Disconnected(String),
+    /// NATS request plane: the server found no subscriber for a message published to the
+    /// worker's subject (the worker is gone, or has not re-subscribed after a broker
+    /// restart). Ends a stream not yet acknowledged; ignored by one already accepted.
+    NoResponders,
 }
 
 /// One multiplexed connection to a worker.
@@ -62,7 +66,9 @@ impl Connection {
         client: async_nats::Client,
         subject: &str,
         max_message: usize,
+        mut losses: tokio::sync::watch::Receiver<u64>,
     ) -> Result<Arc<Self>> {
+        losses.mark_unchanged();
         let inbox = client.new_inbox();
         let mut sub = client
             .subscribe(inbox.clone())
@@ -95,8 +101,31 @@ impl Connection {
         tokio::spawn(async move {
             use futures_util::StreamExt;
             let reason = loop {
-                match tokio::time::timeout(super::nats::LIVENESS_TIMEOUT, sub.next()).await {
+                let next = tokio::select! {
+                    n = tokio::time::timeout(super::nats::LIVENESS_TIMEOUT, sub.next()) => n,
+                    r = losses.changed() => {
+                        if r.is_err() {
+                            break "the NATS client closed".to_owned();
+                        }
+                        // Frames in flight may have died with the broker and carry no
+                        // sequence numbers to resume from: end every stream now (a
+                        // migratable error) rather than risk a silent gap. The workers
+                        // are told to stop once the connection is back.
+                        let open: Vec<u64> = lock(&reader_conn.streams).keys().copied().collect();
+                        for id in open {
+                            reader_conn.control(id, frame::STOP);
+                        }
+                        break "the NATS connection was lost (broker restart or network failure), \
+                               so frames may have been lost"
+                            .to_owned();
+                    }
+                };
+                match next {
                     Ok(Some(msg)) => {
+                        if msg.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+                            reader_conn.no_responders();
+                            continue;
+                        }
                         for f in super::nats::split_frames(msg.payload) {
                             reader_conn.deliver(f);
                         }
@@ -185,6 +214,13 @@ impl Connection {
         }
         if terminal {
             streams.remove(&f.stream);
+        }
+    }
+
+    /// Tell every stream that a message to the worker found no subscriber.
+    fn no_responders(&self) {
+        for tx in lock(&self.streams).values() {
+            let _ = tx.send(Event::NoResponders);
         }
     }
 
@@ -305,13 +341,14 @@ impl ConnectionPool {
         &self,
         client: async_nats::Client,
         subject: &str,
+        losses: tokio::sync::watch::Receiver<u64>,
     ) -> Result<Arc<Connection>> {
         let key = format!("nats:{subject}");
         let mut conns = self.conns.lock().await;
         if let Some(c) = conns.get(&key).filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(c));
         }
-        let c = Connection::connect_nats(client, subject, self.max_message).await?;
+        let c = Connection::connect_nats(client, subject, self.max_message, losses).await?;
         conns.insert(key, Arc::clone(&c));
         Ok(c)
     }
@@ -381,6 +418,19 @@ impl ResponseStream {
             Ok(Some(Event::Disconnected(m))) => {
                 s.finished = true;
                 return Err(Error::Disconnected(m));
+            }
+            Ok(Some(Event::NoResponders)) => {
+                // Not delivered (or, if another message of this connection was the one
+                // refused, delivered but abandoned now: stopped, so it is not run twice).
+                s.conn.control(s.stream, frame::STOP);
+                lock(&s.conn.streams).remove(&s.stream);
+                s.finished = true;
+                return Err(Error::CannotConnect {
+                    address: s.conn.address.clone(),
+                    reason: "no worker is subscribed to this subject (NATS no responders): \
+                             the worker is gone or re-subscribing after a broker restart"
+                        .to_owned(),
+                });
             }
             Ok(Some(other)) => {
                 s.finished = true;
@@ -465,7 +515,7 @@ impl ResponseStream {
                 }
                 Some(Ok(b))
             }
-            Some(Event::Ack) => None,
+            Some(Event::Ack | Event::NoResponders) => None,
             Some(Event::End) | None => {
                 self.finish();
                 None
@@ -511,7 +561,7 @@ impl ResponseStream {
                 Err(mpsc::error::TryRecvError::Empty) => return Err(()),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
             };
-            let is_ack = matches!(event, Some(Event::Ack));
+            let is_ack = matches!(event, Some(Event::Ack | Event::NoResponders));
             let out = self.on_event(event);
             if out.is_some() || !is_ack {
                 return Ok(out);
@@ -527,7 +577,7 @@ impl ResponseStream {
                 return None;
             }
             let event = self.rx.recv().await;
-            let is_ack = matches!(event, Some(Event::Ack));
+            let is_ack = matches!(event, Some(Event::Ack | Event::NoResponders));
             let out = self.on_event(event);
             if out.is_some() || !is_ack {
                 return out;

@@ -91,11 +91,24 @@ impl Handler for Worker {
     }
 }
 
-fn runtime() -> DistributedRuntime {
+/// A runtime on the TCP request plane, or on NATS at `nats_port`.
+fn runtime_on(nats_port: Option<u16>) -> DistributedRuntime {
+    let Some(port) = nats_port else {
+        return DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .unwrap();
+    };
     DistributedRuntime::new(
         DiscoveryBackend::Mem,
-        RequestPlane::Tcp,
-        RuntimeConfig::default(),
+        RequestPlane::Nats,
+        RuntimeConfig {
+            nats_server: format!("nats://127.0.0.1:{port}"),
+            nats_server_set: true,
+            ..RuntimeConfig::default()
+        },
     )
     .unwrap()
 }
@@ -132,13 +145,22 @@ impl Cluster {
         config: KvRouterConfig,
         thresholds: LoadThresholds,
     ) -> Self {
+        Self::build(behaviours, config, thresholds, None).await
+    }
+
+    async fn build(
+        behaviours: &[Behaviour],
+        config: KvRouterConfig,
+        thresholds: LoadThresholds,
+        nats_port: Option<u16>,
+    ) -> Self {
         let ns = format!("kvsel{}", fastrand::u32(..));
         let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
         let release = CancellationToken::new();
         let mut workers = Vec::new();
         let mut started = Vec::new();
         for &behaviour in behaviours {
-            let w = runtime();
+            let w = runtime_on(nats_port);
             let count = Arc::new(AtomicUsize::new(0));
             let handler = Arc::new(Worker {
                 behaviour,
@@ -163,7 +185,7 @@ impl Cluster {
                 .unwrap()
             })
             .collect();
-        let frontend = runtime();
+        let frontend = runtime_on(nats_port);
         let mut card = RegisterModelArgs {
             model_input: ModelInput::Tokens,
             model_type: ModelType::CHAT,
@@ -396,7 +418,17 @@ fn migration_frees_the_old_booking_and_books_the_new_worker() {
         assert!(stream.next().await.is_none());
         assert_eq!(c.booked(), (0, 0, 0));
 
-        // Without migrations left the shutdown ends the stream with an error.
+        c.shutdown();
+
+        // Without migrations left the shutdown ends the stream with an error. (A fresh
+        // cluster: the first one's frontend now knows worker 0 is shutting down and
+        // routes around it.)
+        let c = Cluster::start(
+            &[Behaviour::TokenThenShutdown, Behaviour::TokenThenHold],
+            LoadThresholds::default(),
+        )
+        .await;
+        c.cache(0, &prompt).await;
         let mut stream = c.open(&prompt, 0).await.unwrap();
         assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
         assert!(stream.next().await.unwrap().is_err());
@@ -474,5 +506,159 @@ fn output_blocks_are_booked_as_tokens_stream_and_freed_on_disconnect() {
         drop(stream);
         assert_eq!(c.booked(), (0, 0, 0));
         c.shutdown();
+    });
+}
+
+/// A worker killed with SIGKILL stays in discovery until its lease expires; its address
+/// refuses or drops every connection. The first request routed there fails before any
+/// output and is retried on the live worker although the migration limit is 0; the dead
+/// worker is marked down for the runtime at once, so the KV router never picks it again
+/// (even though it is the idle one), until discovery changes its entry.
+#[test]
+fn a_dead_worker_is_avoided_at_once_and_unsent_requests_retry_elsewhere() {
+    use dynamo_runtime::discovery::{Instance, TransportAddress};
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let c = Cluster::start(&[Behaviour::TokenThenHold], LoadThresholds::default()).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepts = Arc::new(AtomicUsize::new(0));
+        tokio::spawn({
+            let accepts = Arc::clone(&accepts);
+            async move {
+                while let Ok((sock, _)) = listener.accept().await {
+                    accepts.fetch_add(1, Ordering::SeqCst);
+                    drop(sock);
+                }
+            }
+        });
+        let ep = c.model.endpoint.clone();
+        let dead = |port: u16| Instance {
+            namespace: ep.namespace.clone(),
+            component: ep.component.clone(),
+            endpoint: ep.name.clone(),
+            instance_id: 4242,
+            transport: TransportAddress::Tcp(format!("127.0.0.1:{port}/{}", ep.path())),
+            device_type: None,
+            request_plane_codec: None,
+        };
+        c.frontend
+            .discovery()
+            .register(&dead(addr.port()))
+            .await
+            .unwrap();
+        until("dead worker known", || c.router.core().workers().len() == 2).await;
+        // Held streams keep load on the live worker, so the idle dead one is the router's
+        // choice whenever it is not known down.
+        let prompt = long_prompt();
+        let mut streams = Vec::new();
+        for i in 0..20 {
+            let mut s = c
+                .open(&prompt, 0)
+                .await
+                .unwrap_or_else(|status| panic!("request {i} failed with {status}"));
+            assert_eq!(s.next().await.unwrap().unwrap().token_ids, vec![7]);
+            streams.push(s);
+        }
+        assert_eq!(
+            accepts.load(Ordering::SeqCst),
+            1,
+            "the dead worker was tried once"
+        );
+        assert_eq!(c.model.client.down_instance_ids(), vec![4242]);
+        assert_eq!(c.started(), vec![20]);
+        assert!(
+            !c.metrics
+                .render()
+                .contains("migration_type=\"new_request\"} 1")
+        );
+        // Discovery re-registers it with a changed entry: routable again at once.
+        c.frontend
+            .discovery()
+            .unregister(&dead(addr.port()))
+            .await
+            .unwrap();
+        c.frontend.discovery().register(&dead(1)).await.unwrap();
+        until("changed entry is up", || {
+            c.model.client.instances().iter().any(|i| i == &dead(1))
+                && c.model.client.down_instance_ids().is_empty()
+        })
+        .await;
+        c.release.cancel();
+        drop(streams);
+        c.shutdown();
+    });
+}
+
+/// A nats-server process, killed when dropped (also when a test panics).
+struct NatsServer(std::process::Child);
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A nats-server on `port` (loopback), ready to accept connections.
+fn nats_server(port: u16) -> NatsServer {
+    let child = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server is installed (scripts/test.sh)");
+    let server = NatsServer(child);
+    for _ in 0..500 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return server;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("nats-server did not start");
+}
+
+/// On the NATS request plane a broker restart cuts the in-flight stream (its frames may
+/// have died with the broker); with a migration left, the frontend's stream continues on
+/// a worker from the tokens received so far, and the client sees one stream.
+#[test]
+fn a_nats_broker_restart_mid_stream_is_migrated() {
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let nats = nats_server(port);
+        let c = Cluster::build(
+            &[Behaviour::TokenThenHold, Behaviour::TokenThenHold],
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+            Some(port),
+        )
+        .await;
+        let prompt = long_prompt();
+        let mut stream = c.open(&prompt, 1).await.unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
+        drop(nats);
+        let nats = nats_server(port);
+        // The cut stream migrates; the new attempt's worker sends its first token at once.
+        let item = tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("migrated in time")
+            .unwrap()
+            .expect("no error reaches the client");
+        assert_eq!(item.token_ids, vec![7]);
+        assert!(
+            c.metrics
+                .render()
+                .contains(r#"migration_type="ongoing_request"} 1"#)
+        );
+        c.release.cancel();
+        assert_eq!(stream.next().await.unwrap().unwrap().token_ids, vec![7]);
+        assert!(stream.next().await.is_none());
+        drop(stream);
+        c.shutdown();
+        drop(nats);
     });
 }
