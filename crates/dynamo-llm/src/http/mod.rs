@@ -2,7 +2,8 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
+//! `GET /health`, `GET /live`, `GET /metrics`, `GET /openapi.json` (see [`openapi`]: one table
+//! registers every route and generates the document). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
 //! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
 //!
@@ -25,6 +26,7 @@ pub mod error;
 pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
+mod openapi;
 pub mod static_engine;
 
 use std::net::SocketAddr;
@@ -32,7 +34,6 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
 use dynamo_runtime::{DistributedRuntime, Route};
 use tokio::sync::watch;
 
@@ -213,16 +214,8 @@ impl HttpService {
             statics: self.statics.clone(),
             pre_commit: PreCommit::from_env(self.config.wait_for_first_item),
         });
-        Router::new()
-            .route(
-                "/v1/chat/completions",
-                post(openai_routes::chat_completions),
-            )
-            .route("/v1/completions", post(openai_routes::completions))
-            .route("/v1/models", get(openai_routes::list_models))
-            .route("/health", get(openai_routes::health))
-            .route("/live", get(openai_routes::live))
-            .route("/metrics", get(openai_routes::metrics))
+        // Every route comes from the one table that also writes `/openapi.json`.
+        openapi::register(Router::new(), openapi::routes())
             .fallback(openai_routes::not_found)
             .layer(DefaultBodyLimit::max(self.config.body_limit))
             .with_state(shared)
