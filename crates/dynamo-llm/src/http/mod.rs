@@ -2,7 +2,8 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`, `GET /openapi.json` (see [`openapi`]: one table
+//! `GET /health`, `GET /live`, `GET /metrics`, `GET /v1/realtime` (WebSocket, see [`realtime`]),
+//! `GET /openapi.json` (see [`openapi`]: one table
 //! registers every route and generates the document). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
 //! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
@@ -27,6 +28,7 @@ pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
 mod openapi;
+mod realtime;
 pub mod static_engine;
 
 use std::net::SocketAddr;

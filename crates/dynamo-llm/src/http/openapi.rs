@@ -22,6 +22,7 @@ use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::openai_routes;
+use super::realtime;
 use crate::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// What a route returns on success (its OpenAPI `200` content types).
@@ -33,6 +34,8 @@ pub(super) enum Produces {
     JsonOrEventStream,
     /// Plain text (Prometheus exposition).
     Text,
+    /// A WebSocket upgrade (`101 Switching Protocols`).
+    WebSocket,
 }
 
 /// One route of the frontend: how it is served and how it is documented.
@@ -121,7 +124,7 @@ impl ApiRoute {
 /// `mod.rs`: the test `every_route_is_documented_and_every_documented_route_answers` fails
 /// for routes registered outside this table.
 pub(super) fn routes() -> Vec<ApiRoute> {
-    use Produces::{Json, JsonOrEventStream, Text};
+    use Produces::{Json, JsonOrEventStream, Text, WebSocket};
     vec![
         ApiRoute::post(
             "/v1/chat/completions",
@@ -155,6 +158,12 @@ pub(super) fn routes() -> Vec<ApiRoute> {
             "Prometheus metrics",
             Text,
             openai_routes::metrics,
+        ),
+        ApiRoute::get(
+            "/v1/realtime",
+            "OpenAI Realtime text events over a WebSocket (`?model=`)",
+            WebSocket,
+            realtime::realtime,
         ),
         ApiRoute::get("/openapi.json", "This document", Json, openapi_json),
     ]
@@ -220,6 +229,9 @@ pub(super) fn document(table: &[ApiRoute]) -> Value {
                 "description": "OK: one JSON response, or server-sent events when `stream` is true",
                 "content": {"application/json": {}, "text/event-stream": {}}}}),
             Produces::Text => json!({"200": {"description": "OK", "content": {"text/plain": {}}}}),
+            Produces::WebSocket => {
+                json!({"101": {"description": "Switching Protocols (WebSocket)"}})
+            }
         };
         let mut responses = ok;
         if let Some(map) = responses.as_object_mut() {
