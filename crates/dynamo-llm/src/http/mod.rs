@@ -2,7 +2,9 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
+//! `GET /health`, `GET /live`, `GET /metrics`, `GET /v1/realtime` (WebSocket, see
+//! [`realtime`]), `GET /openapi.json` (see [`openapi`]: one table registers every route and
+//! generates the document). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
 //! (unknown model: code `model_not_found`; unknown route: code `not_found`), 408 (body not
 //! received within the body-read timeout), 413 (body over the limit), 415 (a POST body that
@@ -34,6 +36,8 @@ pub mod error;
 pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
+mod openapi;
+mod realtime;
 mod request_body;
 mod serve;
 pub mod static_engine;
@@ -44,7 +48,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
 use dynamo_runtime::{DistributedRuntime, Route};
 use tokio::sync::watch;
 
@@ -275,16 +278,8 @@ impl HttpService {
             body_limit: self.config.body_limit,
             body_read_timeout: self.config.body_read_timeout,
         });
-        Router::new()
-            .route(
-                "/v1/chat/completions",
-                post(openai_routes::chat_completions),
-            )
-            .route("/v1/completions", post(openai_routes::completions))
-            .route("/v1/models", get(openai_routes::list_models))
-            .route("/health", get(openai_routes::health))
-            .route("/live", get(openai_routes::live))
-            .route("/metrics", get(openai_routes::metrics))
+        // Every route comes from the one table that also writes `/openapi.json`.
+        openapi::register(Router::new(), openapi::routes())
             .fallback(openai_routes::not_found)
             .layer(DefaultBodyLimit::max(self.config.body_limit))
             .with_state(shared)

@@ -108,6 +108,11 @@ pub(super) async fn completions(
     handle(shared, body, Surface::Completions).await
 }
 
+/// A chat request whose JSON body is already in memory (the realtime session's responses).
+pub(super) async fn chat_completions_bytes(shared: Arc<Shared>, body: Bytes) -> Response {
+    handle(shared, Ok(body), Surface::Chat).await
+}
+
 /// Peek `model` and `stream` from a body that parsed as JSON.
 fn peek(body: &[u8]) -> (String, bool) {
     #[derive(serde::Deserialize)]
