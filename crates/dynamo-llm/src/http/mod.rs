@@ -2,7 +2,9 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
+//! `GET /v1/models/{*model_id}` (a model, or `…/ready`: [`models`]), `GET|POST
+//! /busy_threshold` ([`busy`]), `GET /health`, `GET /live`, `GET /metrics`, plus the
+//! embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
 //! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
 //!
@@ -20,10 +22,13 @@
 //! Cancellation: the response body owns the worker stream, so a client that disconnects
 //! drops it, which sends a stop to the worker.
 
+pub mod busy;
 pub mod engine;
 pub mod error;
+pub mod extensions;
 pub mod kv_selector;
 pub mod metrics;
+pub mod models;
 mod openai_routes;
 pub mod static_engine;
 
@@ -110,7 +115,38 @@ pub(crate) struct Shared {
     /// The runtime whose discovery `/health` reports (absent for a router built without
     /// [`HttpService::run`]).
     pub(crate) runtime: Option<DistributedRuntime>,
+    /// Per-model busy thresholds (`/busy_threshold`).
+    pub(crate) busy: Arc<busy::BusyThresholds>,
 }
+
+impl Shared {
+    pub(crate) fn view(&self) -> models::ModelView {
+        models::ModelView {
+            models: self.models.clone(),
+            statics: self.statics.clone(),
+        }
+    }
+}
+
+/// `value` as a JSON response with `status`.
+pub(crate) fn json_status(
+    status: axum::http::StatusCode,
+    value: &impl serde::Serialize,
+) -> axum::response::Response {
+    let mut response = openai_routes::json_response(value);
+    *response.status_mut() = status;
+    response
+}
+
+/// The built-in `GET` paths (extension routes may not take them).
+pub const BUILTIN_GET_PATHS: &[&str] = &[
+    "/v1/models",
+    "/v1/models/{*model_id}",
+    "/busy_threshold",
+    "/health",
+    "/live",
+    "/metrics",
+];
 
 /// The HTTP service.
 pub struct HttpService {
@@ -121,20 +157,49 @@ pub struct HttpService {
     selector: std::sync::Mutex<Option<Arc<dyn WorkerSelector>>>,
     stop: watch::Sender<bool>,
     bound: watch::Sender<Option<SocketAddr>>,
+    busy: Arc<busy::BusyThresholds>,
+    extensions: std::sync::Mutex<Vec<extensions::ExtensionRoute>>,
 }
 
 impl HttpService {
     /// A service with `config` (nothing runs until [`Self::run`]).
     pub fn new(config: FrontendConfig) -> Arc<Self> {
         Arc::new(Self {
-            config,
             models: ModelManager::new(),
             statics: StaticModels::default(),
             metrics: Arc::new(Metrics::default()),
             selector: std::sync::Mutex::new(None),
             stop: watch::channel(false).0,
             bound: watch::channel(None).0,
+            busy: busy::BusyThresholds::new(config.load_thresholds),
+            extensions: std::sync::Mutex::new(Vec::new()),
+            config,
         })
+    }
+
+    /// The per-model busy thresholds (`GET|POST /busy_threshold`).
+    pub fn busy_thresholds(&self) -> &Arc<busy::BusyThresholds> {
+        &self.busy
+    }
+
+    /// Serve `routes` next to the built-in ones (from the next [`Self::run`]).
+    ///
+    /// # Errors
+    /// [`extensions::RouteError`] when two routes share a path (including ones added
+    /// before) or one takes a built-in `GET` path; nothing is added then.
+    pub fn add_extension_routes(
+        &self,
+        routes: Vec<extensions::ExtensionRoute>,
+    ) -> std::result::Result<(), extensions::RouteError> {
+        let mut installed = self
+            .extensions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = installed.clone();
+        all.extend(routes);
+        extensions::check_routes(&all, BUILTIN_GET_PATHS)?;
+        *installed = all;
+        Ok(())
     }
 
     /// The models it serves.
@@ -169,10 +234,10 @@ impl HttpService {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.config.router_mode == RouterMode::Kv && installed.is_none() {
-            *installed = Some(Arc::new(kv_selector::KvSelector::new(
+            *installed = Some(Arc::new(kv_selector::KvSelector::with_busy(
                 runtime.clone(),
                 self.config.kv_router_config.clone(),
-                self.config.load_thresholds,
+                Arc::clone(&self.busy),
             )));
         }
     }
@@ -212,14 +277,38 @@ impl HttpService {
             migration_limit: self.config.migration_limit,
             statics: self.statics.clone(),
             pre_commit: PreCommit::from_env(self.config.wait_for_first_item),
+            busy: Arc::clone(&self.busy),
         });
-        Router::new()
+        let context = extensions::ExtensionContext {
+            view: shared.view(),
+            stop: self.stop.subscribe(),
+            runtime: shared.runtime.clone(),
+        };
+        let mut router = Router::new();
+        for route in self
+            .extensions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            let (path, route, context) = (route.path().to_owned(), route.clone(), context.clone());
+            router = router.route(
+                &path,
+                get(move || extensions::serve(route.clone(), context.clone())),
+            );
+        }
+        router
             .route(
                 "/v1/chat/completions",
                 post(openai_routes::chat_completions),
             )
             .route("/v1/completions", post(openai_routes::completions))
             .route("/v1/models", get(openai_routes::list_models))
+            .route("/v1/models/{*model_id}", get(models::model_route))
+            .route(
+                "/busy_threshold",
+                get(busy::get_busy_thresholds).post(busy::set_busy_threshold),
+            )
             .route("/health", get(openai_routes::health))
             .route("/live", get(openai_routes::live))
             .route("/metrics", get(openai_routes::metrics))
