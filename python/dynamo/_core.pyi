@@ -12,6 +12,7 @@ from typing import (
     Awaitable,
     Callable,
     Dict,
+    Iterable,
     Iterator,
     List,
     Mapping,
@@ -1621,7 +1622,7 @@ async def run_input(
     runtime: DistributedRuntime,
     input: str,
     engine_config: EngineConfig,
-    frontend_route_extensions: Optional[Any] = None,
+    frontend_route_extensions: Optional[Iterable[FrontendRoute]] = None,
 ) -> None:
     """Run ``engine_config`` behind ``input``:
 
@@ -1636,9 +1637,72 @@ async def run_input(
     ``text`` and ``stdin`` use the in-process engine, or for ``Dynamic`` wait for a
     discovered chat model.
 
+    ``frontend_route_extensions`` (``"http"`` only): extra ``GET`` routes (see
+    :class:`FrontendRoute`).
+
     Raises:
-        ValueError: an unknown or unsupported input for this engine.
+        ValueError: an unknown or unsupported input for this engine; two extension routes
+            on one path (``duplicate frontend route registered: GET /x``, at the call); an
+            extension on a built-in ``GET`` path (``duplicate HTTP route registered: GET
+            /health conflicts with GET /health``, when awaited, before serving).
+        TypeError: an extension that is not a :class:`FrontendRoute`.
     """
+
+@final
+class FrontendExtensionContext:
+    """A read-only, live view of the frontend given to :class:`FrontendRoute` handlers
+    (never constructed by users)."""
+
+    def is_ready(self) -> bool:
+        """Whether the frontend serves (is not draining)."""
+        ...
+    def is_cancelled(self) -> bool:
+        """Whether the frontend is shutting down (draining)."""
+        ...
+    def has_any_ready_model(self) -> bool:
+        """Whether some model has a live worker (or is in-process)."""
+        ...
+    def is_model_ready_to_serve(self, model: str) -> bool:
+        """Whether ``model`` is served and a live worker serves it."""
+        ...
+    def model_display_names(self) -> List[str]:
+        """Every served model's name, sorted."""
+        ...
+    def serving_ready_display_names(self) -> List[str]:
+        """The served models with a live worker, sorted."""
+        ...
+
+@final
+class FrontendRoute:
+    """A trusted extension route on the HTTP frontend.
+
+    ``method`` must be ``"GET"`` (any case); ``path`` must start with ``/`` and hold no
+    ``{``, ``}``, ``*``, whitespace or control characters. ``handler`` is a synchronous
+    callable taking a :class:`FrontendExtensionContext`; it runs on a blocking thread and
+    returns a JSON-serializable body (HTTP 200; tuples and sets become arrays) or a
+    :class:`FrontendResponse`. Any failure (an exception, an awaitable, an unserializable
+    body) answers 500 ``{"error": "frontend route extension failed"}``.
+
+    Raises:
+        TypeError: ``handler`` is not callable.
+        ValueError: another method, a non-static path, or an ``async def`` handler.
+    """
+
+    def __new__(
+        cls, method: str, path: str, handler: Callable[[FrontendExtensionContext], Any]
+    ) -> FrontendRoute: ...
+    @property
+    def method(self) -> str:
+        """Always ``"GET"``."""
+        ...
+    @property
+    def path(self) -> str: ...
+
+@final
+class FrontendResponse:
+    """A handler's answer with an explicit status (``ValueError`` outside 100..=999)."""
+
+    def __new__(cls, status_code: int, body: Any) -> FrontendResponse: ...
 
 @final
 class HttpService:

@@ -127,6 +127,19 @@ impl KvRouterCore {
         })
     }
 
+    /// The scheduler's busy thresholds.
+    pub fn thresholds(&self) -> LoadThresholds {
+        self.scheduler.thresholds()
+    }
+
+    /// Replace the busy thresholds (see [`Scheduler::set_thresholds`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when they are out of range.
+    pub fn set_thresholds(&self, thresholds: LoadThresholds) -> Result<()> {
+        self.scheduler.set_thresholds(thresholds)
+    }
+
     /// Tokens per block.
     pub fn block_size(&self) -> u32 {
         self.block_size

@@ -170,7 +170,22 @@ pub async fn serve_http(
     config: FrontendConfig,
     local: Option<&LocalEngine>,
 ) -> Result<()> {
+    serve_http_with_routes(runtime, config, local, Vec::new()).await
+}
+
+/// [`serve_http`] with extension routes next to the built-in ones.
+///
+/// # Errors
+/// As [`serve_http`], and [`crate::Error::Route`] when a route takes a built-in path or
+/// two share one (before anything is served).
+pub async fn serve_http_with_routes(
+    runtime: DistributedRuntime,
+    config: FrontendConfig,
+    local: Option<&LocalEngine>,
+    routes: Vec<crate::http::extensions::ExtensionRoute>,
+) -> Result<()> {
     let service = HttpService::new(config);
+    service.add_extension_routes(routes)?;
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }

@@ -89,6 +89,9 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A frontend extension route was refused.
+    #[error(transparent)]
+    Route(#[from] crate::http::extensions::RouteError),
 }
 
 impl Error {

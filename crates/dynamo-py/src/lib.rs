@@ -20,6 +20,8 @@
 //!   `lora_name_to_id`, `fetch_model`.
 //! * [`llm_serving`]: `register_model`, the OpenAI frontend (`HttpService`), entry points
 //!   (`EntrypointArgs`, `make_engine`, `run_input`).
+//! * [`frontend_routes`]: `FrontendRoute`, `FrontendResponse`, `FrontendExtensionContext`
+//!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
 
@@ -32,6 +34,7 @@ mod convert;
 mod dlpack;
 mod engine;
 mod errors;
+mod frontend_routes;
 mod json;
 mod kv;
 mod kv_routing;
@@ -56,5 +59,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     block_manager::register(m)?;
     llm::register(m)?;
     llm_serving::register(m)?;
+    frontend_routes::register(m)?;
     Ok(())
 }

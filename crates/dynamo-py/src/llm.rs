@@ -33,7 +33,8 @@ pub(crate) fn llm_error(err: dynamo_llm::Error) -> PyErr {
         | E::ModelFile { .. }
         | E::InvalidRequest { .. }
         | E::Template(_)
-        | E::Tokenizer(_) => PyValueError::new_err(err.to_string()),
+        | E::Tokenizer(_)
+        | E::Route(_) => PyValueError::new_err(err.to_string()),
         E::Timeout(_) => pyo3::exceptions::PyTimeoutError::new_err(err.to_string()),
         _ => errors::Unknown::new_err(err.to_string()),
     }

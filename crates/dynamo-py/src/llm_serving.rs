@@ -11,7 +11,7 @@ use std::sync::Arc;
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_llm::entrypoint::text::TextInput;
-use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http};
+use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http_with_routes};
 use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, OpenAiEngine, RouterMode};
 use dynamo_llm::mocker::MockEngineArgs;
 use dynamo_llm::model_card::RegisterModelArgs;
@@ -383,9 +383,13 @@ fn run_input<'py>(
     engine_config: &EngineConfig,
     frontend_route_extensions: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    if frontend_route_extensions.is_some_and(|f| !f.is_none()) {
+    let routes = match frontend_route_extensions.filter(|f| !f.is_none()) {
+        Some(f) => crate::frontend_routes::routes_from_py(f)?,
+        None => Vec::new(),
+    };
+    if !routes.is_empty() && input != "http" {
         return Err(PyValueError::new_err(
-            "frontend_route_extensions are not supported by this build",
+            "frontend_route_extensions are only supported with input \"http\"",
         ));
     }
     let drt = runtime.core().clone();
@@ -393,7 +397,7 @@ fn run_input<'py>(
     let local = engine_config.local.clone();
     if input == "http" {
         return py_async(py, async move {
-            serve_http(drt, frontend, local.as_ref())
+            serve_http_with_routes(drt, frontend, local.as_ref(), routes)
                 .await
                 .map_err(llm_error)
         });

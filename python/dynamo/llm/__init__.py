@@ -11,6 +11,9 @@ from dynamo._core import BlockManager as BlockManager
 from dynamo._core import EngineConfig as EngineConfig
 from dynamo._core import EngineType as EngineType
 from dynamo._core import EntrypointArgs as EntrypointArgs
+from dynamo._core import FrontendExtensionContext as FrontendExtensionContext
+from dynamo._core import FrontendResponse as FrontendResponse
+from dynamo._core import FrontendRoute as FrontendRoute
 from dynamo._core import HttpAsyncEngine as HttpAsyncEngine
 from dynamo._core import HttpService as HttpService
 from dynamo._core import KvbmRequest as KvbmRequest

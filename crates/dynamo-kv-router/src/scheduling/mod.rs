@@ -92,13 +92,15 @@ struct State {
     workers: BTreeMap<WorkerWithDpRank, WorkerState>,
     owners: FxHashMap<String, WorkerWithDpRank>,
     rng: fastrand::Rng,
+    /// Busy thresholds; here (not a plain field) so `POST /busy_threshold` can change them
+    /// while requests are being routed.
+    thresholds: LoadThresholds,
 }
 
 /// Selects workers and tracks the load of the requests it routed. Thread-safe.
 pub struct Scheduler {
     block_size: u32,
     config: KvRouterConfig,
-    thresholds: LoadThresholds,
     state: Mutex<State>,
 }
 
@@ -132,11 +134,11 @@ impl Scheduler {
         Ok(Self {
             block_size,
             config,
-            thresholds,
             state: Mutex::new(State {
                 workers: BTreeMap::new(),
                 owners: FxHashMap::default(),
                 rng,
+                thresholds,
             }),
         })
     }
@@ -144,6 +146,21 @@ impl Scheduler {
     /// The configuration in force.
     pub fn config(&self) -> &KvRouterConfig {
         &self.config
+    }
+
+    /// The busy thresholds in force.
+    pub fn thresholds(&self) -> LoadThresholds {
+        self.lock().thresholds
+    }
+
+    /// Replace the busy thresholds; the next selection uses them.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] from [`LoadThresholds::validate`] (nothing changes then).
+    pub fn set_thresholds(&self, thresholds: LoadThresholds) -> Result<()> {
+        thresholds.validate()?;
+        self.lock().thresholds = thresholds;
+        Ok(())
     }
 
     /// Tokens per block.
@@ -241,6 +258,7 @@ impl Scheduler {
         if st.workers.is_empty() {
             return Err(Error::NoWorkers);
         }
+        let thresholds = st.thresholds;
         let default_constraints = RoutingConstraints::default();
         let constraints = req.constraints.unwrap_or(&default_constraints);
         let eligible: Vec<(&WorkerWithDpRank, &WorkerState)> = match req.pinned {
@@ -276,9 +294,7 @@ impl Scheduler {
                     .iter()
                     .copied()
                     .filter(|(_, w)| {
-                        !self
-                            .thresholds
-                            .is_busy(&w.capacity, w.seqs.active_prefill_tokens())
+                        !thresholds.is_busy(&w.capacity, w.seqs.active_prefill_tokens())
                     })
                     .collect();
                 if idle.is_empty() {

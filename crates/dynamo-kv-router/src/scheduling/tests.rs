@@ -388,3 +388,41 @@ fn avoided_workers_are_chosen_only_when_nothing_else_is_eligible() {
     // Every worker avoided: the best of them rather than no answer.
     assert_eq!(s.select(&req(&[1, 2])).expect("ok").worker, w(2));
 }
+
+#[test]
+fn thresholds_can_change_while_routing() {
+    let s = scheduler(&[1]);
+    let booked = SchedulingRequest {
+        request_id: Some("a"),
+        isl_tokens: 200,
+        ..Default::default()
+    };
+    assert_eq!(s.select(&booked).expect("no thresholds").worker, w(1));
+    // 200 prefill tokens booked on the only worker: a 100-token threshold makes it busy for
+    // the very next selection, and lifting the threshold frees it again.
+    let strict = LoadThresholds {
+        active_prefill_tokens_threshold: Some(100),
+        ..Default::default()
+    };
+    s.set_thresholds(strict).expect("valid");
+    assert_eq!(s.thresholds(), strict);
+    assert_eq!(
+        s.select(&SchedulingRequest::default()),
+        Err(Error::AllWorkersBusy { workers: 1 })
+    );
+    let invalid = LoadThresholds {
+        active_decode_blocks_threshold: Some(1.5),
+        ..Default::default()
+    };
+    assert!(matches!(
+        s.set_thresholds(invalid),
+        Err(Error::InvalidConfig { .. })
+    ));
+    assert_eq!(
+        s.thresholds(),
+        strict,
+        "a refused change leaves the old ones"
+    );
+    s.set_thresholds(LoadThresholds::default()).expect("valid");
+    assert!(s.select(&SchedulingRequest::default()).is_ok());
+}

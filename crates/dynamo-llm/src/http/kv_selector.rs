@@ -25,6 +25,7 @@ use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_runtime::{Client, DistributedRuntime, Route};
 use futures_util::future::BoxFuture;
 
+use super::busy::BusyThresholds;
 use super::engine::{RoutedRequest, Selected, WorkerSelector};
 use super::error::HttpError;
 use crate::discovery::ModelEntry;
@@ -35,7 +36,7 @@ use crate::model_card::DEFAULT_KV_CACHE_BLOCK_SIZE;
 pub struct KvSelector {
     runtime: DistributedRuntime,
     config: KvRouterConfig,
-    thresholds: LoadThresholds,
+    busy: Arc<BusyThresholds>,
     routers: Mutex<HashMap<String, Arc<KvRouter>>>,
 }
 
@@ -47,10 +48,20 @@ impl KvSelector {
         config: KvRouterConfig,
         thresholds: LoadThresholds,
     ) -> Self {
+        Self::with_busy(runtime, config, BusyThresholds::new(thresholds))
+    }
+
+    /// A selector whose per-model thresholds come from `busy` (changed at run time by
+    /// `POST /busy_threshold`: each request applies its model's current values).
+    pub fn with_busy(
+        runtime: DistributedRuntime,
+        config: KvRouterConfig,
+        busy: Arc<BusyThresholds>,
+    ) -> Self {
         Self {
             runtime,
             config,
-            thresholds,
+            busy,
             routers: Mutex::new(HashMap::new()),
         }
     }
@@ -63,7 +74,12 @@ impl KvSelector {
             .routers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let thresholds = self.busy.get(&model.name);
         if let Some(r) = routers.get(&key) {
+            // Validated by `BusyThresholds::update`; a refusal here would keep the old ones.
+            if r.core().thresholds() != thresholds {
+                let _ = r.core().set_thresholds(thresholds);
+            }
             return Some(Arc::clone(r));
         }
         let block_size = match model.card.kv_cache_block_size {
@@ -75,7 +91,7 @@ impl KvSelector {
             model.client.clone(),
             block_size,
             self.config.clone(),
-            self.thresholds,
+            thresholds,
         ) {
             Ok(r) => {
                 routers.insert(key, Arc::clone(&r));

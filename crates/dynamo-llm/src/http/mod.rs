@@ -2,9 +2,10 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`, `GET /v1/realtime` (WebSocket, see
+//! `GET /v1/models/{*model_id}` (a model, or `…/ready`: [`models`]), `GET|POST
+//! /busy_threshold` ([`busy`]), `GET /health`, `GET /live`, `GET /metrics`, `GET /v1/realtime` (WebSocket, see
 //! [`realtime`]), `GET /openapi.json` (see [`openapi`]: one table registers every route and
-//! generates the document). Errors use OpenAI's envelope with 400
+//! generates the document), plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
 //! (unknown model: code `model_not_found`; unknown route: code `not_found`), 408 (body not
 //! received within the body-read timeout), 413 (body over the limit), 415 (a POST body that
@@ -31,10 +32,13 @@
 //! Cancellation: the response body owns the worker stream, so a client that disconnects
 //! drops it, which sends a stop to the worker.
 
+pub mod busy;
 pub mod engine;
 pub mod error;
+pub mod extensions;
 pub mod kv_selector;
 pub mod metrics;
+pub mod models;
 mod openai_routes;
 mod openapi;
 mod realtime;
@@ -173,6 +177,36 @@ pub(crate) struct Shared {
     pub(crate) runtime: Option<DistributedRuntime>,
     pub(crate) body_limit: usize,
     pub(crate) body_read_timeout: Option<Duration>,
+    /// Per-model busy thresholds (`/busy_threshold`).
+    pub(crate) busy: Arc<busy::BusyThresholds>,
+}
+
+impl Shared {
+    pub(crate) fn view(&self) -> models::ModelView {
+        models::ModelView {
+            models: self.models.clone(),
+            statics: self.statics.clone(),
+        }
+    }
+}
+
+/// `value` as a JSON response with `status`.
+pub(crate) fn json_status(
+    status: axum::http::StatusCode,
+    value: &impl serde::Serialize,
+) -> axum::response::Response {
+    let mut response = openai_routes::json_response(value);
+    *response.status_mut() = status;
+    response
+}
+
+/// The built-in `GET` paths (extension routes may not take them), from the route table.
+pub fn builtin_get_paths() -> Vec<&'static str> {
+    openapi::routes()
+        .iter()
+        .filter(|r| r.method == axum::http::Method::GET)
+        .map(|r| r.path)
+        .collect()
 }
 
 /// The HTTP service.
@@ -184,20 +218,49 @@ pub struct HttpService {
     selector: std::sync::Mutex<Option<Arc<dyn WorkerSelector>>>,
     stop: watch::Sender<bool>,
     bound: watch::Sender<Option<SocketAddr>>,
+    busy: Arc<busy::BusyThresholds>,
+    extensions: std::sync::Mutex<Vec<extensions::ExtensionRoute>>,
 }
 
 impl HttpService {
     /// A service with `config` (nothing runs until [`Self::run`]).
     pub fn new(config: FrontendConfig) -> Arc<Self> {
         Arc::new(Self {
-            config,
             models: ModelManager::new(),
             statics: StaticModels::default(),
             metrics: Arc::new(Metrics::default()),
             selector: std::sync::Mutex::new(None),
             stop: watch::channel(false).0,
             bound: watch::channel(None).0,
+            busy: busy::BusyThresholds::new(config.load_thresholds),
+            extensions: std::sync::Mutex::new(Vec::new()),
+            config,
         })
+    }
+
+    /// The per-model busy thresholds (`GET|POST /busy_threshold`).
+    pub fn busy_thresholds(&self) -> &Arc<busy::BusyThresholds> {
+        &self.busy
+    }
+
+    /// Serve `routes` next to the built-in ones (from the next [`Self::run`]).
+    ///
+    /// # Errors
+    /// [`extensions::RouteError`] when two routes share a path (including ones added
+    /// before) or one takes a built-in `GET` path; nothing is added then.
+    pub fn add_extension_routes(
+        &self,
+        routes: Vec<extensions::ExtensionRoute>,
+    ) -> std::result::Result<(), extensions::RouteError> {
+        let mut installed = self
+            .extensions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = installed.clone();
+        all.extend(routes);
+        extensions::check_routes(&all, &builtin_get_paths())?;
+        *installed = all;
+        Ok(())
     }
 
     /// The models it serves.
@@ -232,10 +295,10 @@ impl HttpService {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.config.router_mode == RouterMode::Kv && installed.is_none() {
-            *installed = Some(Arc::new(kv_selector::KvSelector::new(
+            *installed = Some(Arc::new(kv_selector::KvSelector::with_busy(
                 runtime.clone(),
                 self.config.kv_router_config.clone(),
-                self.config.load_thresholds,
+                Arc::clone(&self.busy),
             )));
         }
     }
@@ -277,9 +340,23 @@ impl HttpService {
             pre_commit: PreCommit::from_env(self.config.wait_for_first_item),
             body_limit: self.config.body_limit,
             body_read_timeout: self.config.body_read_timeout,
+            busy: Arc::clone(&self.busy),
         });
-        // Every route comes from the one table that also writes `/openapi.json`.
-        openapi::register(Router::new(), openapi::routes())
+        let context = extensions::ExtensionContext {
+            view: shared.view(),
+            stop: self.stop.subscribe(),
+            runtime: shared.runtime.clone(),
+        };
+        // Extension routes first (they may share a path with a built-in route of another
+        // method); every built-in route comes from the one table that also writes
+        // `/openapi.json`.
+        let extensions = self
+            .extensions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let router = extensions::register(Router::new(), &extensions, &context);
+        openapi::register(router, openapi::routes())
             .fallback(openai_routes::not_found)
             .layer(DefaultBodyLimit::max(self.config.body_limit))
             .with_state(shared)

@@ -23,6 +23,7 @@ use serde_json::{Map, Value, json};
 use super::Shared;
 use super::openai_routes;
 use super::realtime;
+use super::{busy, models};
 use crate::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// What a route returns on success (its OpenAPI `200` content types).
@@ -146,6 +147,25 @@ pub(super) fn routes() -> Vec<ApiRoute> {
             Json,
             openai_routes::list_models,
         ),
+        ApiRoute::get(
+            "/v1/models/{*model_id}",
+            "A served model, or `{model_id}/ready`: 200 when a live worker serves it, else 503",
+            Json,
+            models::model_route,
+        ),
+        ApiRoute::get(
+            "/busy_threshold",
+            "The per-model busy thresholds of the KV router",
+            Json,
+            busy::get_busy_thresholds,
+        ),
+        ApiRoute::post(
+            "/busy_threshold",
+            "Change a model's busy thresholds (from the next request on)",
+            Json,
+            busy::set_busy_threshold,
+        )
+        .json_body::<busy::ThresholdUpdate>(),
         ApiRoute::get(
             "/health",
             "Health: live endpoints, instances and models",
