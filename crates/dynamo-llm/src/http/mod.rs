@@ -2,7 +2,9 @@
 //!
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
-//! `GET /health`, `GET /live`, `GET /metrics`. Errors use OpenAI's envelope with 400
+//! `GET /health`, `GET /live`, `GET /metrics`; the unary non-generative surfaces
+//! `POST /v1/embeddings`, `/v1/rerank`, `/v1/classify`, `/v1/pooling` (see [`surfaces`] and
+//! `docs/frontend_surfaces.md`). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
 //! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
 //!
@@ -20,12 +22,15 @@
 //! Cancellation: the response body owns the worker stream, so a client that disconnects
 //! drops it, which sends a stop to the worker.
 
+mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod kv_selector;
 pub mod metrics;
 mod openai_routes;
+mod rerank;
 pub mod static_engine;
+mod surfaces;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -219,6 +224,10 @@ impl HttpService {
                 post(openai_routes::chat_completions),
             )
             .route("/v1/completions", post(openai_routes::completions))
+            .route("/v1/embeddings", post(embeddings::embeddings))
+            .route("/v1/rerank", post(rerank::rerank))
+            .route("/v1/classify", post(rerank::classify))
+            .route("/v1/pooling", post(rerank::pooling))
             .route("/v1/models", get(openai_routes::list_models))
             .route("/health", get(openai_routes::health))
             .route("/live", get(openai_routes::live))

@@ -1,0 +1,230 @@
+"""The frontend's non-generative surfaces end to end: Python workers registered with
+``ModelType.Embedding`` / ``Classify`` / ``Pooling`` (``tests/workers/surface_worker.py``)
+behind ``python -m dynamo.frontend``, over file discovery and the request plane.
+
+Worker contracts (documented in ``docs/frontend_surfaces.md``): a ``ModelInput.Tokens``
+embedding worker receives ``{"model", "token_ids": [[...]]}`` tokenized by the frontend and
+answers ``{"embeddings", "prompt_tokens", "total_tokens"}``; a ``ModelInput.Text`` one
+receives the OpenAI body and may answer an OpenAI embeddings response. ``base64`` is
+encoded by the frontend (little-endian f32), as the ``openai`` client decodes it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from pathlib import Path
+
+import openai
+import pytest
+from serving_util import WORKERS, Procs, free_port, http, wait_for_instances
+from tokenizers import Tokenizer
+
+from dynamo.llm.tiny_model import write_tiny_model
+
+pytestmark = pytest.mark.slow
+
+MODELS = {
+    "embed-text": "emb-text",
+    "embed-tokens": "emb-tok",
+    "classify": "scorer",
+    "pooling": "pooler",
+}
+
+
+def text_vector(s: str) -> list[float]:
+    return [float(len(s)), float(ord(s[0])), 1.0, 0.5]
+
+
+def token_vector(ids: list[int]) -> list[float]:
+    return [float(len(ids)), float(sum(ids) % 97), 0.25, -2.0]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("surfaces")
+    model_dir = write_tiny_model(tmp / "tiny")
+    (tmp / "disc").mkdir()
+    (tmp / "logs").mkdir()
+    procs = Procs(tmp / "disc", tmp / "logs")
+    marker = tmp / "marker.jsonl"
+    procs.env["MARKER"] = str(marker)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        procs.frontend(port, "--namespace", "surf")
+        for kind, name in MODELS.items():
+            procs.start(kind, [str(WORKERS / "surface_worker.py"), kind, str(model_dir), name])
+        for name in MODELS.values():
+            wait_for_instances(base, name, 1)
+        yield base, model_dir, marker
+    finally:
+        procs.close()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def _post(base: str, path: str, body) -> tuple[int, dict]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    status, out = http("POST", f"{base}{path}", raw)
+    return status, json.loads(out)
+
+
+def _requests(marker: Path) -> list[dict]:
+    return [json.loads(line) for line in marker.read_text().splitlines()]
+
+
+def test_embeddings_text_worker_float_and_base64(served):
+    base, _, marker = served
+    client = _client(base)
+    r = client.embeddings.create(model="emb-text", input=["hello", "yo"])
+    assert [d.index for d in r.data] == [0, 1]
+    assert [d.embedding for d in r.data] == [text_vector("hello"), text_vector("yo")]
+    assert r.usage.prompt_tokens == 5 and r.usage.total_tokens == 5
+    assert r.model == "emb-text" and r.object == "list"
+    # Without encoding_format the openai client asks for base64 and decodes it itself (the
+    # call above); asked explicitly, it hands the string back.
+    b = client.embeddings.create(model="emb-text", input="hello", encoding_format="base64")
+    assert list(struct.unpack("<4f", base64.b64decode(b.data[0].embedding))) == text_vector("hello")
+    status, raw = _post(
+        base, "/v1/embeddings", {"model": "emb-text", "input": "hi", "encoding_format": "base64"}
+    )
+    assert status == 200
+    packed = base64.b64decode(raw["data"][0]["embedding"])
+    assert list(struct.unpack("<4f", packed)) == text_vector("hi")
+    # The text worker got the body with the format the frontend decodes from.
+    last = _requests(marker)[-1]
+    assert last["input"] == "hi" and last["encoding_format"] == "float"
+
+
+def test_embeddings_tokens_worker_gets_frontend_tokens(served):
+    base, model_dir, marker = served
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    client = _client(base)
+    texts = ["hello world", "abc"]
+    r = client.embeddings.create(model="emb-tok", input=texts, encoding_format="float")
+    ids = [tok.encode(t, add_special_tokens=True).ids for t in texts]
+    assert [d.embedding for d in r.data] == [token_vector(i) for i in ids]
+    assert r.usage.prompt_tokens == sum(len(i) for i in ids)
+    sent = _requests(marker)[-1]
+    assert sent["token_ids"] == ids and sent["model"] == "emb-tok"
+    # Token-id input, single list and list of lists, goes through untouched.
+    r = client.embeddings.create(model="emb-tok", input=[5, 6, 7], encoding_format="float")
+    assert r.data[0].embedding == token_vector([5, 6, 7])
+    r = client.embeddings.create(model="emb-tok", input=[[1, 2], [3]], encoding_format="float")
+    assert [d.embedding for d in r.data] == [token_vector([1, 2]), token_vector([3])]
+    # dimensions reaches the worker and truncates a longer vector.
+    r = client.embeddings.create(
+        model="emb-tok", input="abc", dimensions=2, encoding_format="float"
+    )
+    assert r.data[0].embedding == token_vector(ids[1])[:2]
+    assert _requests(marker)[-1]["dimensions"] == 2
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": "x"}, "model"),
+        ({"model": 3, "input": "x"}, "model"),
+        ({"model": "emb-tok"}, "input"),
+        ({"model": "emb-tok", "input": 5}, "input"),
+        ({"model": "emb-tok", "input": []}, "input"),
+        ({"model": "emb-tok", "input": [""]}, "input"),
+        ({"model": "emb-tok", "input": ["a", 1]}, "input"),
+        ({"model": "emb-tok", "input": [-1]}, "input"),
+        ({"model": "emb-tok", "input": ["a"] * 2049}, "input"),
+        ({"model": "emb-tok", "input": "x " * 5000}, "input"),
+        ({"model": "emb-tok", "input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"model": "emb-tok", "input": "x", "dimensions": 0}, "dimensions"),
+        ({"model": "emb-tok", "input": "x", "dimensions": "4"}, "dimensions"),
+    ],
+)
+def test_embeddings_validation(served, body, param):
+    base, _, _ = served
+    status, err = _post(base, "/v1/embeddings", body)
+    assert status == 400, err
+    assert err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["param"] == param
+
+
+def test_unknown_model_and_wrong_surface_are_404(served):
+    base, _, _ = served
+    status, err = _post(base, "/v1/embeddings", {"model": "nope", "input": "x"})
+    assert status == 404 and "nope" in err["error"]["message"]
+    status, err = _post(base, "/v1/embeddings", {"model": "scorer", "input": "x"})
+    assert status == 404
+    assert "scorer" in err["error"]["message"] and "/v1/embeddings" in err["error"]["message"]
+    status, err = _post(base, "/v1/rerank", {"model": "emb-text", "query": "q", "documents": ["a"]})
+    assert status == 404 and "/v1/rerank" in err["error"]["message"]
+    status, err = _post(base, "/v1/pooling", {"model": "scorer", "input": "x"})
+    assert status == 404 and "/v1/pooling" in err["error"]["message"]
+    status, err = _post(base, "/v1/embeddings", b"{not json")
+    assert status == 400 and "error" in err
+
+
+def test_rerank_sorts_and_cuts(served):
+    base, _, marker = served
+    docs = ["short", {"text": "a much longer document"}, "mid size"]
+    status, r = _post(
+        base,
+        "/v1/rerank",
+        {"model": "scorer", "query": "q", "documents": docs, "top_n": 2, "return_documents": True},
+    )
+    assert status == 200, r
+    assert [x["index"] for x in r["results"]] == [1, 2]
+    assert r["results"][0]["relevance_score"] == pytest.approx(len(docs[1]["text"]) / 100)
+    assert r["results"][0]["document"] == {"text": "a much longer document"}
+    assert r["usage"]["total_tokens"] == 11 and r["model"] == "scorer"
+    sent = _requests(marker)[-1]
+    assert sent["documents"] == ["short", "a much longer document", "mid size"]
+    status, r = _post(
+        base, "/v1/rerank", {"model": "scorer", "query": "q", "documents": ["a", "bb"]}
+    )
+    assert [x["index"] for x in r["results"]] == [1, 0]
+    assert "document" not in r["results"][0]
+
+
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"model": "scorer", "documents": ["a"]}, "query"),
+        ({"model": "scorer", "query": 1, "documents": ["a"]}, "query"),
+        ({"model": "scorer", "query": "q"}, "documents"),
+        ({"model": "scorer", "query": "q", "documents": []}, "documents"),
+        ({"model": "scorer", "query": "q", "documents": [1]}, "documents"),
+        ({"model": "scorer", "query": "q", "documents": ["a"] * 1001}, "documents"),
+        ({"model": "scorer", "query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+        ({"model": "scorer", "query": "q", "documents": ["a"], "top_n": "2"}, "top_n"),
+        (
+            {"model": "scorer", "query": "q", "documents": ["a"], "return_documents": 1},
+            "return_documents",
+        ),
+    ],
+)
+def test_rerank_validation(served, body, param):
+    base, _, _ = served
+    status, err = _post(base, "/v1/rerank", body)
+    assert status == 400, err
+    assert err["error"]["param"] == param
+
+
+def test_classify_and_pooling(served):
+    base, _, _ = served
+    status, r = _post(base, "/v1/classify", {"model": "scorer", "input": ["hi", "hello"]})
+    assert status == 200, r
+    assert [d["label"] for d in r["data"]] == ["short", "long"]
+    assert r["object"] == "list" and r["model"] == "scorer"
+    status, r = _post(base, "/v1/pooling", {"model": "pooler", "input": "abcd"})
+    assert status == 200, r
+    assert r["data"] == [{"index": 0, "object": "pooling", "data": [4.0]}]
+    assert r["usage"]["prompt_tokens"] == 2
+    for path, model in (("/v1/classify", "scorer"), ("/v1/pooling", "pooler")):
+        status, err = _post(base, path, {"model": model})
+        assert status == 400 and err["error"]["param"] == "input"
+        status, err = _post(base, path, {"model": model, "input": {"a": 1}})
+        assert status == 400 and err["error"]["param"] == "input"
+        status, err = _post(base, path, {"model": "ghost", "input": "x"})
+        assert status == 404 and "ghost" in err["error"]["message"]
