@@ -12,8 +12,10 @@ encoded by the frontend (little-endian f32), as the ``openai`` client decodes it
 from __future__ import annotations
 
 import base64
+import io
 import json
 import struct
+import wave
 from pathlib import Path
 
 import openai
@@ -30,6 +32,9 @@ MODELS = {
     "embed-tokens": "emb-tok",
     "classify": "scorer",
     "pooling": "pooler",
+    "images": "painter",
+    "audio": "speaker",
+    "videos": "filmer",
 }
 
 
@@ -227,4 +232,94 @@ def test_classify_and_pooling(served):
         status, err = _post(base, path, {"model": model, "input": {"a": 1}})
         assert status == 400 and err["error"]["param"] == "input"
         status, err = _post(base, path, {"model": "ghost", "input": "x"})
+        assert status == 404 and "ghost" in err["error"]["message"]
+
+
+def test_images_generate_with_the_openai_client(served):
+    base, _, marker = served
+    r = _client(base).images.generate(
+        model="painter", prompt="a red dot", n=2, size="256x256", response_format="b64_json"
+    )
+    assert r.created == 7 and len(r.data) == 2
+    png = base64.b64decode(r.data[0].b64_json)
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in png
+    assert r.data[0].revised_prompt == "a red dot"
+    sent = _requests(marker)[-1]
+    assert sent["prompt"] == "a red dot" and sent["n"] == 2 and sent["size"] == "256x256"
+
+
+def test_audio_speech_returns_the_workers_wav(served):
+    base, _, _ = served
+    r = _client(base).audio.speech.create(
+        model="speaker", input="hello", voice="alloy", response_format="wav"
+    )
+    assert r.response.headers["content-type"] == "audio/wav"
+    with wave.open(io.BytesIO(r.content)) as w:
+        assert w.getnframes() == 5 and w.getframerate() == 8000
+
+
+def test_videos_json_and_stream(served):
+    base, _, _ = served
+    status, v = _post(base, "/v1/videos", {"model": "filmer", "prompt": "waves", "seconds": "4"})
+    assert status == 200, v
+    assert v["id"] == "video-1" and v["object"] == "video" and v["model"] == "filmer"
+    status, raw = http(
+        "POST",
+        f"{base}/v1/videos/stream",
+        json.dumps({"model": "filmer", "prompt": "waves", "stream_test": True}).encode(),
+    )
+    assert status == 200
+    events = [e for e in raw.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert [c["index"] for c in chunks] == [0, 1, 2]
+    status, err = _post(base, "/v1/videos/stream", {"model": "filmer"})
+    assert status == 400 and err["error"]["param"] == "prompt"
+
+
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/v1/images/generations", {"model": "painter"}, "prompt"),
+        ("/v1/images/generations", {"model": "painter", "prompt": 3}, "prompt"),
+        ("/v1/images/generations", {"model": "painter", "prompt": "x" * 32001}, "prompt"),
+        ("/v1/images/generations", {"model": "painter", "prompt": "p", "n": 0}, "n"),
+        ("/v1/images/generations", {"model": "painter", "prompt": "p", "n": 11}, "n"),
+        ("/v1/images/generations", {"model": "painter", "prompt": "p", "size": "big"}, "size"),
+        (
+            "/v1/images/generations",
+            {"model": "painter", "prompt": "p", "response_format": "gif"},
+            "response_format",
+        ),
+        ("/v1/audio/speech", {"model": "speaker", "voice": "a"}, "input"),
+        ("/v1/audio/speech", {"model": "speaker", "input": "x" * 4097, "voice": "a"}, "input"),
+        ("/v1/audio/speech", {"model": "speaker", "input": "x"}, "voice"),
+        (
+            "/v1/audio/speech",
+            {"model": "speaker", "input": "x", "voice": "a", "response_format": "ogg"},
+            "response_format",
+        ),
+        ("/v1/audio/speech", {"model": "speaker", "input": "x", "voice": "a", "speed": 9}, "speed"),
+        ("/v1/videos", {"model": "filmer"}, "prompt"),
+        ("/v1/videos", {"model": "filmer", "prompt": "p", "seconds": -1}, "seconds"),
+        ("/v1/videos", {"prompt": "p"}, "model"),
+    ],
+)
+def test_media_validation(served, path, body, param):
+    base, _, _ = served
+    status, err = _post(base, path, body)
+    assert status == 400, err
+    assert err["error"]["type"] == "invalid_request_error" and err["error"]["param"] == param
+
+
+def test_media_routes_need_the_model_type(served):
+    base, _, _ = served
+    for path, body in (
+        ("/v1/images/generations", {"prompt": "p"}),
+        ("/v1/audio/speech", {"input": "x", "voice": "a"}),
+        ("/v1/videos", {"prompt": "p"}),
+    ):
+        status, err = _post(base, path, {"model": "scorer", **body})
+        assert status == 404 and path in err["error"]["message"], err
+        status, err = _post(base, path, {"model": "ghost", **body})
         assert status == 404 and "ghost" in err["error"]["message"]

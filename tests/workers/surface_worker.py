@@ -5,16 +5,22 @@ request so the tests can check them.
 ``ModelType.Embedding``, answers an OpenAI embeddings response), ``embed-tokens``
 (``ModelInput.Tokens``, ``ModelType.Embedding``, answers the engine shape
 ``{"embeddings", "prompt_tokens", "total_tokens"}``), ``classify`` (``ModelType.Classify``:
-rerank and classify) and ``pooling`` (``ModelType.Pooling``). Each request is appended as
+rerank and classify), ``pooling`` (``ModelType.Pooling``), ``images`` (a 1x1 PNG),
+``audio`` (a WAV of silence, one frame per input character) and ``videos``. Each request is appended as
 one JSON line to ``$MARKER``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
 import json
 import os
+import struct
 import sys
+import wave
+import zlib
 
 import uvloop
 
@@ -28,6 +34,29 @@ def text_vector(s: str) -> list[float]:
 
 def token_vector(ids: list[int]) -> list[float]:
     return [float(len(ids)), float(sum(ids) % 97), 0.25, -2.0]
+
+
+def tiny_png() -> bytes:
+    """A 1x1 red PNG."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 2, 0, 0, 0)
+    raw = zlib.compress(b"\x00\xff\x00\x00")
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", raw) + chunk(b"IEND", b"")
+
+
+def tiny_wav(frames: int) -> bytes:
+    """``frames`` frames of 8 kHz mono 16-bit silence."""
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(b"\x00\x00" * frames)
+    return out.getvalue()
 
 
 def _texts(request: dict) -> list:
@@ -70,6 +99,20 @@ class Handler:
                     for i, s in enumerate(_texts(request))
                 ]
             }
+        elif self.kind == "images":
+            png = base64.b64encode(tiny_png()).decode()
+            yield {
+                "created": 7,
+                "data": [{"b64_json": png, "revised_prompt": request["prompt"]}]
+                * request.get("n", 1),
+            }
+        elif self.kind == "audio":
+            yield {"audio": base64.b64encode(tiny_wav(len(request["input"]))).decode()}
+        elif self.kind == "videos" and request.get("stream_test"):
+            for i in range(3):
+                yield {"object": "video.chunk", "index": i, "prompt": request["prompt"]}
+        elif self.kind == "videos":
+            yield {"id": "video-1", "status": "completed", "prompt": request["prompt"]}
         else:
             yield {
                 "data": [
@@ -85,6 +128,9 @@ KINDS = {
     "embed-tokens": (ModelInput.Tokens, ModelType.Embedding),
     "classify": (ModelInput.Text, ModelType.Classify),
     "pooling": (ModelInput.Text, ModelType.Pooling),
+    "images": (ModelInput.Text, ModelType.Images),
+    "audio": (ModelInput.Text, ModelType.Audios),
+    "videos": (ModelInput.Text, ModelType.Videos),
 }
 
 

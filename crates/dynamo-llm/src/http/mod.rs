@@ -3,7 +3,8 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
 //! `GET /health`, `GET /live`, `GET /metrics`; the unary non-generative surfaces
-//! `POST /v1/embeddings`, `/v1/rerank`, `/v1/classify`, `/v1/pooling` (see [`surfaces`] and
+//! `POST /v1/embeddings`, `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`,
+//! `/v1/audio/speech`, `/v1/videos`, `/v1/videos/stream` (see [`surfaces`] and
 //! `docs/frontend_surfaces.md`). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
 //! the limit), 503 (no workers), 529 (every worker over the KV router's busy thresholds).
@@ -26,6 +27,7 @@ mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod kv_selector;
+mod media;
 pub mod metrics;
 mod openai_routes;
 mod rerank;
@@ -228,6 +230,10 @@ impl HttpService {
             .route("/v1/rerank", post(rerank::rerank))
             .route("/v1/classify", post(rerank::classify))
             .route("/v1/pooling", post(rerank::pooling))
+            .route("/v1/images/generations", post(media::images))
+            .route("/v1/audio/speech", post(media::speech))
+            .route("/v1/videos", post(media::videos))
+            .route("/v1/videos/stream", post(media::videos_stream))
             .route("/v1/models", get(openai_routes::list_models))
             .route("/health", get(openai_routes::health))
             .route("/live", get(openai_routes::live))

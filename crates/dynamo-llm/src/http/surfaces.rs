@@ -96,12 +96,12 @@ pub(super) fn lookup(
 }
 
 /// Send `value` (MessagePack on the request plane) to one of `entry`'s workers, routed
-/// by the frontend's selector, and collect the data of every item it answers.
-pub(super) async fn call_worker(
+/// by the frontend's selector; the worker's items as they come.
+pub(super) async fn open_worker(
     shared: &Shared,
     entry: &ModelEntry,
     value: &impl serde::Serialize,
-) -> Result<Vec<serde_json::Value>, HttpError> {
+) -> Result<dynamo_runtime::transport::client::ResponseStream, HttpError> {
     let body = dynamo_runtime::transport::codec::encode(value)
         .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))?;
     // The selector sees the request as an opaque body: these surfaces have no KV prefix
@@ -109,11 +109,20 @@ pub(super) async fn call_worker(
     let route = shared
         .selector
         .select(entry, &entry.client, &RoutedRequest::Text(&body));
-    let mut stream = entry
+    entry
         .client
         .generate(Bytes::from(body), route, Context::default(), None)
         .await
-        .map_err(|e| route_error(&e))?;
+        .map_err(|e| route_error(&e))
+}
+
+/// [`open_worker`], collecting the data of every item the worker answers.
+pub(super) async fn call_worker(
+    shared: &Shared,
+    entry: &ModelEntry,
+    value: &impl serde::Serialize,
+) -> Result<Vec<serde_json::Value>, HttpError> {
+    let mut stream = open_worker(shared, entry, value).await?;
     let mut items = Vec::new();
     while let Some(item) = stream.next().await {
         let bytes =
