@@ -15,6 +15,8 @@ import base64
 import io
 import json
 import struct
+import urllib.error
+import urllib.request
 import wave
 from pathlib import Path
 
@@ -323,3 +325,71 @@ def test_media_routes_need_the_model_type(served):
         assert status == 404 and path in err["error"]["message"], err
         status, err = _post(base, path, {"model": "ghost", **body})
         assert status == 404 and "ghost" in err["error"]["message"]
+
+
+def test_image_edits_take_multipart_files(served):
+    base, _, marker = served
+    png = b"\x89PNG\r\n\x1a\nnot-really-a-png"
+    r = _client(base).images.edit(
+        model="painter",
+        image=("a.png", png, "image/png"),
+        mask=("m.png", b"mask-bytes", "image/png"),
+        prompt="make it blue",
+        n=2,
+        response_format="b64_json",
+    )
+    assert len(r.data) == 2
+    assert base64.b64decode(r.data[0].b64_json) == png
+    assert r.data[0].revised_prompt == "make it blue|1|True"
+    sent = _requests(marker)[-1]
+    assert sent["n"] == 2 and base64.b64decode(sent["mask"]) == b"mask-bytes"
+
+
+def _multipart(fields: list[tuple[str, str | None, bytes]]) -> tuple[bytes, str]:
+    out = b""
+    for name, filename, data in fields:
+        disp = f'form-data; name="{name}"' + (f'; filename="{filename}"' if filename else "")
+        out += f"--BND\r\nContent-Disposition: {disp}\r\n\r\n".encode() + data + b"\r\n"
+    return out + b"--BND--\r\n", "multipart/form-data; boundary=BND"
+
+
+def _post_raw(base: str, path: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    req = urllib.request.Request(f"{base}{path}", data=body, method="POST")
+    req.add_header("Content-Type", content_type)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_image_edits_validation(served):
+    base, _, _ = served
+    ok_image = ("image", "a.png", b"png")
+    cases = [
+        ([("model", None, b"painter"), ok_image], 400, "prompt"),
+        ([("model", None, b"painter"), ("prompt", None, b"p")], 400, "image"),
+        (
+            [("model", None, b"painter"), ("prompt", None, b"p"), ("image", "a.png", b"")],
+            400,
+            "image",
+        ),
+        ([("prompt", None, b"p"), ok_image], 400, "model"),
+        (
+            [("model", None, b"painter"), ("prompt", None, b"p"), ok_image, ("n", None, b"x")],
+            400,
+            "n",
+        ),
+        ([("model", None, b"ghost"), ("prompt", None, b"p"), ok_image], 404, "model"),
+        ([("model", None, b"scorer"), ("prompt", None, b"p"), ok_image], 404, "model"),
+    ]
+    for fields, status, param in cases:
+        body, ct = _multipart(fields)
+        got, err = _post_raw(base, "/v1/images/edits", body, ct)
+        assert got == status and err["error"]["param"] == param, (fields, err)
+    got, err = _post_raw(
+        base, "/v1/images/edits", b"--BND\r\nbroken", "multipart/form-data; boundary=BND"
+    )
+    assert got == 400 and "multipart" in err["error"]["message"]
+    got, err = _post_raw(base, "/v1/images/edits", b"{}", "application/json")
+    assert got == 415 and "multipart/form-data" in err["error"]["message"]

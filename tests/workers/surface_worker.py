@@ -99,6 +99,18 @@ class Handler:
                     for i, s in enumerate(_texts(request))
                 ]
             }
+        elif self.kind == "images" and "image" in request:
+            # An edit: echo the first image, and what else arrived, back.
+            yield {
+                "data": [
+                    {
+                        "b64_json": request["image"][0],
+                        "revised_prompt": f"{request['prompt']}|{len(request['image'])}"
+                        f"|{'mask' in request}",
+                    }
+                ]
+                * request.get("n", 1)
+            }
         elif self.kind == "images":
             png = base64.b64encode(tiny_png()).decode()
             yield {

@@ -1,4 +1,5 @@
-//! Media surfaces: `POST /v1/images/generations` (`ModelType.Images`), `POST
+//! Media surfaces: `POST /v1/images/generations` and `POST /v1/images/edits`
+//! (multipart; `ModelType.Images`), `POST
 //! /v1/audio/speech` (`ModelType.Audios`), `POST /v1/videos` and `POST /v1/videos/stream`
 //! (`ModelType.Videos`). The frontend validates OpenAI's body, sends it to a worker and
 //! shapes the answer; the worker contracts are in `docs/frontend_surfaces.md`.
@@ -28,6 +29,11 @@ pub(super) const MAX_SPEECH_CHARS: usize = 4096;
 const IMAGES: Surface = Surface {
     path: "/v1/images/generations",
     label: "images",
+    flag: ModelType::IMAGES,
+};
+const IMAGES_EDITS: Surface = Surface {
+    path: "/v1/images/edits",
+    label: "images_edits",
     flag: ModelType::IMAGES,
 };
 const SPEECH: Surface = Surface {
@@ -141,8 +147,13 @@ async fn handle_images(
     size(&req)?;
     record.begin(&model);
     let items = surfaces::call_worker(shared, &entry, &req).await?;
+    images_response(&items, n)
+}
+
+/// The images response of the worker's items, which must hold `n` images.
+fn images_response(items: &[Value], n: u64) -> Result<Response, HttpError> {
     let mut data = Vec::new();
-    for item in &items {
+    for item in items {
         let d = item.get("data").and_then(Value::as_array).ok_or_else(|| {
             HttpError::internal("malformed worker output: expected a 'data' list")
         })?;
@@ -154,11 +165,188 @@ async fn handle_images(
             data.len()
         )));
     }
-    let created = items[0]
-        .get("created")
+    let created = items
+        .first()
+        .and_then(|i| i.get("created"))
         .and_then(Value::as_u64)
         .unwrap_or_else(now_secs);
     Ok(json_response(&json!({"created": created, "data": data})))
+}
+
+/// One part of a `multipart/form-data` body.
+#[derive(Debug, PartialEq)]
+struct Part {
+    name: String,
+    filename: Option<String>,
+    data: Vec<u8>,
+}
+
+fn find(hay: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+    hay.get(from..)?
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .map(|p| p + from)
+}
+
+/// A `name="value"` parameter of a `Content-Disposition` header.
+fn disposition_param(header: &str, key: &str) -> Option<String> {
+    header.split(';').map(str::trim).find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case(key)
+            .then(|| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// The boundary of a `multipart/form-data` content type.
+fn boundary(content_type: &str) -> Option<String> {
+    let mut params = content_type.split(';').map(str::trim);
+    if !params.next()?.eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    params.find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        k.trim()
+            .eq_ignore_ascii_case("boundary")
+            .then(|| v.trim().trim_matches('"').to_owned())
+    })
+}
+
+/// Parse a `multipart/form-data` body (RFC 7578): the parts in order. A small parser
+/// instead of axum's `multipart` feature: the route needs whole small bodies only.
+fn parse_multipart(body: &[u8], boundary: &str) -> Result<Vec<Part>, HttpError> {
+    let malformed =
+        |what: &str| HttpError::bad_request(format!("malformed multipart body: {what}"), None);
+    let delim = format!("--{boundary}");
+    let next_delim = format!("\r\n--{boundary}");
+    let mut pos =
+        find(body, delim.as_bytes(), 0).ok_or_else(|| malformed("no boundary"))? + delim.len();
+    let mut parts = Vec::new();
+    loop {
+        match body.get(pos..pos + 2) {
+            Some(b"--") => return Ok(parts),
+            Some(b"\r\n") => pos += 2,
+            _ => return Err(malformed("bad boundary line")),
+        }
+        let head_end =
+            find(body, b"\r\n\r\n", pos).ok_or_else(|| malformed("part headers never end"))?;
+        let head = std::str::from_utf8(&body[pos..head_end])
+            .map_err(|_| malformed("part headers are not UTF-8"))?;
+        let disposition = head
+            .split("\r\n")
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.trim()
+                    .eq_ignore_ascii_case("content-disposition")
+                    .then_some(v.trim())
+            })
+            .ok_or_else(|| malformed("a part has no Content-Disposition"))?;
+        let name = disposition_param(disposition, "name")
+            .ok_or_else(|| malformed("a part has no name"))?;
+        let filename = disposition_param(disposition, "filename");
+        let start = head_end + 4;
+        let end = find(body, next_delim.as_bytes(), start)
+            .ok_or_else(|| malformed("a part never ends"))?;
+        parts.push(Part {
+            name,
+            filename,
+            data: body[start..end].to_vec(),
+        });
+        pos = end + next_delim.len();
+    }
+}
+
+/// The most images one edit request may carry.
+pub(super) const MAX_EDIT_IMAGES: usize = 16;
+
+/// `POST /v1/images/edits` (`multipart/form-data`): the worker receives `{"model",
+/// "prompt", "image": [base64], "mask"?: base64, "n"?, "size"?, "response_format"?}` and
+/// answers as for generations.
+pub(super) async fn image_edits(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let mut record = Record::new(Arc::clone(&shared), "images_edits");
+    let result = handle_edits(&shared, &headers, body, &mut record).await;
+    record.finish(result)
+}
+
+async fn handle_edits(
+    shared: &Shared,
+    headers: &axum::http::HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    record: &mut Record,
+) -> Result<Response, HttpError> {
+    let body = surfaces::body_bytes(body)?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let boundary = boundary(ct).ok_or_else(|| {
+        HttpError::new(
+            415,
+            "/v1/images/edits takes multipart/form-data with a boundary",
+        )
+    })?;
+    let parts = parse_multipart(&body, &boundary)?;
+    let mut req = Map::new();
+    let mut images = Vec::new();
+    for part in parts {
+        match part.name.as_str() {
+            "image" | "image[]" => {
+                if part.data.is_empty() {
+                    return Err(bad("an 'image' file is empty", "image"));
+                }
+                images.push(Value::String(super::embeddings::base64(&part.data)));
+            }
+            "mask" => {
+                req.insert(
+                    "mask".into(),
+                    Value::String(super::embeddings::base64(&part.data)),
+                );
+            }
+            name => {
+                if part.filename.is_some() {
+                    return Err(bad(format!("unexpected file field '{name}'"), name));
+                }
+                let text = String::from_utf8(part.data)
+                    .map_err(|_| bad(format!("'{name}' is not UTF-8 text"), name))?;
+                let value = match name {
+                    "n" => json!(
+                        text.trim()
+                            .parse::<u64>()
+                            .map_err(|_| bad("'n' must be an integer", "n"))?
+                    ),
+                    _ => Value::String(text),
+                };
+                req.insert(name.to_owned(), value);
+            }
+        }
+    }
+    let model = surfaces::model_field(&req)?;
+    let entry = surfaces::lookup(shared, &model, IMAGES_EDITS)?;
+    text_field(&req, "prompt", MAX_PROMPT_CHARS)?;
+    if images.is_empty() {
+        return Err(bad("missing required file: 'image'", "image"));
+    }
+    if images.len() > MAX_EDIT_IMAGES {
+        return Err(bad(
+            format!("at most {MAX_EDIT_IMAGES} images per request"),
+            "image",
+        ));
+    }
+    let n = match surfaces::opt_uint(&req, "n")? {
+        None => 1,
+        Some(n @ 1..=10) => n,
+        Some(_) => return Err(bad("'n' must be between 1 and 10", "n")),
+    };
+    choice(&req, "response_format", &["url", "b64_json"])?;
+    size(&req)?;
+    req.insert("image".into(), Value::Array(images));
+    record.begin(&model);
+    let items = surfaces::call_worker(shared, &entry, &req).await?;
+    images_response(&items, n)
 }
 
 /// The MIME type of a speech `response_format`.
@@ -363,6 +551,26 @@ mod tests {
         }
         assert!(base64_decode("a$==").is_none());
         assert!(base64_decode("abcde").is_none());
+    }
+
+    #[test]
+    fn multipart_bodies_parse_into_parts() {
+        let body = b"--XyZ\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nblue\r\n\
+--XyZ\r\nContent-Disposition: form-data; name=\"image\"; filename=\"a.png\"\r\n\
+Content-Type: image/png\r\n\r\n\x89PNG\r\n--x\r\n--XyZ--\r\n";
+        let parts = parse_multipart(body, "XyZ").expect("parses");
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].name, "prompt");
+        assert_eq!(parts[0].data, b"blue");
+        assert_eq!(parts[1].filename.as_deref(), Some("a.png"));
+        assert_eq!(parts[1].data, b"\x89PNG\r\n--x");
+        assert_eq!(
+            boundary("multipart/form-data; boundary=\"XyZ\"").as_deref(),
+            Some("XyZ")
+        );
+        assert!(boundary("application/json").is_none());
+        assert!(parse_multipart(b"--XyZ\r\nno headers end", "XyZ").is_err());
+        assert!(parse_multipart(b"nothing", "XyZ").is_err());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Routes: `POST /v1/chat/completions`, `POST /v1/completions` (SSE streaming ending with
 //! `data: [DONE]`, `stream_options.include_usage`, or one JSON response), `GET /v1/models`,
 //! `GET /health`, `GET /live`, `GET /metrics`; the unary non-generative surfaces
-//! `POST /v1/embeddings`, `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`,
+//! `POST /v1/embeddings`, `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`, `/v1/images/edits`,
 //! `/v1/audio/speech`, `/v1/videos`, `/v1/videos/stream` (see [`surfaces`] and
 //! `docs/frontend_surfaces.md`). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values), 404 (unknown model), 413 (body over
@@ -231,6 +231,7 @@ impl HttpService {
             .route("/v1/classify", post(rerank::classify))
             .route("/v1/pooling", post(rerank::pooling))
             .route("/v1/images/generations", post(media::images))
+            .route("/v1/images/edits", post(media::image_edits))
             .route("/v1/audio/speech", post(media::speech))
             .route("/v1/videos", post(media::videos))
             .route("/v1/videos/stream", post(media::videos_stream))
