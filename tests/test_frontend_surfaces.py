@@ -7,6 +7,14 @@ embedding worker receives ``{"model", "token_ids": [[...]]}`` tokenized by the f
 answers ``{"embeddings", "prompt_tokens", "total_tokens"}``; a ``ModelInput.Text`` one
 receives the OpenAI body and may answer an OpenAI embeddings response. ``base64`` is
 encoded by the frontend (little-endian f32), as the ``openai`` client decodes it.
+
+Reference 1.6.1 observed (its ``make_engine(EngineType.Dynamic)`` + ``run_input("http")``
+frontend, file discovery, tcp request plane, a Python ``ModelType.Embedding`` worker over
+the same tiny model): a Tokens worker receives ``{"token_ids": [[...]], "model",
+"dimensions": null|int, "mdc_sum", "annotations": []}`` (plus ``encoding_format`` when the
+client sent one) with the same token ids as ours; a Text worker receives the client's body
+unchanged; ``input: []`` is not rejected; an unknown model is 404 outside OpenAI's envelope.
+Details and deliberate differences: ``docs/compat/A2.md``.
 """
 
 from __future__ import annotations
