@@ -126,6 +126,7 @@ def test_embeddings_tokens_worker_gets_frontend_tokens(served):
     assert r.usage.prompt_tokens == sum(len(i) for i in ids)
     sent = _requests(marker)[-1]
     assert sent["token_ids"] == ids and sent["model"] == "emb-tok"
+    assert sent["dimensions"] is None and sent["annotations"] == []
     # Token-id input, single list and list of lists, goes through untouched.
     r = client.embeddings.create(model="emb-tok", input=[5, 6, 7], encoding_format="float")
     assert r.data[0].embedding == token_vector([5, 6, 7])

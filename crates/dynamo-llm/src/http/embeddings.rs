@@ -3,7 +3,8 @@
 //!
 //! Input: a string, a list of strings, a list of token ids or a list of token-id lists
 //! (at most [`MAX_INPUTS`] inputs). For `ModelInput::Tokens` workers the frontend
-//! tokenizes text inputs and sends `{"model", "token_ids": [[...]], "dimensions"?}`; the
+//! tokenizes text inputs and sends `{"model", "token_ids": [[...]], "dimensions",
+//! "annotations"}` (the reference's fields); the
 //! worker answers `{"embeddings": [[...]], "prompt_tokens", "total_tokens"}`.
 //! `ModelInput::Text` workers receive the OpenAI body (with `encoding_format` forced to
 //! `float`) and answer either that engine shape or an OpenAI embeddings response.
@@ -353,10 +354,14 @@ async fn handle(
     let count = inputs.len();
     let items = if entry.preprocessor.is_some() {
         let token_ids = token_ids(&entry, inputs)?;
-        let mut wire = json!({ "model": model, "token_ids": token_ids });
-        if let Some(d) = options.dimensions {
-            wire["dimensions"] = json!(d);
-        }
+        // The reference's field set (it also sends `mdc_sum`, which our cards lack):
+        // `dimensions` is always present, null when the client gave none.
+        let wire = json!({
+            "model": model,
+            "token_ids": token_ids,
+            "dimensions": options.dimensions,
+            "annotations": [],
+        });
         record.begin(&model);
         surfaces::call_worker(shared, &entry, &wire).await?
     } else {
