@@ -5,7 +5,10 @@
 //! `GET /v1/models/{*model_id}` (a model, or `…/ready`: [`models`]), `GET|POST
 //! /busy_threshold` ([`busy`]), `GET /health`, `GET /live`, `GET /metrics`, `GET /v1/realtime` (WebSocket, see
 //! [`realtime`]), `GET /openapi.json` (see [`openapi`]: one table registers every route and
-//! generates the document), plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
+//! generates the document); the unary non-generative surfaces `POST /v1/embeddings`,
+//! `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`, `/v1/images/edits`,
+//! `/v1/audio/speech`, `/v1/videos`, `/v1/videos/stream` (see [`surfaces`] and
+//! `docs/frontend_surfaces.md`); plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
 //! (unknown model: code `model_not_found`; unknown route: code `not_found`), 408 (body not
 //! received within the body-read timeout), 413 (body over the limit), 415 (a POST body that
@@ -33,18 +36,22 @@
 //! drops it, which sends a stop to the worker.
 
 pub mod busy;
+mod embeddings;
 pub mod engine;
 pub mod error;
 pub mod extensions;
 pub mod kv_selector;
+mod media;
 pub mod metrics;
 pub mod models;
 mod openai_routes;
 mod openapi;
 mod realtime;
 mod request_body;
+mod rerank;
 mod serve;
 pub mod static_engine;
+mod surfaces;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use super::Shared;
 use super::openai_routes;
 use super::realtime;
-use super::{busy, models};
+use super::{busy, embeddings, media, models, rerank};
 use crate::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// What a route returns on success (its OpenAPI `200` content types).
@@ -37,6 +37,10 @@ pub(super) enum Produces {
     Text,
     /// A WebSocket upgrade (`101 Switching Protocols`).
     WebSocket,
+    /// Encoded audio bytes (the worker's format, e.g. `audio/wav`).
+    Audio,
+    /// Server-sent events only.
+    EventStream,
 }
 
 /// One route of the frontend: how it is served and how it is documented.
@@ -125,7 +129,7 @@ impl ApiRoute {
 /// `mod.rs`: the test `every_route_is_documented_and_every_documented_route_answers` fails
 /// for routes registered outside this table.
 pub(super) fn routes() -> Vec<ApiRoute> {
-    use Produces::{Json, JsonOrEventStream, Text, WebSocket};
+    use Produces::{Audio, EventStream, Json, JsonOrEventStream, Text, WebSocket};
     vec![
         ApiRoute::post(
             "/v1/chat/completions",
@@ -141,6 +145,50 @@ pub(super) fn routes() -> Vec<ApiRoute> {
             openai_routes::completions,
         )
         .json_body::<CompletionRequest>(),
+        ApiRoute::post(
+            "/v1/embeddings",
+            "Create embeddings (OpenAI)",
+            Json,
+            embeddings::embeddings,
+        ),
+        ApiRoute::post(
+            "/v1/rerank",
+            "Rerank documents against a query (Cohere/Jina style)",
+            Json,
+            rerank::rerank,
+        ),
+        ApiRoute::post("/v1/classify", "Classify inputs", Json, rerank::classify),
+        ApiRoute::post(
+            "/v1/pooling",
+            "Pooled hidden states of inputs",
+            Json,
+            rerank::pooling,
+        ),
+        ApiRoute::post(
+            "/v1/images/generations",
+            "Generate images (OpenAI)",
+            Json,
+            media::images,
+        ),
+        ApiRoute::post(
+            "/v1/images/edits",
+            "Edit images (OpenAI, multipart/form-data)",
+            Json,
+            media::image_edits,
+        ),
+        ApiRoute::post(
+            "/v1/audio/speech",
+            "Text to speech (OpenAI)",
+            Audio,
+            media::speech,
+        ),
+        ApiRoute::post("/v1/videos", "Generate a video", Json, media::videos),
+        ApiRoute::post(
+            "/v1/videos/stream",
+            "Generate a video, streamed as server-sent events",
+            EventStream,
+            media::videos_stream,
+        ),
         ApiRoute::get(
             "/v1/models",
             "List the served models",
@@ -251,6 +299,10 @@ pub(super) fn document(table: &[ApiRoute]) -> Value {
             Produces::Text => json!({"200": {"description": "OK", "content": {"text/plain": {}}}}),
             Produces::WebSocket => {
                 json!({"101": {"description": "Switching Protocols (WebSocket)"}})
+            }
+            Produces::Audio => json!({"200": {"description": "OK", "content": {"audio/*": {}}}}),
+            Produces::EventStream => {
+                json!({"200": {"description": "OK", "content": {"text/event-stream": {}}}})
             }
         };
         let mut responses = ok;

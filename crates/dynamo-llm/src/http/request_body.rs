@@ -14,13 +14,48 @@
 //! * The whole body must arrive within the body-read timeout (408 otherwise), so a client
 //!   sending a byte now and then cannot hold a connection and its buffer forever.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
 use futures_util::StreamExt;
 
+use super::Shared;
 use super::error::HttpError;
+
+/// A handler argument: the JSON body read by [`read`] (media type, the service's size limit
+/// and read deadline), or the error to answer with.
+pub(super) struct JsonBody(pub(super) Result<Bytes, HttpError>);
+
+impl FromRequest<Arc<Shared>> for JsonBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(req: Request, shared: &Arc<Shared>) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let limit = shared.body_limit;
+        Ok(Self(
+            read(&parts.headers, body, limit, shared.body_read_timeout).await,
+        ))
+    }
+}
+
+/// A handler argument: a body of any media type (the handler checks it, e.g. multipart),
+/// read within the service's size limit and read deadline.
+pub(super) struct AnyBody(pub(super) Result<Bytes, HttpError>);
+
+impl FromRequest<Arc<Shared>> for AnyBody {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request(req: Request, shared: &Arc<Shared>) -> Result<Self, Self::Rejection> {
+        let (parts, body) = req.into_parts();
+        let limit = shared.body_limit;
+        Ok(Self(
+            read_limited(&parts.headers, body, limit, shared.body_read_timeout).await,
+        ))
+    }
+}
 
 /// Whether `headers` declare a JSON body.
 pub(super) fn is_json(headers: &HeaderMap) -> bool {
@@ -85,6 +120,19 @@ pub(super) async fn read(
             format!("Expected request with `Content-Type: application/json` (got {got})."),
         ));
     }
+    read_limited(headers, body, limit, deadline).await
+}
+
+/// Read the body within `limit` bytes and `deadline`, whatever its media type.
+///
+/// # Errors
+/// 413 over the limit, 408 past the deadline, 400 when the connection fails meanwhile.
+pub(super) async fn read_limited(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    deadline: Option<Duration>,
+) -> Result<Bytes, HttpError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
