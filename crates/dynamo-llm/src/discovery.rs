@@ -453,7 +453,7 @@ mod tests {
             .await
             .expect_err("nothing registered yet");
         assert!(matches!(err, Error::Timeout(_)), "{err}");
-        assert!(err.to_string().contains("0 matched"), "{err}");
+        assert!(err.to_string().contains("last_match_count=0"), "{err}");
 
         let mut card = tiny_card("tiny");
         card.runtime_config
