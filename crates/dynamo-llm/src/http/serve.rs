@@ -14,8 +14,13 @@
 //! The body-read timeout is applied where the body is read (the OpenAI handlers), as a
 //! deadline for the whole body.
 //!
+//! Connections may be upgraded (the realtime WebSocket): an upgraded connection leaves this
+//! loop's bookkeeping and lives in its own task.
+//!
 //! On shutdown the listener closes, idle connections close, and requests in flight (SSE
-//! streams included) finish before [`serve`] returns.
+//! streams included) finish before [`serve`] returns. (hyper-util's `GracefulShutdown`
+//! cannot watch upgradeable HTTP/1 connections, so the drain is a watch channel plus a
+//! channel whose senders the connection tasks hold.)
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,7 +30,6 @@ use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -122,7 +126,9 @@ pub(super) async fn serve(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_read_timeout);
-    let graceful = GracefulShutdown::new();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Each connection task holds a sender; `recv` returns `None` once every task has ended.
+    let (alive_tx, mut alive_rx) = tokio::sync::mpsc::channel::<()>(1);
     let counts = Arc::new(PeerCounts::default());
     tokio::pin!(shutdown);
     loop {
@@ -146,18 +152,31 @@ pub(super) async fn serve(
             tokio::spawn(refuse(tcp, limits.max_connections_per_ip));
             continue;
         };
-        let conn =
-            builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
-        let conn = graceful.watch(conn);
+        let conn = builder
+            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()))
+            .with_upgrades();
+        let (mut stop, alive) = (stop_rx.clone(), alive_tx.clone());
         tokio::spawn(async move {
-            let _slot = slot;
-            if let Err(e) = conn.await {
+            let (_slot, _alive) = (slot, alive);
+            tokio::pin!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                // The flag only ever turns true (a dropped sender also means stop).
+                _ = stop.changed() => {
+                    // Finish the request in flight, then close.
+                    conn.as_mut().graceful_shutdown();
+                    conn.as_mut().await
+                }
+            };
+            if let Err(e) = result {
                 tracing::debug!(peer = %peer, error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    let _ = stop_tx.send(true);
+    drop(alive_tx);
+    let _ = alive_rx.recv().await;
 }
 
 fn is_connection_error(e: &std::io::Error) -> bool {
