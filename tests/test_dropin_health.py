@@ -13,7 +13,7 @@ Observed with the reference wheel ``ai-dynamo-runtime==1.6.1`` (``DYN_SYSTEM_POR
   re-sent (and cancelled) after every timeout.
 
 The reference keys ``endpoints`` by the bare endpoint name (``"ep"``); ours keys it by
-``ns.component.endpoint`` (see docs/compat/B.md).
+``ns.component.endpoint`` (see docs/compatibility.md).
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_n_choices_are_separate_generations(stack) -> None:
     reference's responses to ``n=2``/``n=3`` (chat, completions, streamed or not) had a
     single choice with index 0 and the usage of one generation.
 
-    Ours (deliberate difference, recorded in docs/compat/E.md): the frontend runs ``n``
+    Ours (deliberate difference, recorded in docs/compatibility.md): the frontend runs ``n``
     generations itself, one worker request per choice (``n=1`` each), so every engine, the
     mocker included, answers ``n`` choices with indexes ``0..n-1`` (OpenAI's contract);
     streamed chunks carry their choice's index, each choice ends with its own

@@ -14,7 +14,7 @@ the same tiny model): a Tokens worker receives ``{"token_ids": [[...]], "model",
 "dimensions": null|int, "mdc_sum", "annotations": []}`` (plus ``encoding_format`` when the
 client sent one) with the same token ids as ours; a Text worker receives the client's body
 unchanged; ``input: []`` is not rejected; an unknown model is 404 outside OpenAI's envelope.
-Details and deliberate differences: ``docs/compat/A2.md``.
+Details and deliberate differences: ``docs/compatibility.md``.
 """
 
 from __future__ import annotations
