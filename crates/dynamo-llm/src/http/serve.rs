@@ -94,13 +94,12 @@ async fn refuse(mut tcp: TcpStream, max: usize) {
         "code": "too_many_connections",
     }})
     .to_string();
-    let head = format!(
-        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n",
+    // One write: head and body leave in one segment, so a client's first read sees both.
+    let answer = format!(
+        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\nretry-after: 1\r\n\r\n{body}",
         body.len()
     );
-    if tcp.write_all(head.as_bytes()).await.is_err()
-        || tcp.write_all(body.as_bytes()).await.is_err()
-    {
+    if tcp.write_all(answer.as_bytes()).await.is_err() {
         return;
     }
     let _ = tcp.shutdown().await;
