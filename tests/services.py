@@ -93,6 +93,24 @@ class Etcd(Service):
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def start(self) -> None:
+        """Start, then wait for ``/health``: etcd accepts connections before it serves
+        requests, and a lease grant sent at once can be reset on a loaded machine."""
+        import json
+        import urllib.request
+
+        super().start()
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.endpoint}/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"etcd on port {self.port} never reported healthy")
+
     def command(self) -> list[str]:
         peer = f"http://127.0.0.1:{self.peer_port}"
         return [

@@ -16,6 +16,24 @@ pub(crate) fn free_port() -> u16 {
     l.local_addr().expect("addr").port()
 }
 
+/// Whether a plain-HTTP etcd on `port` answers `GET /health` with `"health":"true"`.
+fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut tcp) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = tcp.set_read_timeout(Some(Duration::from_secs(1)));
+    if tcp
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    answer.contains("\"health\":\"true\"")
+}
+
 /// A server process, killed on drop.
 pub(crate) struct Server {
     child: Option<Child>,
@@ -57,7 +75,22 @@ impl Server {
             });
         self.child = Some(child);
         let deadline = Instant::now() + WAIT;
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+        // A port that accepts is not enough: another process may hold it (our server then
+        // exits), and etcd accepts connections before it serves requests (a lease grant
+        // right away can be reset under load). Wait for our child to stay up and, for plain
+        // etcd, for `/health` to say true.
+        let plain_etcd = self.program == "etcd" && !self.args.iter().any(|a| a == "--cert-file");
+        loop {
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                panic!("{} exited at start ({status})", self.program);
+            }
+            let up = std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
+                && (!plain_etcd || etcd_healthy(self.port));
+            if up {
+                break;
+            }
             assert!(Instant::now() < deadline, "{} did not start", self.program);
             std::thread::sleep(Duration::from_millis(20));
         }
