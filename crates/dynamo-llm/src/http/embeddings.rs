@@ -183,11 +183,31 @@ struct Output {
     total_tokens: u64,
 }
 
+/// One embedding of the worker's output: a list of numbers, or (as workers written for the
+/// reference send it) a base64 string of little-endian `f32`s.
 fn vector(v: &Value) -> Result<Vec<f64>, HttpError> {
+    if let Some(text) = v.as_str() {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .ok()
+            .filter(|b| b.len() % 4 == 0)
+            .ok_or_else(|| {
+                HttpError::internal(
+                    "malformed worker output: an embedding string is not base64 of f32s",
+                )
+            })?;
+        return Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect());
+    }
     v.as_array()
         .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<f64>>>())
         .ok_or_else(|| {
-            HttpError::internal("malformed worker output: an embedding is not a list of numbers")
+            HttpError::internal(
+                "malformed worker output: an embedding is neither a list of numbers nor base64",
+            )
         })
 }
 
@@ -239,24 +259,8 @@ fn fold(items: &[Value]) -> Result<Output, HttpError> {
 
 /// Standard base64 (with padding) of `bytes`.
 pub(super) fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> shift) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// The `embedding` value of one vector in `encoding`.
@@ -430,6 +434,23 @@ mod tests {
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
         assert_eq!(base64(&1.0f32.to_le_bytes()), "AACAPw==");
+    }
+
+    #[test]
+    fn worker_vectors_may_be_base64_f32s_as_the_reference_sends_them() {
+        let floats: Vec<u8> = [1.0f32, -0.5]
+            .iter()
+            .flat_map(|f| f.to_le_bytes())
+            .collect();
+        let v = vector(&Value::String(base64(&floats))).expect("base64 vector");
+        assert_eq!(v, vec![1.0, -0.5]);
+        assert_eq!(vector(&json!([0.25, 2])).expect("list"), vec![0.25, 2.0]);
+        assert!(
+            vector(&Value::String("AAA".into())).is_err(),
+            "not whole f32s"
+        );
+        assert!(vector(&Value::String("!!".into())).is_err(), "not base64");
+        assert!(vector(&json!({"x": 1})).is_err());
     }
 
     #[test]
