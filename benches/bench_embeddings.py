@@ -290,9 +290,8 @@ Notes:
   input is answered with HTTP 500 `{"message":"Internal server error",...}` and the log
   line `failed deserializing request-plane response err=invalid type: sequence, expected a
   string codec="msgpack"` (`{"embedding": [...], "index": i}` objects: `invalid type: map,
-  expected a string`). Ours wants a list of numbers per input and answers a base64 string
-  with 500 `malformed worker output: an embedding is not a list of numbers`. So no single
-  worker reply serves both; the worker is told which to send (`--reply floats|base64`).
+  expected a string`). Ours takes either a list of numbers or the reference's base64
+  string; the worker sends each side the reply it reads fastest (`--reply floats|base64`).
   Both frontends return the same 33,004-byte float response to the client.
 - **Worker CPU** is the same Python handler on both sides; in `text` mode it returns the
   same dict, so the difference is the binding and request plane (the reference's worker
