@@ -75,12 +75,22 @@ async fn nats_events_survive_a_server_restart_with_the_gap_detected() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     server.restart();
 
-    // Both clients reconnect by themselves; the subscriber sees the gap.
+    // Both clients reconnect by themselves; the subscriber sees the gap. A "lost" event
+    // published before the client noticed the outage may still sit in its write buffer and
+    // arrive after the reconnect: it is delivered, not missed.
+    let mut late = 0u64;
     let e = tokio::time::timeout(WAIT, async {
         loop {
             publisher.publish(b"back").unwrap();
             tokio::select! {
-                e = sub.next() => break e.expect("subscription open"),
+                e = sub.next() => {
+                    let e = e.expect("subscription open");
+                    if e.payload.as_ref() == b"lost" {
+                        late += 1;
+                        continue;
+                    }
+                    break e;
+                }
                 () = tokio::time::sleep(Duration::from_millis(50)) => {}
             }
         }
@@ -89,7 +99,7 @@ async fn nats_events_survive_a_server_restart_with_the_gap_detected() {
     .expect("events flow again after the restart");
     assert!(e.sequence >= 15 && e.missed_before >= 5, "{e:?}");
     assert!(sub.gaps() >= 1);
-    assert_eq!(sub.stats().missed(), e.sequence - 10);
+    assert_eq!(sub.stats().missed(), e.sequence - 10 - late);
     for rt in [a, b] {
         rt.shutdown();
         tokio::time::timeout(WAIT, rt.stopped()).await.unwrap();
