@@ -18,7 +18,7 @@ use super::engine::decode_item;
 use super::error::HttpError;
 use super::openai_routes::{DONE, json_response, sse_data, sse_headers};
 use super::request_body::{AnyBody, JsonBody};
-use super::surfaces::{self, Record, Surface};
+use super::surfaces::{self, Record, Surface, bad};
 use crate::model_card::ModelType;
 
 /// The longest prompt or speech input accepted, in characters (OpenAI's image limit).
@@ -46,10 +46,6 @@ const VIDEOS: Surface = Surface {
     label: "videos",
     flag: ModelType::VIDEOS,
 };
-
-fn bad(msg: impl Into<String>, param: &str) -> HttpError {
-    HttpError::bad_request(msg, Some(param.into()))
-}
 
 /// A required non-empty string of at most `max` characters.
 fn text_field(body: &Map<String, Value>, key: &str, max: usize) -> Result<String, HttpError> {

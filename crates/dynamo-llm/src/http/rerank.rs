@@ -20,7 +20,7 @@ use super::embeddings::{self, Inputs};
 use super::error::HttpError;
 use super::openai_routes::json_response;
 use super::request_body::JsonBody;
-use super::surfaces::{self, Record, Surface};
+use super::surfaces::{self, Record, Surface, bad};
 use crate::model_card::ModelType;
 
 /// The most documents one rerank request may carry.
@@ -41,10 +41,6 @@ const POOLING: Surface = Surface {
     label: "pooling",
     flag: ModelType::POOLING,
 };
-
-fn bad(msg: impl Into<String>, param: &str) -> HttpError {
-    HttpError::bad_request(msg, Some(param.into()))
-}
 
 /// The documents' texts: strings or `{"text": ...}` objects.
 fn documents(v: Option<&Value>) -> Result<Vec<String>, HttpError> {

@@ -27,6 +27,11 @@ pub(super) struct Surface {
     pub(super) flag: ModelType,
 }
 
+/// A 400 naming the offending field.
+pub(super) fn bad(msg: impl Into<String>, param: &str) -> HttpError {
+    HttpError::bad_request(msg, Some(param.into()))
+}
+
 /// Parse a JSON object body (400 otherwise).
 pub(super) fn json_object(
     body: &[u8],
