@@ -430,7 +430,7 @@ fn decode_bytes(raw: &[u8], name: &str) -> Result<Vec<ByteString>, BadTensor> {
 
 fn decode_raw(dt: DataType, raw: &[u8], name: &str) -> Result<FlattenTensor, BadTensor> {
     if let Some(w) = dt.width()
-        && raw.len() % w != 0
+        && !raw.len().is_multiple_of(w)
     {
         return Err(bad(format!(
             "input '{name}': raw content of {} bytes is not a whole number of {} elements",
