@@ -209,6 +209,17 @@ async def _unary(url: str, seconds: float) -> dict:
     }
 
 
+def _finished(resp) -> bool:
+    """Whether a text response carries a non-empty ``finish_reason`` (raw or typed: the
+    reference answers typed contents, which ``as_numpy`` cannot read under numpy 2)."""
+    for i, out in enumerate(resp.outputs):
+        if out.name == "finish_reason":
+            if resp.raw_output_contents:
+                return len(resp.raw_output_contents[i]) > 4
+            return bool(out.contents.bytes_contents and out.contents.bytes_contents[0])
+    return False
+
+
 async def _streaming(url: str, seconds: float) -> dict:
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -225,18 +236,29 @@ async def _streaming(url: str, seconds: float) -> dict:
         s.set_data_from_numpy(np.array([True]))
         return [t, s]
 
-    async def requests():
-        # The reference takes max_tokens only as a request parameter it ignores, so the
-        # worker's default (TOKENS) sets the length for both sides.
-        while time.monotonic() < stop:
-            yield {"model_name": "stream", "inputs": inputs()}
-
     async def one() -> None:
+        # One request at a time per stream: the next is sent when the previous one's last
+        # chunk (non-empty finish_reason) arrived, so no backlog outlives the phase.
         nonlocal tokens
-        async for _result, error in client.stream_infer(requests()):
+        turn = asyncio.Event()
+        turn.set()
+
+        async def requests():
+            while time.monotonic() < stop:
+                await turn.wait()
+                turn.clear()
+                if time.monotonic() >= stop:
+                    return
+                yield {"model_name": "stream", "inputs": inputs()}
+
+        async for result, error in client.stream_infer(requests()):
             if error is not None:
                 raise error
             tokens += 1
+            if _finished(result.get_response()):
+                turn.set()
+                if time.monotonic() >= stop:
+                    break
 
     start = time.monotonic()
     await asyncio.gather(*(one() for _ in range(STREAMS)))
@@ -271,8 +293,9 @@ def main() -> None:
             order = stacks if r % 2 == 0 else stacks[::-1]
             for s in order:
                 url = f"127.0.0.1:{s.port}"
-                res = asyncio.run(_unary(url, args.seconds))
-                res.update(asyncio.run(_streaming(url, args.seconds)))
+                limit = args.seconds + 60
+                res = asyncio.run(asyncio.wait_for(_unary(url, args.seconds), limit))
+                res.update(asyncio.run(asyncio.wait_for(_streaming(url, args.seconds), limit)))
                 results[s.label].append(res)
                 print(s.label, r, {k: round(v, 2) for k, v in res.items()}, flush=True)
     finally:
