@@ -24,6 +24,7 @@
 //!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
+//! * [`grpc`]: the KServe v2 gRPC ingress (`KserveGrpcService`).
 
 use pyo3::prelude::*;
 
@@ -35,6 +36,7 @@ mod dlpack;
 mod engine;
 mod errors;
 mod frontend_routes;
+mod grpc;
 mod json;
 mod kv;
 mod kv_routing;
@@ -60,5 +62,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    grpc::register(m)?;
     Ok(())
 }
