@@ -434,3 +434,82 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
         client.close()
     finally:
         procs.close()
+
+
+@pytest.mark.slow
+def test_overload_and_no_worker_are_grpc_statuses(tmp_path, model_dir) -> None:
+    """Item 6 end to end: a registered model whose endpoint has no live instance answers
+    ``UNAVAILABLE`` (HTTP's 503), and with every worker busy under KV-mode thresholds a
+    request answers ``RESOURCE_EXHAUSTED`` (HTTP's 529); both recover without a restart."""
+    procs = Procs(tmp_path / "kv", tmp_path)
+    hold = tmp_path / "hold"
+    serve = tmp_path / "serve"
+    procs.env.update(
+        {
+            "MARKER": str(tmp_path / "marker"),
+            "HOLD": str(hold),
+            "SERVE_AFTER": str(serve),
+            "ENDPOINT": "kbusy.slow.generate",
+        }
+    )
+    grpc_port = free_port()
+    try:
+        # Busy as soon as one prompt waits for its prefill (first token).
+        procs.frontend(
+            free_port(), "--namespace", "kbusy", "--router-mode", "kv",
+            "--active-prefill-tokens-threshold", "0",
+            "--kserve-grpc-server", "--grpc-port", str(grpc_port),
+        )  # fmt: skip
+        procs.start("slow", [str(WORKERS / "llm_worker.py"), str(model_dir)])
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        inputs = [_text_input(b"Hello there!"), _int_input("max_tokens", 3)]
+
+        # The card is registered; the endpoint is not served yet.
+        def listed() -> bool:
+            try:
+                client.infer("slow", inputs)
+            except InferenceServerException as e:
+                return _code(e) != "StatusCode.NOT_FOUND"
+            return True
+
+        _until("model listed", listed, timeout=40)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("slow", inputs)
+        assert _code(e.value) == "StatusCode.UNAVAILABLE", e.value.message()
+
+        serve.touch()
+        q: queue.Queue = queue.Queue()
+
+        def served() -> bool:
+            try:
+                client.infer("slow", inputs)
+            except InferenceServerException as e:
+                return _code(e) != "StatusCode.UNAVAILABLE"
+            return True
+
+        _until("endpoint served", served, timeout=40)
+        # A request held at its prefill by the worker (HOLD) makes the only worker busy.
+        hold.touch()
+        client.start_stream(callback=lambda result, error: q.put((result, error)))
+        client.async_stream_infer("slow", [*inputs, _bool_input("stream", True)], request_id="held")
+        busy = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+
+        def exhausted() -> bool:
+            try:
+                busy.infer("slow", inputs)
+            except InferenceServerException as e:
+                assert _code(e) == "StatusCode.RESOURCE_EXHAUSTED", e.message()
+                assert "busy" in e.message()
+                return True
+            return False
+
+        _until("busy answer", exhausted, timeout=20)
+        hold.unlink()
+        _until("the held stream finished", lambda: q.qsize() >= 3)
+        client.stop_stream()
+        r = busy.infer("slow", inputs)
+        assert r.as_numpy("text_output").tolist()[0]
+        busy.close()
+        client.close()
+    finally:
+        procs.close()
