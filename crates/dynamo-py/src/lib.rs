@@ -24,6 +24,10 @@
 //!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
+//! * [`fpm`]: forward-pass metrics (`FpmDirectPublisher`, `FpmEventRelay`,
+//!   `FpmEventSubscriber`).
+//! * [`planner`]: `PlannerDecision`, the virtual connector, `run_planner`,
+//!   `MultimodalEmbeddingCachePublisher`.
 
 use pyo3::prelude::*;
 
@@ -34,6 +38,7 @@ mod convert;
 mod dlpack;
 mod engine;
 mod errors;
+mod fpm;
 mod frontend_routes;
 mod json;
 mod kv;
@@ -43,6 +48,7 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod planner;
 mod router;
 mod runtime;
 
@@ -60,5 +66,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    fpm::register(m)?;
+    planner::register(m)?;
     Ok(())
 }

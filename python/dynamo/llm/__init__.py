@@ -48,6 +48,12 @@ from dynamo.llm._unary import UnaryChatModel as UnaryChatModel
 from dynamo.llm._unary import with_engine_data as with_engine_data
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
+from dynamo._core import FpmDirectPublisher as FpmDirectPublisher
+from dynamo._core import FpmEventRelay as FpmEventRelay
+from dynamo._core import FpmEventSubscriber as FpmEventSubscriber
+from dynamo._core import (
+    MultimodalEmbeddingCachePublisher as MultimodalEmbeddingCachePublisher,
+)
 
 #: Older name of :func:`fetch_model`.
 fetch_llm = fetch_model
@@ -101,4 +107,8 @@ __all__ = [
     "unregister_model",
     "update_model_taints",
     "with_engine_data",
+    "FpmDirectPublisher",
+    "FpmEventRelay",
+    "FpmEventSubscriber",
+    "MultimodalEmbeddingCachePublisher",
 ]
