@@ -9,6 +9,7 @@ import base64
 import json
 import time
 import urllib.request
+from contextlib import asynccontextmanager
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,6 +17,7 @@ from runtime_util import collect, local_runtime, unique_ns
 from services import free_port
 
 from dynamo._core import (
+    DistributedRuntime,
     MultimodalEmbeddingCachePublisher,
     PlannerDecision,
     VirtualConnectorClient,
@@ -36,6 +38,16 @@ def etcd_range(endpoint: str, prefix: str) -> dict[str, str]:
         base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", "")).decode()
         for kv in data.get("kvs", [])
     }
+
+
+@asynccontextmanager
+async def runtime(backend: str):
+    """A bare runtime (the connector classes take the DistributedRuntime itself)."""
+    rt = DistributedRuntime(asyncio.get_running_loop(), backend, "tcp")
+    try:
+        yield rt
+    finally:
+        rt.shutdown()
 
 
 def state(d: PlannerDecision) -> tuple[int, int, int]:
@@ -93,7 +105,7 @@ async def connector_protocol(rt, ns: str, keys=None) -> None:
 async def test_connector_over_etcd(etcd_server, monkeypatch) -> None:
     monkeypatch.setenv("ETCD_ENDPOINTS", etcd_server.endpoint)
     ns = unique_ns()
-    async with local_runtime("etcd") as rt:
+    async with runtime("etcd") as rt:
         await connector_protocol(rt, ns, lambda: etcd_range(etcd_server.endpoint, f"v1/{ns}/planner/"))
     # The keys were the runtime's (its lease): gone with it, as in the reference.
     assert etcd_range(etcd_server.endpoint, f"v1/{ns}/planner/") == {}
@@ -101,7 +113,7 @@ async def test_connector_over_etcd(etcd_server, monkeypatch) -> None:
 
 async def test_connector_over_file_store(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("DYN_FILE_KV", str(tmp_path))
-    async with local_runtime("file") as rt:
+    async with runtime("file") as rt:
         await connector_protocol(rt, unique_ns())
 
 
@@ -115,14 +127,14 @@ async def test_bad_planner_value_is_a_value_error(etcd_server, monkeypatch) -> N
         }
     ).encode()
     urllib.request.urlopen(f"{etcd_server.endpoint}/v3/kv/put", body, timeout=5).read()
-    async with local_runtime("etcd") as rt:
+    async with runtime("etcd") as rt:
         c = VirtualConnectorCoordinator(rt, ns, 1, 1, 1)
         with pytest.raises(ValueError, match="invalid"):
             await c.async_init()
 
 
 async def test_client_wait_raises_on_shutdown() -> None:
-    async with local_runtime("mem") as rt:
+    async with runtime("mem") as rt:
         client = VirtualConnectorClient(rt, unique_ns())
         waiter = asyncio.ensure_future(client.wait())
         await asyncio.sleep(0.2)

@@ -199,9 +199,10 @@ impl VirtualConnectorClient {
     fn complete<'py>(
         &self,
         py: Python<'py>,
-        decision: PlannerDecision,
+        decision: PyRef<'_, PlannerDecision>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let inner = Arc::clone(&self.inner);
+        let decision = *decision;
         py_future(
             py,
             async move { inner.complete(&decision.inner).await.map_err(runtime_error) },
