@@ -141,7 +141,7 @@ def main() -> None:
                             if who == "ours"
                             else run_under_reference(__file__, "--plane", plane)
                         )
-                    except Exception as e:  # noqa: BLE001 - report and go on
+                    except Exception as e:
                         print(plane, who, "failed:", e, flush=True)
                         continue
                     results.setdefault((plane, who), []).append(res)

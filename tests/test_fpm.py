@@ -108,7 +108,9 @@ async def check_publish_and_heartbeat() -> None:
         assert m["scheduled_requests"]["var_prefill_length"] == 2500.0
         assert m["scheduled_requests"]["var_decode_kv_tokens"] == 0.0
         # About 1 s later rank 1 sends a zeroed heartbeat with the next counter.
-        hb = await recv_until(sub, lambda x: x["dp_rank"] == 1 and x["counter_id"] > m["counter_id"])
+        hb = await recv_until(
+            sub, lambda x: x["dp_rank"] == 1 and x["counter_id"] > m["counter_id"]
+        )
         waited = time.monotonic() - start
         assert 0.8 < waited < 2.0, waited
         assert hb["wall_time"] == 0.0 and hb["scheduled_requests"]["num_prefill_requests"] == 0

@@ -18,6 +18,7 @@ from services import free_port
 
 from dynamo._core import (
     DistributedRuntime,
+    DynamoException,
     MultimodalEmbeddingCachePublisher,
     PlannerDecision,
     VirtualConnectorClient,
@@ -106,7 +107,9 @@ async def test_connector_over_etcd(etcd_server, monkeypatch) -> None:
     monkeypatch.setenv("ETCD_ENDPOINTS", etcd_server.endpoint)
     ns = unique_ns()
     async with runtime("etcd") as rt:
-        await connector_protocol(rt, ns, lambda: etcd_range(etcd_server.endpoint, f"v1/{ns}/planner/"))
+        await connector_protocol(
+            rt, ns, lambda: etcd_range(etcd_server.endpoint, f"v1/{ns}/planner/")
+        )
     # The keys were the runtime's (its lease): gone with it, as in the reference.
     assert etcd_range(etcd_server.endpoint, f"v1/{ns}/planner/") == {}
 
@@ -139,7 +142,7 @@ async def test_client_wait_raises_on_shutdown() -> None:
         waiter = asyncio.ensure_future(client.wait())
         await asyncio.sleep(0.2)
         rt.shutdown()
-        with pytest.raises(Exception):
+        with pytest.raises(DynamoException):
             await asyncio.wait_for(waiter, 5)
 
 
@@ -166,10 +169,12 @@ async def test_metrics_callbacks_merge_into_a_valid_exposition(monkeypatch) -> N
         m.register_prometheus_expfmt_callback(lambda: None)  # type: ignore[arg-type,return-value]
         # Repeats a family the runtime exports, and one another callback exports.
         m.register_prometheus_expfmt_callback(
-            lambda: "# HELP dynamo_component_requests_total dup\n"
-            "# TYPE dynamo_component_requests_total counter\n"
-            'dynamo_component_requests_total{source="engine"} 7\n'
-            '# TYPE engine_gauge gauge\nengine_gauge{x="1"} 4'
+            lambda: (
+                "# HELP dynamo_component_requests_total dup\n"
+                "# TYPE dynamo_component_requests_total counter\n"
+                'dynamo_component_requests_total{source="engine"} 7\n'
+                '# TYPE engine_gauge gauge\nengine_gauge{x="1"} 4'
+            )
         )
         with pytest.raises(TypeError):
             m.register_prometheus_expfmt_callback(5)  # type: ignore[arg-type]

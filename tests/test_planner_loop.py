@@ -151,8 +151,11 @@ async def test_planner_scales_mockers_up_under_load_and_back_down(tmp_path) -> N
         await asyncio.wait_for(asyncio.gather(*users, return_exceptions=True), 20)
         # Idle: back to one worker.
         await until(
-            lambda: events.scaled() and events.scaled()[-1]["workers"] == 1
-            and max(e["workers"] for e in events.scaled()) > 1,
+            lambda: (
+                events.scaled()
+                and events.scaled()[-1]["workers"] == 1
+                and max(e["workers"] for e in events.scaled()) > 1
+            ),
             30,
             "scale down",
         )

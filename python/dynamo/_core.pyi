@@ -1793,6 +1793,9 @@ class HttpAsyncEngine:
 # connector, multimodal cache events)
 # ---------------------------------------------------------------------------------------
 
+#: The seed API's name of :class:`RuntimeMetrics` (the same class).
+PyRuntimeMetrics = RuntimeMetrics
+
 @final
 class FpmDirectPublisher:
     """In-process forward-pass-metrics producer with one channel per DP rank.
@@ -1801,7 +1804,9 @@ class FpmDirectPublisher:
     zeroed heartbeat snapshot (then one per second while idle). Snapshots go to the event
     plane, channel ``(endpoint, "forward-pass-metrics")``, as msgpack."""
 
-    def __new__(cls, endpoint: Endpoint, worker_id: str, dp_size: int = 1) -> FpmDirectPublisher: ...
+    def __new__(
+        cls, endpoint: Endpoint, worker_id: str, dp_size: int = 1
+    ) -> FpmDirectPublisher: ...
     def publish(
         self,
         *,
@@ -1921,7 +1926,9 @@ class VirtualConnectorCoordinator:
 class VirtualConnectorClient:
     """The environment side of the virtual connector."""
 
-    def __new__(cls, runtime: DistributedRuntime, dynamo_namespace: str) -> VirtualConnectorClient: ...
+    def __new__(
+        cls, runtime: DistributedRuntime, dynamo_namespace: str
+    ) -> VirtualConnectorClient: ...
     async def get(self) -> PlannerDecision:
         """The current decision."""
 

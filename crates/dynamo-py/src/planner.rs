@@ -21,6 +21,10 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<VirtualConnectorClient>()?;
     m.add_class::<MultimodalEmbeddingCachePublisher>()?;
     m.add_function(wrap_pyfunction!(run_planner, m)?)?;
+    // The seed API's name of `endpoint.metrics`'s class (the reference's stub imports
+    // `RuntimeMetrics as PyRuntimeMetrics`; its module has only `RuntimeMetrics`). Same
+    // class object, so isinstance checks agree. Registered after the runtime classes.
+    m.add("PyRuntimeMetrics", m.getattr("RuntimeMetrics")?)?;
     Ok(())
 }
 

@@ -11,6 +11,9 @@ from dynamo._core import BlockManager as BlockManager
 from dynamo._core import EngineConfig as EngineConfig
 from dynamo._core import EngineType as EngineType
 from dynamo._core import EntrypointArgs as EntrypointArgs
+from dynamo._core import FpmDirectPublisher as FpmDirectPublisher
+from dynamo._core import FpmEventRelay as FpmEventRelay
+from dynamo._core import FpmEventSubscriber as FpmEventSubscriber
 from dynamo._core import FrontendExtensionContext as FrontendExtensionContext
 from dynamo._core import FrontendResponse as FrontendResponse
 from dynamo._core import FrontendRoute as FrontendRoute
@@ -27,6 +30,9 @@ from dynamo._core import Layer as Layer
 from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
 from dynamo._core import ModelType as ModelType
+from dynamo._core import (
+    MultimodalEmbeddingCachePublisher as MultimodalEmbeddingCachePublisher,
+)
 from dynamo._core import OverlapScores as OverlapScores
 from dynamo._core import PythonAsyncEngine as PythonAsyncEngine
 from dynamo._core import RadixTree as RadixTree
@@ -48,12 +54,6 @@ from dynamo.llm._unary import UnaryChatModel as UnaryChatModel
 from dynamo.llm._unary import with_engine_data as with_engine_data
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
-from dynamo._core import FpmDirectPublisher as FpmDirectPublisher
-from dynamo._core import FpmEventRelay as FpmEventRelay
-from dynamo._core import FpmEventSubscriber as FpmEventSubscriber
-from dynamo._core import (
-    MultimodalEmbeddingCachePublisher as MultimodalEmbeddingCachePublisher,
-)
 
 #: Older name of :func:`fetch_model`.
 fetch_llm = fetch_model
@@ -70,6 +70,9 @@ __all__ = [
     "EngineConfig",
     "EngineType",
     "EntrypointArgs",
+    "FpmDirectPublisher",
+    "FpmEventRelay",
+    "FpmEventSubscriber",
     "HttpAsyncEngine",
     "HttpError",
     "HttpService",
@@ -85,6 +88,7 @@ __all__ = [
     "ModelInput",
     "ModelRuntimeConfig",
     "ModelType",
+    "MultimodalEmbeddingCachePublisher",
     "OverlapScores",
     "PythonAsyncEngine",
     "RadixTree",
@@ -107,8 +111,4 @@ __all__ = [
     "unregister_model",
     "update_model_taints",
     "with_engine_data",
-    "FpmDirectPublisher",
-    "FpmEventRelay",
-    "FpmEventSubscriber",
-    "MultimodalEmbeddingCachePublisher",
 ]
