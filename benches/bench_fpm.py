@@ -4,6 +4,8 @@ reference wheel.
 
 Usage: python benches/bench_fpm.py [--rounds 3] [--nats] [--out docs/benchmarks/fpm.md]
 
+Publish cost: the best of 10 batches of 5,000 back-to-back calls.
+
 Latency: each sample publishes a snapshot whose ``wall_time_secs`` carries the send time
 (``time.time()``); a ``FpmEventSubscriber.recv`` thread in the same process notes the
 receive time (heartbeats, with wall time 0, are skipped). One snapshot every 2 ms, so the
@@ -52,10 +54,16 @@ async def _measure(plane: str) -> dict[str, float]:
     kw = dict(ZERO, dp_rank=0, wall_time_secs=0.01)
     for _ in range(1000):
         pub.publish(**kw)
-    t0 = time.perf_counter()
-    for _ in range(PUBLISH_CALLS):
-        pub.publish(**kw)
-    per_call_us = (time.perf_counter() - t0) / PUBLISH_CALLS * 1e6
+    # Best of several batches: on a shared machine the minimum is the cost of the call,
+    # the rest is other processes' time slices.
+    batches = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        for _ in range(PUBLISH_CALLS // 10):
+            pub.publish(**kw)
+        batches.append((time.perf_counter() - t0) / (PUBLISH_CALLS // 10) * 1e6)
+        await asyncio.sleep(0.05)  # let the rank task drain
+    per_call_us = min(batches)
     await asyncio.sleep(0.5)
 
     sub = FpmEventSubscriber(ep)
