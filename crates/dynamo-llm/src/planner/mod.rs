@@ -459,6 +459,82 @@ mod tests {
         assert!(PlannerConfig::from_args(&["--ttft-ms".into(), "fast".into()]).is_err());
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn disaggregated_loop_scales_the_loaded_pool_only() {
+        use dynamo_runtime::RuntimeConfig;
+        use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
+        use dynamo_runtime::planner::VirtualConnectorClient;
+
+        use crate::fpm::FpmDirectPublisher;
+
+        let drt = DistributedRuntime::new(
+            DiscoveryBackend::Mem,
+            RequestPlane::Tcp,
+            RuntimeConfig::default(),
+        )
+        .unwrap();
+        let ns = format!("pl{}", fastrand::u32(..));
+        let prefill_ep = EndpointId::parse(&format!("{ns}.prefill.generate")).unwrap();
+        let config = PlannerConfig {
+            namespace: ns.clone(),
+            endpoint: format!("{ns}.decode.generate"),
+            prefill_endpoint: Some(prefill_ep.to_string()),
+            mode: PlannerMode::Disagg,
+            ttft_ms: 20.0,
+            itl_ms: 1000.0,
+            adjustment_interval_secs: 0.1,
+            max_wait_time_secs: 30,
+            ..PlannerConfig::default()
+        };
+        let planner = tokio::spawn(run(drt.clone(), config));
+        // The environment: acknowledge every decision at once.
+        let client = Arc::new(VirtualConnectorClient::new(&drt, &ns));
+        let env = {
+            let client = Arc::clone(&client);
+            tokio::spawn(async move {
+                while client.wait().await.is_ok() {
+                    let d = client.get().await.unwrap();
+                    client.complete(&d).await.unwrap();
+                }
+            })
+        };
+        // Load on the prefill pool: a long queue at 10k prefill tokens/s (TTFT ~110 ms).
+        let publisher = FpmDirectPublisher::new(&drt, &prefill_ep, "1", 1);
+        let loaded = FpmSample {
+            scheduled_num_prefill_requests: 1,
+            scheduled_sum_prefill_tokens: 100,
+            queued_num_prefill_requests: 10,
+            queued_sum_prefill_tokens: 1000,
+            wall_time_secs: 0.01,
+            ..FpmSample::default()
+        };
+        let mut peak = 0;
+        for _ in 0..300 {
+            publisher.publish(0, loaded.clone()).unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let d = client.get().await.unwrap();
+            peak = peak.max(d.num_prefill_workers);
+            if peak >= 3 {
+                break;
+            }
+        }
+        assert!(peak >= 3, "prefill pool never scaled up");
+        assert_eq!(client.get().await.unwrap().num_decode_workers, 1);
+        // Idle (heartbeats only): back down to one prefill worker.
+        let mut down = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if client.get().await.unwrap().num_prefill_workers == 1 {
+                down = true;
+                break;
+            }
+        }
+        assert!(down, "prefill pool never scaled down");
+        drt.shutdown();
+        let _ = tokio::time::timeout(Duration::from_secs(5), planner).await;
+        env.abort();
+    }
+
     #[test]
     fn window_estimates_itl_and_ttft() {
         let mut w = Window::default();

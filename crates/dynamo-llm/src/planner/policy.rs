@@ -20,7 +20,8 @@
 //!   the ratio projected on `n − 1` workers (`ratio · n / (n − 1)`) stays below
 //!   `target_ratio`;
 //! * between the two thresholds (the dead band) both streaks reset; after any decision both
-//!   reset too, so the next one needs a fresh streak measured with the new workers;
+//!   reset too, so the next one needs a fresh streak measured with the new workers; a tick
+//!   without data (no snapshot in the interval) is skipped;
 //! * the result is clamped to `[min_workers, max_workers]`.
 
 use serde::{Deserialize, Serialize};
@@ -74,8 +75,8 @@ pub struct Controller {
 }
 
 impl Controller {
-    /// Feed one tick: `workers` in the pool now, its load `ratio` (None: no data, which
-    /// resets the streaks). Returns the new count when it should change.
+    /// Feed one tick: `workers` in the pool now, its load `ratio` (None: no data; the
+    /// tick is skipped). Returns the new count when it should change.
     pub fn tick(&mut self, h: &Hysteresis, workers: u32, ratio: Option<f64>) -> Option<u32> {
         let n = workers.max(1);
         let clamp = |x: u32| x.clamp(h.min_workers.max(1), h.max_workers.max(h.min_workers));
@@ -84,8 +85,9 @@ impl Controller {
             self.reset();
             return Some(clamp(workers));
         }
+        // No data this tick (e.g. an interval shorter than the idle heartbeat): neither
+        // evidence for nor against, so the streaks are kept.
         let Some(r) = ratio.filter(|r| r.is_finite()) else {
-            self.reset();
             return None;
         };
         if r > h.up_ratio {
@@ -147,11 +149,10 @@ mod tests {
         for _ in 0..5 {
             assert_eq!(c.tick(&strict, 2, Some(0.3)), None);
         }
-        // No data resets.
+        // No data: the tick is skipped, the streak kept.
         let mut c = Controller::default();
         assert_eq!(c.tick(&h, 2, Some(0.0)), None);
         assert_eq!(c.tick(&h, 2, None), None);
-        assert_eq!(c.tick(&h, 2, Some(0.0)), None);
         assert_eq!(c.tick(&h, 2, Some(0.0)), None);
         assert_eq!(c.tick(&h, 2, Some(0.0)), Some(1));
         assert_eq!(c.tick(&h, 1, Some(0.0)), None);
