@@ -87,9 +87,7 @@ impl Controller {
         }
         // No data this tick (e.g. an interval shorter than the idle heartbeat): neither
         // evidence for nor against, so the streaks are kept.
-        let Some(r) = ratio.filter(|r| r.is_finite()) else {
-            return None;
-        };
+        let r = ratio.filter(|r| r.is_finite())?;
         if r > h.up_ratio {
             self.above += 1;
             self.below = 0;
