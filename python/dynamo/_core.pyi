@@ -1632,7 +1632,9 @@ async def run_input(
       register its model card, until the runtime stops;
     * ``"text"``: an interactive chat on stdin/stdout (one message per line, the answer
       streamed to stdout, the conversation kept) until EOF;
-    * ``"stdin"``: all of stdin is one message; prints the answer and returns.
+    * ``"stdin"``: all of stdin is one message; prints the answer and returns;
+    * ``"grpc"``: the KServe v2 gRPC API (see :class:`KserveGrpcService`) on the engine's
+      ``http_host`` / ``http_port``, until the runtime stops.
 
     ``text`` and ``stdin`` use the in-process engine, or for ``Dynamic`` wait for a
     discovered chat model.
@@ -1788,6 +1790,91 @@ class HttpAsyncEngine:
 
     def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...
 
+@final
+class KserveGrpcService:
+    """A KServe v2 gRPC ingress (``inference.GRPCInferenceService``) following the
+    runtime's model cards, plus in-process models added with :meth:`add_completions_model`,
+    :meth:`add_chat_completions_model` and :meth:`add_tensor_model`.
+
+    Text models take a ``text_input`` BYTES tensor (and an optional ``stream`` BOOL) and
+    answer ``text_output`` and ``finish_reason`` BYTES tensors; tensor models' handlers
+    receive ``{"id", "model", "tensors": [{"metadata": {"name", "data_type", "shape"},
+    "data": {"data_type", "values"}}], "parameters"?}`` and answer ``{"tensors": [...]}``.
+
+    Args:
+        port: the port (default 8787; 0 picks a free one).
+        host: the listen address (default ``0.0.0.0``).
+    """
+
+    def __new__(
+        cls, port: Optional[int] = None, host: Optional[str] = None
+    ) -> KserveGrpcService: ...
+    def add_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Serve ``engine`` as text model ``model`` (it receives an OpenAI completions
+        request and yields completion chunks)."""
+
+    def add_chat_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Add chat model ``model`` (listed and ready; ``ModelInfer`` serves completions
+        models only, as in the reference)."""
+
+    def add_tensor_model(
+        self,
+        model: str,
+        checksum: str,
+        engine: PythonAsyncEngine | HttpAsyncEngine,
+        *,
+        runtime_config: Optional[ModelRuntimeConfig] = None,
+        tensor_model_config: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Serve ``engine`` as tensor model ``model``. ``tensor_model_config``
+        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``, data
+        types ``Bool``, ``Uint8``..``Uint64``, ``Int8``..``Int64``, ``Float16``,
+        ``BFloat16``, ``Float32``, ``Float64``, ``Bytes``) describes its tensors, which are
+        then validated.
+
+        Raises:
+            ValueError: a malformed ``tensor_model_config``.
+        """
+
+    def remove_completions_model(self, model: str) -> None:
+        """Stop serving completions model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def remove_chat_completions_model(self, model: str) -> None:
+        """Stop serving chat model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def remove_tensor_model(self, model: str) -> None:
+        """Stop serving tensor model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def list_completions_models(self) -> List[str]:
+        """The added completions models, sorted."""
+
+    def list_chat_completions_models(self) -> List[str]:
+        """The added chat models, sorted."""
+
+    def list_tensor_models(self) -> List[str]:
+        """The added tensor models, sorted."""
+
+    async def run(self, runtime: DistributedRuntime) -> None:
+        """Serve until :meth:`shutdown` or the runtime stops."""
+
+    def shutdown(self) -> None:
+        """Stop serving."""
 # ---------------------------------------------------------------------------------------
 # Engine telemetry and the planner's control plane (forward-pass metrics, virtual
 # connector, multimodal cache events)

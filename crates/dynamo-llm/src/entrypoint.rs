@@ -6,7 +6,8 @@
 //!   [`TokenEngineHandler`] with its model card registered, so frontends discover it (the
 //!   mocker worker is this path, [`serve_mocker`]);
 //! * `http` ([`serve_http`]): the OpenAI frontend with the engine as an in-process model;
-//! * `text` / `stdin` ([`text`]): a terminal chat.
+//! * `text` / `stdin` ([`text`]): a terminal chat;
+//! * `grpc` ([`serve_grpc`]): the KServe v2 gRPC ingress ([`crate::grpc`]).
 
 pub mod text;
 
@@ -197,6 +198,23 @@ pub async fn serve_http_with_routes(
 ) -> Result<()> {
     let service = HttpService::new(config);
     service.add_extension_routes(routes)?;
+    if let Some(local) = local {
+        service.statics().add_token_model(local.static_model()?);
+    }
+    service.run(runtime).await
+}
+
+/// Serve the KServe v2 gRPC ingress on `config.host:config.port`: discovered models, plus
+/// `local` as an in-process text model when given, until the runtime stops.
+///
+/// # Errors
+/// The engine cannot start or the listener cannot be bound.
+pub async fn serve_grpc(
+    runtime: DistributedRuntime,
+    config: FrontendConfig,
+    local: Option<&LocalEngine>,
+) -> Result<()> {
+    let service = crate::grpc::KserveService::new(config);
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }

@@ -24,6 +24,7 @@
 //!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
+//! * [`grpc`]: the KServe v2 gRPC ingress (`KserveGrpcService`).
 //! * [`fpm`]: forward-pass metrics (`FpmDirectPublisher`, `FpmEventRelay`,
 //!   `FpmEventSubscriber`).
 //! * [`planner`]: `PlannerDecision`, the virtual connector, `run_planner`,
@@ -40,6 +41,7 @@ mod engine;
 mod errors;
 mod fpm;
 mod frontend_routes;
+mod grpc;
 mod json;
 mod kv;
 mod kv_routing;
@@ -66,6 +68,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    grpc::register(m)?;
     fpm::register(m)?;
     planner::register(m)?;
     Ok(())

@@ -19,6 +19,7 @@ from dynamo._core import FrontendResponse as FrontendResponse
 from dynamo._core import FrontendRoute as FrontendRoute
 from dynamo._core import HttpAsyncEngine as HttpAsyncEngine
 from dynamo._core import HttpService as HttpService
+from dynamo._core import KserveGrpcService as KserveGrpcService
 from dynamo._core import KvbmRequest as KvbmRequest
 from dynamo._core import KvEventPublisher as KvEventPublisher
 from dynamo._core import KvIndexer as KvIndexer
@@ -76,6 +77,7 @@ __all__ = [
     "HttpAsyncEngine",
     "HttpError",
     "HttpService",
+    "KserveGrpcService",
     "KvEventPublisher",
     "KvIndexer",
     "KvRemovedEventInput",
