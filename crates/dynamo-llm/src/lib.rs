@@ -36,11 +36,14 @@ pub mod discovery;
 pub mod engines;
 pub mod entrypoint;
 pub mod error;
+pub mod fpm;
 pub mod grpc;
 pub mod http;
 pub mod kv_routing;
+pub mod mm_cache;
 pub mod mocker;
 pub mod model_card;
+pub mod planner;
 pub mod preprocessor;
 
 pub use error::{Error, Result};

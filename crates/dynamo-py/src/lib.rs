@@ -25,6 +25,10 @@
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
 //! * [`grpc`]: the KServe v2 gRPC ingress (`KserveGrpcService`).
+//! * [`fpm`]: forward-pass metrics (`FpmDirectPublisher`, `FpmEventRelay`,
+//!   `FpmEventSubscriber`).
+//! * [`planner`]: `PlannerDecision`, the virtual connector, `run_planner`,
+//!   `MultimodalEmbeddingCachePublisher`.
 
 use pyo3::prelude::*;
 
@@ -35,6 +39,7 @@ mod convert;
 mod dlpack;
 mod engine;
 mod errors;
+mod fpm;
 mod frontend_routes;
 mod grpc;
 mod json;
@@ -45,6 +50,7 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod planner;
 mod router;
 mod runtime;
 
@@ -63,5 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
     grpc::register(m)?;
+    fpm::register(m)?;
+    planner::register(m)?;
     Ok(())
 }
