@@ -40,5 +40,7 @@ pub mod kv_routing;
 pub mod mocker;
 pub mod model_card;
 pub mod preprocessor;
+#[cfg(feature = "replay")]
+pub mod replay;
 
 pub use error::{Error, Result};

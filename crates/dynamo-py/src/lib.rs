@@ -22,6 +22,7 @@
 //!   (`EntrypointArgs`, `make_engine`, `run_input`).
 //! * [`frontend_routes`]: `FrontendRoute`, `FrontendResponse`, `FrontendExtensionContext`
 //!   (extension routes of the HTTP frontend).
+//! * [`replay`]: `run_mocker_trace_replay`, `run_mocker_synthetic_trace_replay` (trace replay).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
 
@@ -43,6 +44,7 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod replay;
 mod router;
 mod runtime;
 
@@ -60,5 +62,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    replay::register(m)?;
     Ok(())
 }
