@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, run_under_reference  # noqa: E402
+from _common import machine, run_under_reference
 
 TRACE = Path("/work/shared/data/mooncake/synthetic_trace.jsonl")
 KEYS = [
@@ -100,13 +100,17 @@ def main() -> None:
         key = f"{mode}@{speedup:g}x"
         mean = lambda rs, k: statistics.fmean(r[k] for r in rs)  # noqa: E731
         results["runs"][key] = {
-            "ours": {k: mean(ours, k) for k in KEYS + ["wall_s"]},
-            "reference": {k: mean(ref, k) for k in KEYS + ["wall_s"]},
+            "ours": {k: mean(ours, k) for k in [*KEYS, "wall_s"]},
+            "reference": {k: mean(ref, k) for k in [*KEYS, "wall_s"]},
             "ours_rounds": ours,
             "reference_rounds": ref,
         }
     print(f"machine: {results['machine']} (shared with other jobs); means of {a.rounds} rounds")
-    hdr = f"{'run':<18}{'':<5}" + "".join(f"{k.replace('_ms', ''):>22}" for k in KEYS) + f"{'wall s':>10}"
+    hdr = (
+        f"{'run':<18}{'':<5}"
+        + "".join(f"{k.replace('_ms', ''):>22}" for k in KEYS)
+        + f"{'wall s':>10}"
+    )
     print(hdr)
     for key, r in results["runs"].items():
         for who in ("ours", "reference"):

@@ -22,9 +22,7 @@ ENGINE = {"engine": {"num_gpu_blocks": 512, "block_size": 16}}
 
 
 def write_trace(path: Path, rows: list[dict] | list[str]) -> Path:
-    path.write_text(
-        "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows)
-    )
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
 
 
@@ -147,7 +145,10 @@ def test_synthetic_replay() -> None:
 @pytest.mark.parametrize(
     ("rows", "match"),
     [
-        ([family_rows(1)[0], {"timestamp": 5, "output_length": 4, "hash_ids": [1]}], r":2: .*input_length"),
+        (
+            [family_rows(1)[0], {"timestamp": 5, "output_length": 4, "hash_ids": [1]}],
+            r":2: .*input_length",
+        ),
         ([{"timestamp": 0, "input_length": 10, "output_length": 4}], r":1: .*hash_ids"),
         (
             [
@@ -158,7 +159,10 @@ def test_synthetic_replay() -> None:
         ),
         ([family_rows(1)[0], "", "{not json"], r":3: not valid JSON"),
         ([], r"no requests"),
-        ([{"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [1]}], r":1: input_length 1000 exceeds"),
+        (
+            [{"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [1]}],
+            r":1: input_length 1000 exceeds",
+        ),
     ],
 )
 def test_bad_traces_raise_value_error_naming_the_line(
@@ -200,17 +204,26 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_cli_writes_summary_jsonl_and_plots(trace: Path, tmp_path: Path) -> None:
     import matplotlib  # noqa: F401  (installed by scripts/test.sh)
+
     out = tmp_path / "report"
     p = run_cli(
         str(trace),
-        "--workers", "3",
-        "--router", "kv,round_robin",
-        "--speedup", "2",
-        "--num-gpu-blocks", "512",
-        "--block-size", "16",
-        "--trace-block-size", "64",
-        "--sample-interval-ms", "50",
-        "--out", str(out),
+        "--workers",
+        "3",
+        "--router",
+        "kv,round_robin",
+        "--speedup",
+        "2",
+        "--num-gpu-blocks",
+        "512",
+        "--block-size",
+        "16",
+        "--trace-block-size",
+        "64",
+        "--sample-interval-ms",
+        "50",
+        "--out",
+        str(out),
     )
     assert p.returncode == 0, p.stderr
     summary = json.loads((out / "summary.json").read_text())

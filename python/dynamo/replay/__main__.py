@@ -23,7 +23,12 @@ from typing import Any
 
 from dynamo._core import ReplayProgress, run_mocker_trace_replay
 
-MODES = {"kv": "kv_router", "kv_router": "kv_router", "round_robin": "round_robin", "rr": "round_robin"}
+MODES = {
+    "kv": "kv_router",
+    "kv_router": "kv_router",
+    "round_robin": "round_robin",
+    "rr": "round_robin",
+}
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -256,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     written = _plots(args.out, runs)
-    print(f"wrote {args.out}/: summary.json, per_request_*.jsonl, timeline_*.json, " + ", ".join(written))
+    print(
+        f"wrote {args.out}/: summary.json, per_request_*.jsonl, timeline_*.json, "
+        + ", ".join(written)
+    )
     return 0
 
 
