@@ -74,7 +74,6 @@ def test_kv_router_reuses_more_than_round_robin(trace: Path) -> None:
         [trace], router_mode="kv_router", router_config=KvRouterConfig(), **common
     ).summary
     assert kv["prefix_cache_reused_ratio"] > rr["prefix_cache_reused_ratio"]
-    assert kv["mean_ttft_ms"] <= rr["mean_ttft_ms"]
 
 
 def test_per_request_jsonl_sla_and_telemetry(trace: Path, tmp_path: Path) -> None:
