@@ -2044,3 +2044,131 @@ async def run_planner(runtime: DistributedRuntime, argv: List[str]) -> None:
     Raises:
         ValueError: an unknown flag or a bad value.
     """
+# ---------------------------------------------------------------------------------------
+# Trace replay (issue 18)
+# ---------------------------------------------------------------------------------------
+
+@final
+class ReplayProgress:
+    """Completed-request counter polled from another thread while a replay runs
+    (pass it as ``progress=``; updated every simulated second)."""
+
+    def __new__(cls) -> ReplayProgress: ...
+    @property
+    def completed(self) -> int: ...
+
+@final
+class _OfflineReplayResult:
+    """Result of an offline replay."""
+
+    @property
+    def summary(self) -> Dict[str, Any]:
+        """The reference's summary keys: ``prefix_cache_reused_ratio``,
+        ``{mean,median,p75,p90,p95,p99,min,max,std}_{ttft,ttst,itl,tpot,e2e_latency}_ms``,
+        throughput fields, ``goodput_*`` when an SLA is set, ``wall_time_ms``."""
+    @property
+    def per_request(self) -> Optional[List[Dict[str, Any]]]:
+        """One dict per request when ``capture_per_request=True``."""
+    @property
+    def coverage(self) -> Dict[str, Any]: ...
+    @property
+    def lifecycle_operations(self) -> List[Dict[str, Any]]: ...
+    @property
+    def telemetry(self) -> Optional[Dict[str, Any]]:
+        """``{"sample_interval_ms", "samples"}`` when ``capture_telemetry=True``; each sample
+        has ``t_ms``, ``queue_depth``, ``running_requests``, ``active_kv_blocks``,
+        ``completed_requests``."""
+    def __getitem__(self, key: str) -> Any: ...
+
+def run_mocker_trace_replay(
+    trace_files: Sequence[Union[str, os.PathLike[str]]],
+    extra_engine_args: Optional[Union[Mapping[str, Any], MockEngineArgs]] = None,
+    prefill_engine_args: Optional[Any] = None,
+    decode_engine_args: Optional[Any] = None,
+    router_config: Optional[KvRouterConfig] = None,
+    ais_perf_config: Optional[Any] = None,
+    num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
+    replay_concurrency: Optional[int] = None,
+    replay_mode: str = "offline",
+    router_mode: str = "round_robin",
+    arrival_speedup_ratio: float = 1.0,
+    trace_block_size: Optional[int] = None,
+    trace_format: str = "mooncake",
+    trace_shared_prefix_ratio: float = 0.0,
+    trace_num_prefix_groups: int = 0,
+    report_jsonl_path: Optional[Union[str, os.PathLike[str]]] = None,
+    max_sim_time_ms: Optional[float] = None,
+    model_name: Optional[str] = None,
+    sla_ttft_ms: Optional[float] = None,
+    sla_itl_ms: Optional[float] = None,
+    sla_e2e_ms: Optional[float] = None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    scaling_policy: Optional[Any] = None,
+    agentic_lanes: Optional[int] = None,
+    execution_model: Optional[str] = None,
+    weka_nested_timestamp_basis: Optional[str] = None,
+    capture_telemetry: bool = False,
+    telemetry_sample_interval_ms: float = 1000.0,
+    telemetry_callback: Optional[Any] = None,
+    telemetry_jsonl_path: Optional[Union[str, os.PathLike[str]]] = None,
+    kv_event_lag_ms: Optional[float] = None,
+    *,
+    progress: Optional[ReplayProgress] = None,
+    seed: int = 42,
+) -> Any:
+    """Replay Mooncake trace files on simulated mocker workers behind a router.
+
+    ``router_mode``: ``"round_robin"`` or ``"kv_router"`` (the project's KV router).
+    Offline (simulated time) returns an :class:`_OfflineReplayResult`. ``extra_engine_args``
+    is the reference's mapping (``{"engine": {"num_gpu_blocks": ..., "block_size": ...}}``),
+    a flat mapping of engine keys, or a :class:`MockEngineArgs`. A bad trace (missing field,
+    decreasing timestamp, bad JSON, empty file) raises ``ValueError`` naming file and line; a
+    missing file raises ``FileNotFoundError``. ``replay_mode="online"``, disaggregated
+    engine args, ``ais_perf_config``, ``scaling_policy`` and the agentic/Weka options raise
+    ``ValueError`` (not supported).
+    """
+
+def run_mocker_synthetic_trace_replay(
+    input_tokens: int,
+    output_tokens: int,
+    request_count: int,
+    extra_engine_args: Optional[Union[Mapping[str, Any], MockEngineArgs]] = None,
+    prefill_engine_args: Optional[Any] = None,
+    decode_engine_args: Optional[Any] = None,
+    router_config: Optional[KvRouterConfig] = None,
+    ais_perf_config: Optional[Any] = None,
+    num_workers: int = 1,
+    num_prefill_workers: int = 1,
+    num_decode_workers: int = 1,
+    replay_concurrency: Optional[int] = None,
+    replay_mode: str = "offline",
+    router_mode: str = "round_robin",
+    arrival_speedup_ratio: float = 1.0,
+    request_rate: Optional[float] = None,
+    arrival_interval_ms: Optional[float] = None,
+    arrival_seed: int = 42,
+    turns_per_session: int = 1,
+    shared_prefix_ratio: float = 0.0,
+    num_prefix_groups: int = 0,
+    inter_turn_delay_ms: float = 0.0,
+    model_name: Optional[str] = None,
+    sla_ttft_ms: Optional[float] = None,
+    sla_itl_ms: Optional[float] = None,
+    sla_e2e_ms: Optional[float] = None,
+    capture_per_request: bool = False,
+    capture_planner_details: bool = True,
+    scaling_policy: Optional[Any] = None,
+    capture_telemetry: bool = False,
+    telemetry_sample_interval_ms: float = 1000.0,
+    telemetry_callback: Optional[Any] = None,
+    telemetry_jsonl_path: Optional[Union[str, os.PathLike[str]]] = None,
+    kv_event_lag_ms: Optional[float] = None,
+    *,
+    progress: Optional[ReplayProgress] = None,
+    seed: int = 42,
+) -> Any:
+    """Replay a synthetic workload (fixed lengths) without a trace file; needs exactly one of
+    ``replay_concurrency``, ``request_rate`` or ``arrival_interval_ms``."""

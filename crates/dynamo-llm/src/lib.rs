@@ -45,5 +45,7 @@ pub mod mocker;
 pub mod model_card;
 pub mod planner;
 pub mod preprocessor;
+#[cfg(feature = "replay")]
+pub mod replay;
 
 pub use error::{Error, Result};

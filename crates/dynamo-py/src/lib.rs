@@ -22,6 +22,7 @@
 //!   (`EntrypointArgs`, `make_engine`, `run_input`).
 //! * [`frontend_routes`]: `FrontendRoute`, `FrontendResponse`, `FrontendExtensionContext`
 //!   (extension routes of the HTTP frontend).
+//! * [`replay`]: `run_mocker_trace_replay`, `run_mocker_synthetic_trace_replay` (trace replay).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
 //! * [`grpc`]: the KServe v2 gRPC ingress (`KserveGrpcService`).
@@ -51,6 +52,7 @@ mod llm_static;
 mod logging;
 mod msgpack;
 mod planner;
+mod replay;
 mod router;
 mod runtime;
 
@@ -71,5 +73,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     grpc::register(m)?;
     fpm::register(m)?;
     planner::register(m)?;
+    replay::register(m)?;
     Ok(())
 }

@@ -48,6 +48,10 @@ from dynamo._core import lora_name_to_id as lora_name_to_id
 from dynamo._core import make_engine as make_engine
 from dynamo._core import register_model as register_model
 from dynamo._core import run_input as run_input
+from dynamo._core import (
+    run_mocker_synthetic_trace_replay as run_mocker_synthetic_trace_replay,
+)
+from dynamo._core import run_mocker_trace_replay as run_mocker_trace_replay
 from dynamo._core import unregister_model as unregister_model
 from dynamo._core import update_model_taints as update_model_taints
 from dynamo.llm._unary import LLMUnaryClient as LLMUnaryClient
@@ -109,6 +113,8 @@ __all__ = [
     "register_llm",
     "register_model",
     "run_input",
+    "run_mocker_synthetic_trace_replay",
+    "run_mocker_trace_replay",
     "unregister_llm",
     "unregister_model",
     "update_model_taints",
