@@ -1787,3 +1787,11 @@ class HttpAsyncEngine:
     chunk they end the stream with an SSE ``error`` event."""
 
     def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...
+
+def get_tool_parser_names() -> List[str]:
+    """Every tool-call parser name the frontend accepts (aliases included), sorted."""
+    ...
+
+def get_reasoning_parser_names() -> List[str]:
+    """Every reasoning parser name the frontend accepts (aliases included), sorted."""
+    ...

@@ -16,6 +16,7 @@
 //! * [`http`]: the OpenAI-compatible HTTP frontend (routing, migration, metrics).
 //! * [`engines`]: in-process token engines (echo, mocker) and their request-plane handler.
 //! * [`entrypoint`]: in-process engines behind an input (`dyn://`, `http`, `text`, `stdin`).
+//! * [`parsers`]: tool-call and reasoning parsers of model output (streaming).
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -39,6 +40,7 @@ pub mod http;
 pub mod kv_routing;
 pub mod mocker;
 pub mod model_card;
+pub mod parsers;
 pub mod preprocessor;
 
 pub use error::{Error, Result};

@@ -24,6 +24,7 @@
 //!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
+//! * [`parsers`]: `get_tool_parser_names`, `get_reasoning_parser_names`.
 
 use pyo3::prelude::*;
 
@@ -43,6 +44,7 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod parsers;
 mod router;
 mod runtime;
 
@@ -60,5 +62,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    parsers::register(m)?;
     Ok(())
 }

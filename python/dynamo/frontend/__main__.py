@@ -22,8 +22,11 @@ from dynamo._core import (
     EngineType,
     EntrypointArgs,
     KvRouterConfig,
+    ModelRuntimeConfig,
     RouterConfig,
     RouterMode,
+    get_reasoning_parser_names,
+    get_tool_parser_names,
     make_engine,
     run_input,
 )
@@ -141,6 +144,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="chat with the discovered model on the terminal instead of serving HTTP",
     )
+    # Parsers of models whose registration names none (docs/tool_calling.md).
+    p.add_argument(
+        "--dyn-tool-call-parser",
+        choices=get_tool_parser_names(),
+        default=None,
+        metavar="NAME",
+        help="tool-call parser for models that register none: "
+        + ", ".join(get_tool_parser_names()),
+    )
+    p.add_argument(
+        "--dyn-reasoning-parser",
+        choices=get_reasoning_parser_names(),
+        default=None,
+        metavar="NAME",
+        help="reasoning parser for models that register none: "
+        + ", ".join(get_reasoning_parser_names()),
+    )
     return p.parse_args(argv)
 
 
@@ -176,6 +196,14 @@ def _export_http_limits(args: argparse.Namespace) -> None:
             os.environ[var] = str(value)
 
 
+def _parser_config(args: argparse.Namespace) -> ModelRuntimeConfig:
+    """The frontend's default parsers, carried by ``EntrypointArgs.runtime_config``."""
+    config = ModelRuntimeConfig()
+    config.tool_call_parser = args.dyn_tool_call_parser
+    config.reasoning_parser = args.dyn_reasoning_parser
+    return config
+
+
 async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     backend = args.discovery_backend or _default_discovery_backend()
@@ -206,6 +234,7 @@ async def main(args: argparse.Namespace) -> None:
         kv_cache_block_size=args.kv_cache_block_size,
         namespace=args.namespace,
         migration_limit=args.migration_limit,
+        runtime_config=_parser_config(args),
     )
     engine = await make_engine(runtime, entry)
     await run_input(runtime, "text" if args.interactive else "http", engine)
