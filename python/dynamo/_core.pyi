@@ -2172,3 +2172,10 @@ def run_mocker_synthetic_trace_replay(
 ) -> Any:
     """Replay a synthetic workload (fixed lengths) without a trace file; needs exactly one of
     ``replay_concurrency``, ``request_rate`` or ``arrival_interval_ms``."""
+def get_tool_parser_names() -> List[str]:
+    """Every tool-call parser name the frontend accepts (aliases included), sorted."""
+    ...
+
+def get_reasoning_parser_names() -> List[str]:
+    """Every reasoning parser name the frontend accepts (aliases included), sorted."""
+    ...

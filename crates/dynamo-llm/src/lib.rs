@@ -17,6 +17,7 @@
 //! * [`engines`]: in-process token engines (echo, mocker) and their request-plane handler.
 //! * [`entrypoint`]: in-process engines behind an input (`dyn://`, `http`, `text`, `stdin`).
 //! * [`grpc`]: the KServe v2 gRPC ingress (text and tensor models).
+//! * [`parsers`]: tool-call and reasoning parsers of model output (streaming).
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -44,6 +45,7 @@ pub mod mm_cache;
 pub mod mocker;
 pub mod model_card;
 pub mod planner;
+pub mod parsers;
 pub mod preprocessor;
 #[cfg(feature = "replay")]
 pub mod replay;

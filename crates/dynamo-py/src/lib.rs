@@ -30,6 +30,7 @@
 //!   `FpmEventSubscriber`).
 //! * [`planner`]: `PlannerDecision`, the virtual connector, `run_planner`,
 //!   `MultimodalEmbeddingCachePublisher`.
+//! * [`parsers`]: `get_tool_parser_names`, `get_reasoning_parser_names`.
 
 use pyo3::prelude::*;
 
@@ -53,6 +54,7 @@ mod logging;
 mod msgpack;
 mod planner;
 mod replay;
+mod parsers;
 mod router;
 mod runtime;
 
@@ -74,5 +76,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fpm::register(m)?;
     planner::register(m)?;
     replay::register(m)?;
+    parsers::register(m)?;
     Ok(())
 }

@@ -226,6 +226,8 @@ pub(crate) struct EntrypointArgs {
     mock_args: Option<MockEngineArgs>,
     namespace: Option<String>,
     migration_limit: u32,
+    /// The frontend's default tool-call / reasoning parsers (`runtime_config`'s).
+    parsers: dynamo_llm::parsers::ParserNames,
 }
 
 #[pymethods]
@@ -298,6 +300,14 @@ impl EntrypointArgs {
             }
             (None, None) => None,
         };
+        let parsers = runtime_config
+            .as_ref()
+            .map(|c| dynamo_llm::parsers::ParserNames {
+                tool_call_parser: c.inner.tool_call_parser.clone(),
+                reasoning_parser: c.inner.reasoning_parser.clone(),
+            })
+            .unwrap_or_default();
+        parsers.validate().map_err(PyValueError::new_err)?;
         Ok(Self {
             engine_type,
             model_path,
@@ -311,6 +321,7 @@ impl EntrypointArgs {
             mock_args,
             namespace,
             migration_limit,
+            parsers,
         })
     }
 }
@@ -347,6 +358,7 @@ fn make_engine<'py>(
     }
     frontend.migration_limit = args.migration_limit;
     frontend.namespace.clone_from(&args.namespace);
+    frontend.parsers.clone_from(&args.parsers);
     let kind = match args.engine_type {
         EngineType::Dynamic => None,
         EngineType::Mocker => Some(LocalEngineKind::Mocker(

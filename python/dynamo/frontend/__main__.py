@@ -23,8 +23,11 @@ from dynamo._core import (
     EngineType,
     EntrypointArgs,
     KvRouterConfig,
+    ModelRuntimeConfig,
     RouterConfig,
     RouterMode,
+    get_reasoning_parser_names,
+    get_tool_parser_names,
     make_engine,
     run_input,
 )
@@ -153,6 +156,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=int(os.environ.get("DYN_GRPC_PORT", "8787")),
         help="port of the KServe gRPC server (default 8787, $DYN_GRPC_PORT)",
     )
+    # Parsers of models whose registration names none (docs/tool_calling.md).
+    p.add_argument(
+        "--dyn-tool-call-parser",
+        choices=get_tool_parser_names(),
+        default=None,
+        metavar="NAME",
+        help="tool-call parser for models that register none: "
+        + ", ".join(get_tool_parser_names()),
+    )
+    p.add_argument(
+        "--dyn-reasoning-parser",
+        choices=get_reasoning_parser_names(),
+        default=None,
+        metavar="NAME",
+        help="reasoning parser for models that register none: "
+        + ", ".join(get_reasoning_parser_names()),
+    )
     return p.parse_args(argv)
 
 
@@ -188,6 +208,14 @@ def _export_http_limits(args: argparse.Namespace) -> None:
             os.environ[var] = str(value)
 
 
+def _parser_config(args: argparse.Namespace) -> ModelRuntimeConfig:
+    """The frontend's default parsers, carried by ``EntrypointArgs.runtime_config``."""
+    config = ModelRuntimeConfig()
+    config.tool_call_parser = args.dyn_tool_call_parser
+    config.reasoning_parser = args.dyn_reasoning_parser
+    return config
+
+
 async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     backend = args.discovery_backend or _default_discovery_backend()
@@ -220,6 +248,7 @@ async def main(args: argparse.Namespace) -> None:
             kv_cache_block_size=args.kv_cache_block_size,
             namespace=args.namespace,
             migration_limit=args.migration_limit,
+            runtime_config=_parser_config(args),
         )
 
     engine = await make_engine(runtime, entry(args.http_port))

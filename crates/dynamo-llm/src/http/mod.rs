@@ -124,6 +124,9 @@ pub struct FrontendConfig {
     /// Streaming responses of static models wait for the engine's first item before
     /// committing the HTTP status (see [`PreCommit`]).
     pub wait_for_first_item: bool,
+    /// Tool-call / reasoning parsers of models whose card names none
+    /// (`--dyn-tool-call-parser`, `--dyn-reasoning-parser`).
+    pub parsers: crate::parsers::ParserNames,
 }
 
 impl Default for FrontendConfig {
@@ -150,6 +153,7 @@ impl Default for FrontendConfig {
             kv_router_config: Default::default(),
             load_thresholds: Default::default(),
             wait_for_first_item: false,
+            parsers: Default::default(),
         }
     }
 }
@@ -186,6 +190,8 @@ pub(crate) struct Shared {
     pub(crate) body_read_timeout: Option<Duration>,
     /// Per-model busy thresholds (`/busy_threshold`).
     pub(crate) busy: Arc<busy::BusyThresholds>,
+    /// The frontend's default parsers (see [`FrontendConfig::parsers`]).
+    pub(crate) parsers: crate::parsers::ParserNames,
 }
 
 impl Shared {
@@ -348,6 +354,7 @@ impl HttpService {
             body_limit: self.config.body_limit,
             body_read_timeout: self.config.body_read_timeout,
             busy: Arc::clone(&self.busy),
+            parsers: self.config.parsers.clone(),
         });
         let context = extensions::ExtensionContext {
             view: shared.view(),

@@ -15,6 +15,7 @@ use super::engine::{RoutedRequest, WorkerStream, decode_item, route_error};
 use super::error::HttpError;
 use super::static_engine::{self, StaticTarget, TokenSource};
 use crate::discovery::ModelEntry;
+use crate::parsers::{ChatParser, ParseEvent, ParserNames, RequestTools};
 use crate::preprocessor::OutputProcessor;
 use crate::preprocessor::openai::{self, ResponseFactory, Usage};
 
@@ -247,9 +248,45 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
         Parsed::Chat(r) => (pre.preprocess_chat(r), r.include_usage()),
         Parsed::Completion(r) => (pre.preprocess_completion(r), r.include_usage()),
     };
-    let preq = match preq {
+    let mut preq = match preq {
         Ok(p) => p,
         Err(e) => return fail(&shared, &model, surface, streaming, e.into()),
+    };
+    // The model's tool-call and reasoning parsers (its card's, else the frontend's).
+    let parser = match &parsed {
+        Parsed::Chat(r) => {
+            let card = match &target {
+                Ok(entry) => &entry.card,
+                Err(local) => &local.card,
+            };
+            let names = ParserNames {
+                tool_call_parser: card.runtime_config.tool_call_parser.clone(),
+                reasoning_parser: card.runtime_config.reasoning_parser.clone(),
+            }
+            .or(&shared.parsers);
+            let parser = ChatParser::for_request(
+                names.tool_call_parser.as_deref(),
+                names.reasoning_parser.as_deref(),
+                &RequestTools {
+                    tools: r.tools.as_deref(),
+                    tool_choice: r.tool_choice.as_ref(),
+                    parallel_tool_calls: r.parallel_tool_calls,
+                },
+            );
+            // Formats whose markers are special tokens need them in the text, unless the
+            // client chose otherwise.
+            if parser.is_some()
+                && r.skip_special_tokens.is_none()
+                && crate::parsers::needs_special_tokens(
+                    names.tool_call_parser.as_deref(),
+                    names.reasoning_parser.as_deref(),
+                )
+            {
+                preq.output_options.skip_special_tokens = Some(false);
+            }
+            parser
+        }
+        Parsed::Completion(_) => None,
     };
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
     let guard = Inflight::start(
@@ -300,6 +337,7 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
                 stream,
                 processor,
                 engine_cached: None,
+                parser: parser.clone(),
             }),
             Err(e) => {
                 // Dropping the choices already opened stops them on their workers.
@@ -404,13 +442,21 @@ struct ChoiceRun {
     processor: OutputProcessor,
     /// Prompt tokens the engine reported as served from its prefix cache.
     engine_cached: Option<u32>,
+    /// The output's tool-call / reasoning parsers (chat only; `None`: plain text).
+    parser: Option<ChatParser>,
+}
+
+/// New output of a choice: plain text, or what its parsers made of it.
+enum Piece {
+    Text(String),
+    Parsed(Vec<ParseEvent>),
 }
 
 /// One step of a choice.
 enum Step {
-    /// Text (possibly empty), the finish reason at the end, and how many completion
+    /// Output (possibly empty), the finish reason at the end, and how many completion
     /// tokens arrived with it.
-    Delta(String, Option<openai::OpenAiFinishReason>, u32),
+    Delta(Piece, Option<openai::OpenAiFinishReason>, u32),
     /// Failed.
     Error(HttpError),
 }
@@ -445,18 +491,12 @@ impl ChoiceRun {
                 Some(Err(e)) => return Step::Error(e),
                 None => match self.processor.end_of_stream() {
                     Ok(Some(out)) => {
-                        return Step::Delta(
-                            out.text,
-                            Some(openai::OpenAiFinishReason::Stop),
-                            tokens,
-                        );
+                        let finish = Some(openai::OpenAiFinishReason::Stop);
+                        return self.delta(out.text, finish, tokens);
                     }
                     Ok(None) => {
-                        return Step::Delta(
-                            String::new(),
-                            Some(openai::OpenAiFinishReason::Stop),
-                            tokens,
-                        );
+                        let finish = Some(openai::OpenAiFinishReason::Stop);
+                        return self.delta(String::new(), finish, tokens);
                     }
                     Err(e) => return Step::Error(e.into()),
                 },
@@ -474,15 +514,48 @@ impl ChoiceRun {
                                 "engine error: {msg}"
                             )));
                         }
-                        return Step::Delta(out.text, reason.to_openai(), tokens);
+                        return self.delta(out.text, reason.to_openai(), tokens);
                     }
                     if !out.text.is_empty() {
-                        return Step::Delta(out.text, None, tokens);
+                        match self.delta(out.text, None, tokens) {
+                            // Everything was held back by the parser: wait for more.
+                            Step::Delta(Piece::Parsed(events), None, _) if events.is_empty() => {}
+                            step => return step,
+                        }
                     }
                 }
                 Err(e) => return Step::Error(e.into()),
             }
         }
+    }
+
+    /// A step carrying `text`, through the parsers when there are some; at the end
+    /// (`finish` set) the parsers release what they held, and a natural end after tool
+    /// calls becomes `tool_calls`.
+    fn delta(
+        &mut self,
+        text: String,
+        finish: Option<openai::OpenAiFinishReason>,
+        tokens: u32,
+    ) -> Step {
+        let Some(parser) = self.parser.as_mut() else {
+            return Step::Delta(Piece::Text(text), finish, tokens);
+        };
+        let mut events = Vec::new();
+        parser.feed(&text, &mut events);
+        let finish = match finish {
+            Some(reason) => {
+                parser.finish(&mut events);
+                Some(match reason {
+                    openai::OpenAiFinishReason::Stop if parser.finished_with_calls() => {
+                        openai::OpenAiFinishReason::ToolCalls
+                    }
+                    other => other,
+                })
+            }
+            None => None,
+        };
+        Step::Delta(Piece::Parsed(events), finish, tokens)
     }
 
     /// Cached prompt tokens: the engine's own count when it reports one (it knows what it
@@ -532,9 +605,10 @@ struct Merged {
     prompt_tokens: u32,
     include_usage: bool,
     guard: Inflight,
-    /// Per choice: completion tokens, whether its first chunk went out.
+    /// Per choice: completion tokens, whether its first chunk went out, tool calls sent.
     completion: Vec<u32>,
     first_sent: Vec<bool>,
+    calls: Vec<u32>,
     /// The largest cached-prompt count any choice reported.
     cached: Option<u32>,
     /// Choices not finished yet.
@@ -555,6 +629,7 @@ impl TokenRun {
             guard: self.guard,
             completion: vec![0; n],
             first_sent: vec![false; n],
+            calls: vec![0; n],
             cached: None,
             open: n,
         }
@@ -565,12 +640,35 @@ impl TokenRun {
         let mut m = self.merge();
         let mut texts: Vec<(String, Option<openai::OpenAiFinishReason>)> =
             vec![(String::new(), None); m.completion.len()];
+        let mut parsed: Vec<Option<ParsedMessage>> = vec![None; m.completion.len()];
         while let Some(event) = m.events.next().await {
             let index = event.index as usize;
             match m.note(event) {
-                Step::Delta(t, finish, _) => {
+                Step::Delta(piece, finish, _) => {
                     if let Some(slot) = texts.get_mut(index) {
-                        slot.0.push_str(&t);
+                        match piece {
+                            Piece::Text(t) => slot.0.push_str(&t),
+                            Piece::Parsed(events) => {
+                                let mut p = parsed
+                                    .get_mut(index)
+                                    .map(|p| p.get_or_insert_with(ParsedMessage::default));
+                                for e in events {
+                                    match e {
+                                        ParseEvent::Content(t) => slot.0.push_str(&t),
+                                        ParseEvent::Reasoning(t) => {
+                                            if let Some(p) = p.as_deref_mut() {
+                                                p.reasoning.push_str(&t);
+                                            }
+                                        }
+                                        ParseEvent::Call(c) => {
+                                            if let Some(p) = p.as_deref_mut() {
+                                                p.calls.push(tool_call(c));
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
                         if finish.is_some() {
                             slot.1 = finish;
                         }
@@ -580,7 +678,13 @@ impl TokenRun {
                         let usage = m.usage();
                         return match m.surface {
                             Surface::Chat => {
-                                json_response(&m.factory.chat_response_choices(texts, usage))
+                                let mut r = m.factory.chat_response_choices(texts, usage);
+                                for (choice, p) in r.choices.iter_mut().zip(parsed) {
+                                    if let Some(p) = p {
+                                        p.apply(&mut choice.message);
+                                    }
+                                }
+                                json_response(&r)
                             }
                             Surface::Completions => {
                                 json_response(&m.factory.completion_choices(texts, Some(usage)))
@@ -595,6 +699,45 @@ impl TokenRun {
             }
         }
         HttpError::internal("the response ended early").into_response()
+    }
+}
+
+/// What a choice's parsers found, beside its content.
+#[derive(Debug, Clone, Default)]
+struct ParsedMessage {
+    reasoning: String,
+    calls: Vec<openai::ToolCall>,
+}
+
+impl ParsedMessage {
+    /// Fill a response message: `reasoning_content` and `tool_calls` when there are some;
+    /// with tool calls, content that is only blank is `null` (as OpenAI's).
+    fn apply(self, message: &mut openai::ResponseMessage) {
+        if !self.reasoning.is_empty() {
+            message.reasoning_content = Some(self.reasoning);
+        }
+        if !self.calls.is_empty() {
+            if message
+                .content
+                .as_deref()
+                .is_some_and(|c| c.trim().is_empty())
+            {
+                message.content = None;
+            }
+            message.tool_calls = Some(self.calls);
+        }
+    }
+}
+
+/// A parsed call as OpenAI's tool call (a fresh `call_…` id unless the model wrote one).
+fn tool_call(c: crate::parsers::RawCall) -> openai::ToolCall {
+    openai::ToolCall {
+        id: c.id.unwrap_or_else(crate::parsers::new_call_id),
+        kind: "function".to_owned(),
+        function: openai::FunctionCall {
+            name: c.name,
+            arguments: c.arguments,
+        },
     }
 }
 
@@ -623,6 +766,85 @@ impl Merged {
             .iter()
             .fold(0u32, |sum, c| sum.saturating_add(*c));
         Usage::new(self.prompt_tokens, completion).with_cached(self.cached)
+    }
+
+    /// The SSE chunks of one step: one per parsed event (a tool call is two: its name,
+    /// then its arguments), the finish reason on the last.
+    fn chunks(
+        &mut self,
+        index: u32,
+        piece: Piece,
+        finish: Option<openai::OpenAiFinishReason>,
+    ) -> Vec<u8> {
+        let events = match piece {
+            Piece::Text(text) => return self.chunk(index, text, finish),
+            Piece::Parsed(events) => events,
+        };
+        let mut deltas = Vec::with_capacity(events.len() + 1);
+        for e in events {
+            match e {
+                ParseEvent::Content(t) => deltas.push(openai::ChatDelta {
+                    content: Some(t),
+                    ..Default::default()
+                }),
+                ParseEvent::Reasoning(t) => deltas.push(openai::ChatDelta {
+                    reasoning_content: Some(t),
+                    ..Default::default()
+                }),
+                ParseEvent::Call(c) => {
+                    let slot = self.calls.get_mut(index as usize);
+                    let call_index = slot.as_ref().map_or(0, |n| **n);
+                    if let Some(n) = slot {
+                        *n += 1;
+                    }
+                    let call = tool_call(c);
+                    deltas.push(openai::ChatDelta {
+                        tool_calls: Some(vec![openai::ToolCallDelta {
+                            index: call_index,
+                            id: Some(call.id),
+                            kind: Some(call.kind),
+                            function: openai::FunctionCallDelta {
+                                name: Some(call.function.name),
+                                arguments: Some(String::new()),
+                            },
+                        }]),
+                        ..Default::default()
+                    });
+                    deltas.push(openai::ChatDelta {
+                        tool_calls: Some(vec![openai::ToolCallDelta {
+                            index: call_index,
+                            id: None,
+                            kind: None,
+                            function: openai::FunctionCallDelta {
+                                name: None,
+                                arguments: Some(call.function.arguments),
+                            },
+                        }]),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+        if deltas.is_empty() && finish.is_none() {
+            return Vec::new();
+        }
+        if deltas.is_empty() {
+            deltas.push(openai::ChatDelta::default());
+        }
+        let last = deltas.len() - 1;
+        let mut out = Vec::new();
+        for (i, mut delta) in deltas.into_iter().enumerate() {
+            if let Some(sent) = self.first_sent.get_mut(index as usize)
+                && !std::mem::replace(sent, true)
+            {
+                delta.role = Some(openai::Role::Assistant);
+            }
+            let chunk =
+                self.factory
+                    .chat_delta_chunk(index, delta, if i == last { finish } else { None });
+            out.extend_from_slice(&sse_data(&serde_json::to_vec(&chunk).unwrap_or_default()));
+        }
+        out
     }
 
     fn chunk(
@@ -694,9 +916,9 @@ fn sse_response(run: TokenRun) -> Response {
         };
         let index = event.index;
         let (bytes, next) = match m.note(event) {
-            Step::Delta(t, None, _) => (m.chunk(index, t, None), Some(m)),
+            Step::Delta(t, None, _) => (m.chunks(index, t, None), Some(m)),
             Step::Delta(t, Some(reason), _) => {
-                let mut out = m.chunk(index, t, Some(reason));
+                let mut out = m.chunks(index, t, Some(reason));
                 if m.open > 0 {
                     (out, Some(m))
                 } else {

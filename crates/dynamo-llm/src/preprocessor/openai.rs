@@ -884,6 +884,60 @@ pub struct ResponseMessage {
     /// OpenAI's responses.
     #[serde(default)]
     pub refusal: Option<String>,
+    /// The reasoning text split off by the model's reasoning parser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// The tool calls found by the model's tool-call parser.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A tool call of a response message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// `call_…` (or the model's own id).
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The call.
+    pub function: FunctionCall,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments, JSON text.
+    pub arguments: String,
+}
+
+/// A piece of a streamed tool call: the first piece of a call carries `id`, `type` and
+/// `function.name`; later ones carry `function.arguments` text to append.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// Which call of the message.
+    pub index: u32,
+    /// On the first piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, on the first piece.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Name and/or arguments text.
+    pub function: FunctionCallDelta,
+}
+
+/// The function part of a [`ToolCallDelta`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    /// On the first piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Arguments text to append.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
 }
 
 /// One choice of a non-streaming chat response.
@@ -925,6 +979,12 @@ pub struct ChatDelta {
     /// New text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// New reasoning text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Tool-call pieces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// One choice of a chat chunk.
@@ -1042,7 +1102,30 @@ impl ResponseFactory {
                 delta: ChatDelta {
                     role: first.then_some(Role::Assistant),
                     content: text,
+                    ..ChatDelta::default()
                 },
+                finish_reason,
+                logprobs: None,
+            }],
+            usage: None,
+        }
+    }
+
+    /// A chat chunk of choice `index` carrying `delta`.
+    pub fn chat_delta_chunk(
+        &self,
+        index: u32,
+        delta: ChatDelta,
+        finish_reason: Option<OpenAiFinishReason>,
+    ) -> ChatCompletionChunk {
+        ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".to_owned(),
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![ChatChunkChoice {
+                index,
+                delta,
                 finish_reason,
                 logprobs: None,
             }],
@@ -1092,6 +1175,8 @@ impl ResponseFactory {
                         role: Role::Assistant,
                         content: Some(text),
                         refusal: None,
+                        reasoning_content: None,
+                        tool_calls: None,
                     },
                     finish_reason,
                     logprobs: None,

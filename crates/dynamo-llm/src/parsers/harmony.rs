@@ -1,0 +1,219 @@
+//! gpt-oss "harmony" output: messages `<|channel|>NAME [to=RECIPIENT] ...<|message|>BODY`
+//! ended by `<|end|>`, `<|call|>` or `<|return|>`, each after an optional
+//! `<|start|>assistant`. The `analysis` channel is reasoning, `final` (and `commentary`
+//! without a recipient) is content, and a message to `functions.NAME` is a tool call whose
+//! body is the JSON arguments. One parser serves both the `harmony` tool parser and the
+//! `gpt_oss` reasoning parser.
+
+use super::ParseEvent;
+use super::text::{find_first, partial_suffix_len};
+use super::tool_calls::{CallPolicy, RawCall, ToolSet};
+
+const MESSAGE: &str = "<|message|>";
+const HEADER_STARTS: &[&str] = &["<|start|>", "<|channel|>"];
+/// What ends a message body.
+const BODY_ENDS: &[&str] = &[
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|start|>",
+    "<|channel|>",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Body {
+    Reasoning,
+    Content,
+    /// A call to this function.
+    Call(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// Text outside any message: content until a header starts.
+    Outside,
+    /// Reading a header (up to `<|message|>`).
+    Header,
+    /// Inside a message body.
+    Body(Body),
+}
+
+/// The incremental harmony parser of one output.
+#[derive(Debug, Clone)]
+pub struct HarmonyParser {
+    state: State,
+    buf: String,
+    /// `None`: tool calls are not parsed (their bodies are content).
+    tools: Option<(std::sync::Arc<ToolSet>, CallPolicy)>,
+    calls: usize,
+}
+
+impl HarmonyParser {
+    /// A parser at the start of an output (which begins with a header: the prompt ends
+    /// with `<|start|>assistant`).
+    pub fn new(tools: Option<(std::sync::Arc<ToolSet>, CallPolicy)>) -> Self {
+        Self {
+            state: State::Header,
+            buf: String::new(),
+            tools,
+            calls: 0,
+        }
+    }
+
+    /// Feed text.
+    pub fn feed(&mut self, text: &str, out: &mut Vec<ParseEvent>) {
+        self.buf.push_str(text);
+        self.run(out);
+    }
+
+    fn run(&mut self, out: &mut Vec<ParseEvent>) {
+        loop {
+            match &self.state {
+                State::Outside => match find_first(&self.buf, HEADER_STARTS) {
+                    Some((p, _)) => {
+                        let text: String = self.buf.drain(..p).collect();
+                        emit(out, ParseEvent::Content(text));
+                        self.state = State::Header;
+                    }
+                    None => {
+                        let keep = partial_suffix_len(&self.buf, HEADER_STARTS);
+                        let text: String = self.buf.drain(..self.buf.len() - keep).collect();
+                        emit(out, ParseEvent::Content(text));
+                        return;
+                    }
+                },
+                State::Header => {
+                    let t = self.buf.trim_start();
+                    if !t.is_empty()
+                        && !HEADER_STARTS
+                            .iter()
+                            .any(|h| t.starts_with(h) || h.starts_with(t))
+                    {
+                        // Not harmony structure: plain text.
+                        self.state = State::Outside;
+                        continue;
+                    }
+                    let Some(p) = self.buf.find(MESSAGE) else {
+                        return;
+                    };
+                    let header: String = self.buf.drain(..p + MESSAGE.len()).collect();
+                    self.state = State::Body(self.body_of(&header[..p]));
+                }
+                State::Body(body) => {
+                    let body = body.clone();
+                    match find_first(&self.buf, BODY_ENDS) {
+                        Some((p, i)) => {
+                            let text: String = self.buf.drain(..p).collect();
+                            self.body_text(&body, text, true, out);
+                            // `<|start|>` / `<|channel|>` begin the next header; the
+                            // other markers are dropped.
+                            if BODY_ENDS[i] != "<|start|>" && BODY_ENDS[i] != "<|channel|>" {
+                                self.buf.drain(..BODY_ENDS[i].len());
+                            }
+                            self.state = State::Header;
+                        }
+                        None => {
+                            if matches!(body, Body::Call(_)) {
+                                return;
+                            }
+                            let keep = partial_suffix_len(&self.buf, BODY_ENDS);
+                            let text: String = self.buf.drain(..self.buf.len() - keep).collect();
+                            self.body_text(&body, text, false, out);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn body_of(&self, header: &str) -> Body {
+        let channel = header
+            .split("<|channel|>")
+            .nth(1)
+            .and_then(|c| c.split(|ch: char| ch.is_whitespace() || ch == '<').next())
+            .unwrap_or("");
+        let recipient = header
+            .split_whitespace()
+            .flat_map(|w| w.split("<|"))
+            .find_map(|w| w.strip_prefix("to="))
+            .map(|r| r.split("<|").next().unwrap_or(r));
+        match recipient.and_then(|r| r.strip_prefix("functions.")) {
+            Some(name) if self.tools.is_some() => Body::Call(name.to_owned()),
+            _ if channel == "analysis" => Body::Reasoning,
+            _ => Body::Content,
+        }
+    }
+
+    fn body_text(&mut self, body: &Body, text: String, complete: bool, out: &mut Vec<ParseEvent>) {
+        match body {
+            Body::Reasoning => emit(out, ParseEvent::Reasoning(text)),
+            Body::Content => emit(out, ParseEvent::Content(text)),
+            Body::Call(name) => {
+                debug_assert!(complete);
+                match self.call(name, &text) {
+                    Some(call) => {
+                        self.calls += 1;
+                        out.push(ParseEvent::Call(call));
+                    }
+                    None => emit(out, ParseEvent::Content(text)),
+                }
+            }
+        }
+    }
+
+    fn call(&self, name: &str, args: &str) -> Option<RawCall> {
+        let (tools, policy) = self.tools.as_ref()?;
+        if !tools.has(name)
+            || policy.only.as_ref().is_some_and(|o| o != name)
+            || (policy.single && self.calls > 0)
+        {
+            return None;
+        }
+        let args = args.trim();
+        let v: serde_json::Value = serde_json::from_str(args).ok()?;
+        v.is_object().then(|| RawCall {
+            name: name.to_owned(),
+            arguments: args.to_owned(),
+            id: None,
+        })
+    }
+
+    /// The output ended (the last terminator may be a stop token the engine did not
+    /// send): close the open message. A header that never reached its body is structure,
+    /// not text, and is dropped.
+    pub fn finish(&mut self, out: &mut Vec<ParseEvent>) {
+        let rest = std::mem::take(&mut self.buf);
+        match std::mem::replace(&mut self.state, State::Header) {
+            State::Outside => emit(out, ParseEvent::Content(rest)),
+            State::Header => {
+                let t = rest.trim_start();
+                if !HEADER_STARTS.iter().any(|h| t.starts_with(h)) {
+                    emit(out, ParseEvent::Content(rest));
+                }
+            }
+            State::Body(body) => self.body_text(&body, rest, true, out),
+        }
+    }
+}
+
+fn emit(out: &mut Vec<ParseEvent>, e: ParseEvent) {
+    match e {
+        ParseEvent::Content(s) | ParseEvent::Reasoning(s) if s.is_empty() => {}
+        ParseEvent::Content(s) => {
+            if let Some(ParseEvent::Content(last)) = out.last_mut() {
+                last.push_str(&s);
+            } else {
+                out.push(ParseEvent::Content(s));
+            }
+        }
+        ParseEvent::Reasoning(s) => {
+            if let Some(ParseEvent::Reasoning(last)) = out.last_mut() {
+                last.push_str(&s);
+            } else {
+                out.push(ParseEvent::Reasoning(s));
+            }
+        }
+        call @ ParseEvent::Call(_) => out.push(call),
+    }
+}

@@ -1,0 +1,435 @@
+//! Tool-call parsers: find a model's tool calls in its output text, incrementally.
+//!
+//! Every format is described by [`Format`]: the markers that open a tool-call section
+//! (anywhere in the text, or only as the first non-blank text of the output), how a
+//! section ends (a closing marker, or the end of the output), and a function that turns a
+//! complete section into calls. [`ToolCallParser`] is the one streaming engine for all of
+//! them: text outside sections is content and streams at once (only a tail that may
+//! still become an opening marker is held back); a section is held until it is complete,
+//! then parsed. A section that does not parse, or that calls a function the request did
+//! not declare, is released as content: nothing the model wrote is ever lost.
+
+mod json;
+mod pythonic;
+mod special;
+mod xml;
+
+use std::sync::Arc;
+
+use super::text::{find_first, partial_suffix_len};
+
+/// A complete call found in a section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawCall {
+    /// The function name.
+    pub name: String,
+    /// The arguments as JSON text (an object).
+    pub arguments: String,
+    /// The call id the model wrote, when the format has one (Kimi).
+    pub id: Option<String>,
+}
+
+/// How a section ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// At this marker (included in the section).
+    Marker(&'static str),
+    /// At the end of the output.
+    Output,
+}
+
+/// Parses a complete section (markers included); `None` when malformed.
+pub type SectionParser = fn(&str, &ToolSet) -> Option<Vec<RawCall>>;
+
+/// A tool-call format.
+#[derive(Clone, Copy)]
+pub struct Format {
+    /// Canonical name.
+    pub name: &'static str,
+    /// Markers that open a section anywhere, with how that section ends.
+    pub starts: &'static [(&'static str, End)],
+    /// Markers that open a section only as the first non-blank text of the output
+    /// (bare JSON or Python lists); such sections run to the end of the output.
+    pub leading: &'static [&'static str],
+    /// The section parser.
+    pub parse: SectionParser,
+    /// The format's markers are special tokens: the detokenizer must keep them.
+    pub special_tokens: bool,
+}
+
+impl std::fmt::Debug for Format {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+/// The functions a request declared (`tools`), with their parameter schemas.
+#[derive(Debug, Clone, Default)]
+pub struct ToolSet {
+    tools: Vec<(String, Option<serde_json::Value>)>,
+}
+
+impl ToolSet {
+    /// From a request's `tools` list (`{"type": "function", "function": {...}}` entries;
+    /// other entries are ignored).
+    pub fn from_request(tools: &[serde_json::Value]) -> Self {
+        let tools = tools
+            .iter()
+            .filter_map(|t| {
+                let f = t.get("function")?;
+                let name = f.get("name")?.as_str()?.to_owned();
+                Some((name, f.get("parameters").cloned()))
+            })
+            .collect();
+        Self { tools }
+    }
+
+    /// Whether `name` was declared.
+    pub fn has(&self, name: &str) -> bool {
+        self.tools.iter().any(|(n, _)| n == name)
+    }
+
+    /// Whether no function was declared.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// The JSON-schema `type` of parameter `param` of `function`, when declared.
+    pub fn param_type(&self, function: &str, param: &str) -> Option<&str> {
+        let (_, schema) = self.tools.iter().find(|(n, _)| n == function)?;
+        let t = schema
+            .as_ref()?
+            .get("properties")?
+            .get(param)?
+            .get("type")?;
+        match t {
+            serde_json::Value::String(s) => Some(s),
+            // `["string", "null"]`: the first non-null type.
+            serde_json::Value::Array(a) => {
+                a.iter().filter_map(|v| v.as_str()).find(|s| *s != "null")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What a call filter allows.
+#[derive(Debug, Clone, Default)]
+pub struct CallPolicy {
+    /// Only this function (`tool_choice` naming one).
+    pub only: Option<String>,
+    /// At most one call (`parallel_tool_calls: false`).
+    pub single: bool,
+}
+
+/// One output of the tool-call parser.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolEvent {
+    /// Text for `content`.
+    Content(String),
+    /// A complete call.
+    Call(RawCall),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before any non-blank text (leading markers possible).
+    Leading,
+    Content,
+    /// Inside a section that ends as given.
+    Section(End),
+}
+
+/// The streaming engine of one output.
+#[derive(Debug, Clone)]
+pub struct ToolCallParser {
+    format: &'static Format,
+    tools: Arc<ToolSet>,
+    policy: CallPolicy,
+    mode: Mode,
+    buf: String,
+    /// Section mode: where the search for the closing marker resumes.
+    scan: usize,
+    /// Calls emitted so far.
+    calls: usize,
+    /// Blank text after a call, held: dropped before the next call or the end.
+    blank: String,
+    start_markers: Vec<&'static str>,
+}
+
+impl ToolCallParser {
+    /// A parser for one output of `format`, accepting calls to `tools` under `policy`.
+    pub fn new(format: &'static Format, tools: Arc<ToolSet>, policy: CallPolicy) -> Self {
+        Self {
+            format,
+            tools,
+            policy,
+            mode: if format.leading.is_empty() {
+                Mode::Content
+            } else {
+                Mode::Leading
+            },
+            buf: String::new(),
+            scan: 0,
+            calls: 0,
+            blank: String::new(),
+            start_markers: format.starts.iter().map(|(m, _)| *m).collect(),
+        }
+    }
+
+    /// Calls emitted so far.
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+
+    /// Feed the next content text.
+    pub fn feed(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        if matches!(self.mode, Mode::Content) && self.buf.is_empty() {
+            // Fast path: nothing held; most text contains no marker at all.
+            let keep = self.content_step(text, out);
+            if let Some(keep) = keep {
+                self.buf.push_str(&text[text.len() - keep..]);
+                return;
+            }
+            // A section opened: the rest of the text is in `buf`; go on below.
+        } else {
+            self.buf.push_str(text);
+        }
+        self.run(out);
+    }
+
+    /// Content mode over borrowed text: `Some(tail to hold)` when no section opened,
+    /// `None` after moving the text from the opening marker on into `buf`.
+    fn content_step(&mut self, text: &str, out: &mut Vec<ToolEvent>) -> Option<usize> {
+        match find_first(text, &self.start_markers) {
+            Some((pos, i)) => {
+                self.content(&text[..pos], out);
+                self.open_section(self.format.starts[i].1, self.format.starts[i].0.len());
+                self.buf.push_str(&text[pos..]);
+                None
+            }
+            None => {
+                let keep = partial_suffix_len(text, &self.start_markers);
+                self.content(&text[..text.len() - keep], out);
+                Some(keep)
+            }
+        }
+    }
+
+    fn open_section(&mut self, end: End, marker_len: usize) {
+        self.blank.clear();
+        self.mode = Mode::Section(end);
+        self.scan = marker_len;
+    }
+
+    fn run(&mut self, out: &mut Vec<ToolEvent>) {
+        loop {
+            match self.mode {
+                Mode::Leading => {
+                    let t = self.buf.trim_start();
+                    if t.is_empty() {
+                        return;
+                    }
+                    let mut partial = false;
+                    let mut hit = None;
+                    for m in self.format.leading {
+                        if t.starts_with(m) {
+                            hit = Some(m.len());
+                            break;
+                        }
+                        partial |= m.starts_with(t);
+                    }
+                    if let Some(len) = hit {
+                        // The leading blank is dropped with the section's start.
+                        let skip = self.buf.len() - t.len();
+                        self.buf.drain(..skip);
+                        self.open_section(End::Output, len);
+                        continue;
+                    }
+                    if partial {
+                        return;
+                    }
+                    self.mode = Mode::Content;
+                }
+                Mode::Content => {
+                    let buf = std::mem::take(&mut self.buf);
+                    match self.content_step(&buf, out) {
+                        Some(keep) => {
+                            self.buf.push_str(&buf[buf.len() - keep..]);
+                            return;
+                        }
+                        None => {
+                            // `content_step` put the section's text in `buf`.
+                            continue;
+                        }
+                    }
+                }
+                Mode::Section(End::Output) => return,
+                Mode::Section(End::Marker(m)) => {
+                    let from = super::text::floor_boundary(
+                        &self.buf,
+                        self.scan.saturating_sub(m.len().saturating_sub(1)),
+                    );
+                    match self.buf[from..].find(m) {
+                        Some(p) => {
+                            let end = from + p + m.len();
+                            let rest = self.buf.split_off(end);
+                            let section = std::mem::replace(&mut self.buf, rest);
+                            self.section(&section, out);
+                            self.mode = Mode::Content;
+                        }
+                        None => {
+                            self.scan = self.buf.len();
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Emit content, holding blank text that follows a call.
+    fn content(&mut self, text: &str, out: &mut Vec<ToolEvent>) {
+        if text.is_empty() {
+            return;
+        }
+        if self.calls > 0 && text.trim().is_empty() {
+            self.blank.push_str(text);
+            return;
+        }
+        let mut s = std::mem::take(&mut self.blank);
+        s.push_str(text);
+        push_content(out, s);
+    }
+
+    /// A complete section: calls, or content when it does not qualify.
+    fn section(&mut self, section: &str, out: &mut Vec<ToolEvent>) {
+        let parsed = if self.policy.single && self.calls > 0 {
+            // `parallel_tool_calls: false` and a call was made: later sections are text.
+            None
+        } else {
+            (self.format.parse)(section, &self.tools).filter(|calls| {
+                !calls.is_empty()
+                    && calls.iter().all(|c| {
+                        self.tools.has(&c.name)
+                            && self.policy.only.as_ref().is_none_or(|only| *only == c.name)
+                    })
+            })
+        };
+        match parsed {
+            Some(calls) => {
+                let take = if self.policy.single { 1 } else { calls.len() };
+                for c in calls.into_iter().take(take) {
+                    self.calls += 1;
+                    out.push(ToolEvent::Call(c));
+                }
+            }
+            None => {
+                let s = std::mem::take(&mut self.blank) + section;
+                push_content(out, s);
+            }
+        }
+    }
+
+    /// The output ended: parse an open section (it may lack only its closing marker) and
+    /// release held text. Blank text after the last call is dropped.
+    pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
+        let buf = std::mem::take(&mut self.buf);
+        match self.mode {
+            Mode::Section(_) => self.section(&buf, out),
+            Mode::Leading | Mode::Content => self.content(&buf, out),
+        }
+        self.mode = Mode::Content;
+        self.blank.clear();
+    }
+}
+
+fn push_content(out: &mut Vec<ToolEvent>, s: String) {
+    if s.is_empty() {
+        return;
+    }
+    if let Some(ToolEvent::Content(last)) = out.last_mut() {
+        last.push_str(&s);
+    } else {
+        out.push(ToolEvent::Content(s));
+    }
+}
+
+/// The inside of a section: `section` without `start` and (when present) `end`.
+pub(crate) fn inner<'a>(section: &'a str, start: &str, end: &str) -> &'a str {
+    let s = section.strip_prefix(start).unwrap_or(section);
+    s.strip_suffix(end).unwrap_or(s)
+}
+
+/// Convert a parameter's text value to JSON text, by its declared schema type: strings
+/// stay strings; other types are parsed as JSON when they are JSON, else kept as strings.
+/// Without a declared type, JSON values are kept as such.
+pub(crate) fn param_json(tools: &ToolSet, function: &str, param: &str, value: &str) -> String {
+    let as_string = || serde_json::to_string(value).unwrap_or_default();
+    match tools.param_type(function, param) {
+        Some("string") => as_string(),
+        _ => {
+            let v = value.trim();
+            match serde_json::from_str::<serde_json::Value>(v) {
+                Ok(_) => v.to_owned(),
+                Err(_) => match v {
+                    "True" => "true".to_owned(),
+                    "False" => "false".to_owned(),
+                    "None" => "null".to_owned(),
+                    _ => as_string(),
+                },
+            }
+        }
+    }
+}
+
+/// Builds a JSON object's text in the order keys arrive.
+pub(crate) struct ObjectText(String);
+
+impl ObjectText {
+    pub(crate) fn new() -> Self {
+        Self(String::from("{"))
+    }
+
+    pub(crate) fn push(&mut self, key: &str, value_json: &str) {
+        if self.0.len() > 1 {
+            self.0.push_str(", ");
+        }
+        self.0
+            .push_str(&serde_json::to_string(key).unwrap_or_default());
+        self.0.push_str(": ");
+        self.0.push_str(value_json);
+    }
+
+    pub(crate) fn finish(mut self) -> String {
+        self.0.push('}');
+        self.0
+    }
+}
+
+/// Every format, by canonical name.
+pub static FORMATS: &[Format] = &[
+    json::HERMES,
+    json::LLAMA3_JSON,
+    json::PHI4,
+    json::NEMOTRON_DECI,
+    json::JAMBA,
+    json::DEFAULT,
+    special::MISTRAL,
+    special::DEEPSEEK_V3,
+    special::DEEPSEEK_V3_1,
+    special::KIMI_K2,
+    xml::QWEN3_CODER,
+    xml::GLM45,
+    xml::DEEPSEEK_V3_2,
+    xml::MINIMAX_M2,
+    pythonic::PYTHONIC,
+];
+
+/// The format of canonical name `name`.
+pub fn format(name: &str) -> Option<&'static Format> {
+    FORMATS.iter().find(|f| f.name == name)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,38 @@
+use std::sync::Arc;
+
+use super::*;
+
+fn tools() -> Arc<ToolSet> {
+    Arc::new(ToolSet::from_request(&[
+        serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}}}),
+    ]))
+}
+
+#[test]
+fn every_format_is_named_once() {
+    for f in FORMATS {
+        assert_eq!(FORMATS.iter().filter(|g| g.name == f.name).count(), 1);
+    }
+}
+
+#[test]
+fn parameters_follow_the_schema() {
+    let t = tools();
+    assert_eq!(param_json(&t, "f", "s", "12"), "\"12\"");
+    assert_eq!(param_json(&t, "f", "n", "12"), "12");
+    assert_eq!(param_json(&t, "f", "x", "True"), "true");
+    assert_eq!(param_json(&t, "f", "x", "hi there"), "\"hi there\"");
+}
+
+#[test]
+fn blank_text_between_calls_is_dropped_but_text_is_kept() {
+    let mut p = ToolCallParser::new(format("hermes").unwrap(), tools(), CallPolicy::default());
+    let mut out = Vec::new();
+    p.feed("a<tool_call>{\"name\": \"f\"}</tool_call>\n\n<tool_call>{\"name\": \"f\", \"arguments\": {\"n\": 1}}</tool_call>\n b", &mut out);
+    p.finish(&mut out);
+    assert_eq!(out.len(), 4, "{out:?}");
+    assert_eq!(out[0], ToolEvent::Content("a".into()));
+    assert!(matches!(&out[1], ToolEvent::Call(c) if c.arguments == "{}"));
+    assert!(matches!(&out[2], ToolEvent::Call(c) if c.arguments == "{\"n\": 1}"));
+    assert_eq!(out[3], ToolEvent::Content("\n b".into()));
+}
