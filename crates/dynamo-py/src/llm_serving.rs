@@ -226,6 +226,8 @@ pub(crate) struct EntrypointArgs {
     mock_args: Option<MockEngineArgs>,
     namespace: Option<String>,
     migration_limit: u32,
+    /// Serve the Anthropic Messages API (`None`: `DYN_ENABLE_ANTHROPIC_API`).
+    enable_anthropic_api: Option<bool>,
 }
 
 #[pymethods]
@@ -311,6 +313,7 @@ impl EntrypointArgs {
             mock_args,
             namespace,
             migration_limit,
+            enable_anthropic_api,
         })
     }
 }
@@ -347,6 +350,9 @@ fn make_engine<'py>(
     }
     frontend.migration_limit = args.migration_limit;
     frontend.namespace.clone_from(&args.namespace);
+    if let Some(enabled) = args.enable_anthropic_api {
+        frontend.enable_anthropic_api = enabled;
+    }
     let kind = match args.engine_type {
         EngineType::Dynamic => None,
         EngineType::Mocker => Some(LocalEngineKind::Mocker(
