@@ -10,7 +10,8 @@ ensure_system_packages protoc:protobuf-compiler etcd:etcd-server etcdctl:etcd-cl
 echo "==> python environment"
 ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" "ruff>=0.6" \
   "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20" "prometheus-client>=0.20" \
-  "pyzmq>=25" "msgpack>=1" "openai>=1.40" "websockets>=12"
+  "pyzmq>=25" "msgpack>=1" "openai>=1.40" "websockets>=12" \
+  "tritonclient[grpc]>=2.40"
 # The Anthropic Messages API tests use the official client.
 ensure_venv "anthropic>=0.40"
 

@@ -1632,7 +1632,9 @@ async def run_input(
       register its model card, until the runtime stops;
     * ``"text"``: an interactive chat on stdin/stdout (one message per line, the answer
       streamed to stdout, the conversation kept) until EOF;
-    * ``"stdin"``: all of stdin is one message; prints the answer and returns.
+    * ``"stdin"``: all of stdin is one message; prints the answer and returns;
+    * ``"grpc"``: the KServe v2 gRPC API (see :class:`KserveGrpcService`) on the engine's
+      ``http_host`` / ``http_port``, until the runtime stops.
 
     ``text`` and ``stdin`` use the in-process engine, or for ``Dynamic`` wait for a
     discovered chat model.
@@ -1787,3 +1789,258 @@ class HttpAsyncEngine:
     chunk they end the stream with an SSE ``error`` event."""
 
     def __new__(cls, generator: Any, event_loop: Any) -> HttpAsyncEngine: ...
+
+@final
+class KserveGrpcService:
+    """A KServe v2 gRPC ingress (``inference.GRPCInferenceService``) following the
+    runtime's model cards, plus in-process models added with :meth:`add_completions_model`,
+    :meth:`add_chat_completions_model` and :meth:`add_tensor_model`.
+
+    Text models take a ``text_input`` BYTES tensor (and an optional ``stream`` BOOL) and
+    answer ``text_output`` and ``finish_reason`` BYTES tensors; tensor models' handlers
+    receive ``{"id", "model", "tensors": [{"metadata": {"name", "data_type", "shape"},
+    "data": {"data_type", "values"}}], "parameters"?}`` and answer ``{"tensors": [...]}``.
+
+    Args:
+        port: the port (default 8787; 0 picks a free one).
+        host: the listen address (default ``0.0.0.0``).
+    """
+
+    def __new__(
+        cls, port: Optional[int] = None, host: Optional[str] = None
+    ) -> KserveGrpcService: ...
+    def add_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Serve ``engine`` as text model ``model`` (it receives an OpenAI completions
+        request and yields completion chunks)."""
+
+    def add_chat_completions_model(
+        self, model: str, checksum: str, engine: PythonAsyncEngine | HttpAsyncEngine
+    ) -> None:
+        """Add chat model ``model`` (listed and ready; ``ModelInfer`` serves completions
+        models only, as in the reference)."""
+
+    def add_tensor_model(
+        self,
+        model: str,
+        checksum: str,
+        engine: PythonAsyncEngine | HttpAsyncEngine,
+        *,
+        runtime_config: Optional[ModelRuntimeConfig] = None,
+        tensor_model_config: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        """Serve ``engine`` as tensor model ``model``. ``tensor_model_config``
+        (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``, data
+        types ``Bool``, ``Uint8``..``Uint64``, ``Int8``..``Int64``, ``Float16``,
+        ``BFloat16``, ``Float32``, ``Float64``, ``Bytes``) describes its tensors, which are
+        then validated.
+
+        Raises:
+            ValueError: a malformed ``tensor_model_config``.
+        """
+
+    def remove_completions_model(self, model: str) -> None:
+        """Stop serving completions model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def remove_chat_completions_model(self, model: str) -> None:
+        """Stop serving chat model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def remove_tensor_model(self, model: str) -> None:
+        """Stop serving tensor model ``model``.
+
+        Raises:
+            ValueError: ``model`` is not served.
+        """
+
+    def list_completions_models(self) -> List[str]:
+        """The added completions models, sorted."""
+
+    def list_chat_completions_models(self) -> List[str]:
+        """The added chat models, sorted."""
+
+    def list_tensor_models(self) -> List[str]:
+        """The added tensor models, sorted."""
+
+    async def run(self, runtime: DistributedRuntime) -> None:
+        """Serve until :meth:`shutdown` or the runtime stops."""
+
+    def shutdown(self) -> None:
+        """Stop serving."""
+# ---------------------------------------------------------------------------------------
+# Engine telemetry and the planner's control plane (forward-pass metrics, virtual
+# connector, multimodal cache events)
+# ---------------------------------------------------------------------------------------
+
+#: The seed API's name of :class:`RuntimeMetrics` (the same class).
+PyRuntimeMetrics = RuntimeMetrics
+
+@final
+class FpmDirectPublisher:
+    """In-process forward-pass-metrics producer with one channel per DP rank.
+
+    Each rank has its own serialisation task; a rank without ``publish`` for 1.0 s emits a
+    zeroed heartbeat snapshot (then one per second while idle). Snapshots go to the event
+    plane, channel ``(endpoint, "forward-pass-metrics")``, as msgpack."""
+
+    def __new__(
+        cls, endpoint: Endpoint, worker_id: str, dp_size: int = 1
+    ) -> FpmDirectPublisher: ...
+    def publish(
+        self,
+        *,
+        dp_rank: int,
+        scheduled_num_prefill_requests: int,
+        scheduled_sum_prefill_tokens: int,
+        scheduled_sum_prefill_kv_tokens: int,
+        scheduled_num_decode_requests: int,
+        scheduled_sum_decode_kv_tokens: int,
+        queued_num_prefill_requests: int,
+        queued_sum_prefill_tokens: int,
+        queued_num_decode_requests: int,
+        queued_sum_decode_kv_tokens: int,
+        wall_time_secs: float,
+        scheduled_prefill_lengths: Optional[List[int]] = None,
+        scheduled_decode_kv_lengths: Optional[List[int]] = None,
+        queued_prefill_lengths: Optional[List[int]] = None,
+        queued_decode_kv_lengths: Optional[List[int]] = None,
+    ) -> None:
+        """Publish one pass of ``dp_rank``. The optional per-request length lists feed the
+        four variance fields (population variance, Welford); without them they are 0.0.
+
+        Raises:
+            ValueError: ``dp_rank`` not below ``dp_size``, a negative count, or a negative
+                or non-finite ``wall_time_secs``.
+        """
+
+    def shutdown(self) -> None:
+        """Stop the rank tasks and withdraw the channel (idempotent)."""
+
+@final
+class FpmEventRelay:
+    """Forwards FPM payloads from a local ZMQ PUB socket (``[topic, seq, payload]``
+    messages; the last part is the payload) to the event plane; re-dials when the ZMQ
+    publisher restarts."""
+
+    def __new__(cls, endpoint: Endpoint, zmq_endpoint: str) -> FpmEventRelay: ...
+    def shutdown(self) -> None:
+        """Stop relaying (idempotent)."""
+
+@final
+class FpmEventSubscriber:
+    """FPM consumer of an endpoint: ``recv()`` mode or tracking mode (exclusive).
+    Payloads that are not snapshots are dropped and counted
+    (``dynamo_fpm_malformed_payloads_total`` on ``/metrics``)."""
+
+    def __new__(cls, endpoint: Endpoint) -> FpmEventSubscriber: ...
+    def recv(self) -> Optional[bytes]:
+        """The next raw msgpack payload (blocking, GIL released); None once closed.
+
+        Raises:
+            RuntimeError: tracking mode is active.
+        """
+
+    def start_tracking(self) -> None:
+        """Keep the latest payload per ``(worker_id, dp_rank)`` of workers with a model
+        card; purge a worker's entries when its card disappears.
+
+        Raises:
+            RuntimeError: after ``recv()``, or when already tracking.
+        """
+
+    def get_recent_stats(self) -> Dict[Tuple[str, int], bytes]:
+        """Latest payloads. Raises ``RuntimeError`` before ``start_tracking``."""
+
+    def get_model_cards(self) -> Dict[str, str]:
+        """worker id (decimal instance id) → model card JSON. Raises ``RuntimeError``
+        before ``start_tracking``."""
+
+    def shutdown(self) -> None:
+        """Stop; a blocked ``recv`` returns None (idempotent)."""
+
+@final
+class PlannerDecision:
+    """A scaling request from the planner (``-1``: not set)."""
+
+    @property
+    def num_prefill_workers(self) -> int: ...
+    @property
+    def num_decode_workers(self) -> int: ...
+    @property
+    def decision_id(self) -> int: ...
+
+@final
+class VirtualConnectorCoordinator:
+    """The planner side of the virtual connector (state under ``v1/{namespace}/planner/``
+    of the discovery store)."""
+
+    def __new__(
+        cls,
+        runtime: DistributedRuntime,
+        dynamo_namespace: str,
+        check_interval_secs: int,
+        max_wait_time_secs: int,
+        max_retries: int,
+    ) -> VirtualConnectorCoordinator: ...
+    async def async_init(self) -> None:
+        """Load the current state; call first."""
+
+    def read_state(self) -> PlannerDecision:
+        """The in-memory decision (all -1 before ``async_init``)."""
+
+    async def update_scaling_decision(
+        self, num_prefill: Optional[int] = None, num_decode: Optional[int] = None
+    ) -> None:
+        """Write the changed counts and bump ``decision_id``; skipped while the previous
+        decision is unacknowledged, until ``max_wait_time_secs`` after the first skip."""
+
+    async def wait_for_scaling_completion(self) -> None:
+        """Poll every ``check_interval_secs``, at most ``max_retries`` times, for the
+        acknowledgement (a timeout is only logged)."""
+
+    async def is_scaling_ready(self) -> bool:
+        """True when there is no decision or it is acknowledged."""
+
+@final
+class VirtualConnectorClient:
+    """The environment side of the virtual connector."""
+
+    def __new__(
+        cls, runtime: DistributedRuntime, dynamo_namespace: str
+    ) -> VirtualConnectorClient: ...
+    async def get(self) -> PlannerDecision:
+        """The current decision."""
+
+    async def complete(self, decision: PlannerDecision) -> None:
+        """Acknowledge ``decision`` (writes ``scaled_decision_id``)."""
+
+    async def wait(self) -> None:
+        """Resolve once a decision is pending (including one already published); raises
+        when the runtime shuts down."""
+
+@final
+class MultimodalEmbeddingCachePublisher:
+    """Publishes which multimodal embedding keys this encode worker caches (deltas on the
+    event plane, plus a snapshot in discovery for consumers that start late)."""
+
+    def __new__(cls) -> MultimodalEmbeddingCachePublisher: ...
+    async def create_endpoint(self, endpoint: Endpoint) -> None:
+        """Bind to ``endpoint``'s channel ``multimodal_embedding_cache``."""
+
+    def publish_delta(self, added_keys: List[str], removed_keys: List[str]) -> None:
+        """Publish a mutation. Raises ``RuntimeError`` before ``create_endpoint``."""
+
+async def run_planner(runtime: DistributedRuntime, argv: List[str]) -> None:
+    """Run the planner loop (``python -m dynamo.planner``) until the runtime stops.
+
+    Raises:
+        ValueError: an unknown flag or a bad value.
+    """

@@ -6,7 +6,8 @@
 //!   [`TokenEngineHandler`] with its model card registered, so frontends discover it (the
 //!   mocker worker is this path, [`serve_mocker`]);
 //! * `http` ([`serve_http`]): the OpenAI frontend with the engine as an in-process model;
-//! * `text` / `stdin` ([`text`]): a terminal chat.
+//! * `text` / `stdin` ([`text`]): a terminal chat;
+//! * `grpc` ([`serve_grpc`]): the KServe v2 gRPC ingress ([`crate::grpc`]).
 
 pub mod text;
 
@@ -97,7 +98,7 @@ impl LocalEngine {
                 let mut args = args.clone();
                 let vocab = model_vocab_size(&card.local_dir()).unwrap_or(args.vocab_size);
                 args.vocab_size = vocab;
-                let events: crate::mocker::runner::EventSink = match endpoint {
+                let (events, fpm): (crate::mocker::runner::EventSink, _) = match endpoint {
                     // KV events go to routers on the event plane (with a worker-local index
                     // for their gap recovery), numbered per rank like a real engine's.
                     Some((runtime, ep)) => {
@@ -106,11 +107,22 @@ impl LocalEngine {
                             KvEventPublisher::new_raw(runtime, ep, worker, true)
                                 .map_err(|e| Error::Runtime(e.to_string()))?,
                         );
-                        publisher.event_sink()
+                        // Each simulated pass is also published as forward-pass metrics
+                        // (worker id: the instance id in decimal, as planners expect).
+                        let fpm = crate::fpm::FpmDirectPublisher::new(
+                            runtime,
+                            ep,
+                            &runtime.connection_id().to_string(),
+                            1,
+                        );
+                        let sink: crate::mocker::runner::FpmSink = Box::new(move |sample| {
+                            let _ = fpm.publish(0, sample);
+                        });
+                        (publisher.event_sink(), Some(sink))
                     }
-                    None => Box::new(|_| {}),
+                    None => (Box::new(|_| {}), None),
                 };
-                let runner = MockEngineRunner::spawn(args, events)?;
+                let runner = MockEngineRunner::spawn_with_fpm(args, events, fpm)?;
                 Ok(Arc::new(MockTokenEngine::new(runner, vocab)))
             }
         }
@@ -186,6 +198,23 @@ pub async fn serve_http_with_routes(
 ) -> Result<()> {
     let service = HttpService::new(config);
     service.add_extension_routes(routes)?;
+    if let Some(local) = local {
+        service.statics().add_token_model(local.static_model()?);
+    }
+    service.run(runtime).await
+}
+
+/// Serve the KServe v2 gRPC ingress on `config.host:config.port`: discovered models, plus
+/// `local` as an in-process text model when given, until the runtime stops.
+///
+/// # Errors
+/// The engine cannot start or the listener cannot be bound.
+pub async fn serve_grpc(
+    runtime: DistributedRuntime,
+    config: FrontendConfig,
+    local: Option<&LocalEngine>,
+) -> Result<()> {
+    let service = crate::grpc::KserveService::new(config);
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }

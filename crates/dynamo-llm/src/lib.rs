@@ -16,6 +16,7 @@
 //! * [`http`]: the OpenAI-compatible HTTP frontend (routing, migration, metrics).
 //! * [`engines`]: in-process token engines (echo, mocker) and their request-plane handler.
 //! * [`entrypoint`]: in-process engines behind an input (`dyn://`, `http`, `text`, `stdin`).
+//! * [`grpc`]: the KServe v2 gRPC ingress (text and tensor models).
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -35,10 +36,14 @@ pub mod discovery;
 pub mod engines;
 pub mod entrypoint;
 pub mod error;
+pub mod fpm;
+pub mod grpc;
 pub mod http;
 pub mod kv_routing;
+pub mod mm_cache;
 pub mod mocker;
 pub mod model_card;
+pub mod planner;
 pub mod preprocessor;
 
 pub use error::{Error, Result};

@@ -24,6 +24,11 @@
 //!   (extension routes of the HTTP frontend).
 //! * [`llm_static`]: Python async generators as in-process OpenAI engines
 //!   (`PythonAsyncEngine`, `HttpAsyncEngine`).
+//! * [`grpc`]: the KServe v2 gRPC ingress (`KserveGrpcService`).
+//! * [`fpm`]: forward-pass metrics (`FpmDirectPublisher`, `FpmEventRelay`,
+//!   `FpmEventSubscriber`).
+//! * [`planner`]: `PlannerDecision`, the virtual connector, `run_planner`,
+//!   `MultimodalEmbeddingCachePublisher`.
 
 use pyo3::prelude::*;
 
@@ -34,7 +39,9 @@ mod convert;
 mod dlpack;
 mod engine;
 mod errors;
+mod fpm;
 mod frontend_routes;
+mod grpc;
 mod json;
 mod kv;
 mod kv_routing;
@@ -43,6 +50,7 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod planner;
 mod router;
 mod runtime;
 
@@ -60,5 +68,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     llm::register(m)?;
     llm_serving::register(m)?;
     frontend_routes::register(m)?;
+    grpc::register(m)?;
+    fpm::register(m)?;
+    planner::register(m)?;
     Ok(())
 }

@@ -378,7 +378,7 @@ fn make_engine<'py>(
     py_async(py, async move { Ok(config) })
 }
 
-/// Run `engine_config` behind `input` (`"http"` or `"dyn://ns.comp.ep"`) until the runtime
+/// Run `engine_config` behind `input` (`"http"`, `"grpc"`, `"text"`, `"stdin"` or `"dyn://ns.comp.ep"`) until the runtime
 /// stops.
 #[pyfunction]
 #[pyo3(signature = (runtime, input, engine_config, frontend_route_extensions = None))]
@@ -425,9 +425,12 @@ fn run_input<'py>(
         (None, ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
             "a dynamic (frontend) engine cannot be served as a worker endpoint",
         )),
-        (_, "grpc") => Err(PyValueError::new_err(
-            "input \"grpc\" (KServe) is not supported by this build",
-        )),
+        // The reference serves gRPC on the engine's HTTP host and port.
+        (local, "grpc") => py_async(py, async move {
+            dynamo_llm::entrypoint::serve_grpc(drt, frontend, local.as_ref())
+                .await
+                .map_err(llm_error)
+        }),
         _ => Err(PyValueError::new_err(format!(
             "unknown input {input:?}: expected \"http\", \"text\", \"stdin\", \"grpc\" or \"dyn://namespace.component.endpoint\""
         ))),
@@ -442,7 +445,7 @@ pub(crate) struct HttpService {
 }
 
 /// The engine behind a `PythonAsyncEngine` or `HttpAsyncEngine`.
-fn openai_engine(engine: &Bound<'_, PyAny>) -> PyResult<Arc<dyn OpenAiEngine>> {
+pub(crate) fn openai_engine(engine: &Bound<'_, PyAny>) -> PyResult<Arc<dyn OpenAiEngine>> {
     if let Ok(e) = engine.cast::<HttpAsyncEngine>() {
         return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
     }

@@ -300,18 +300,21 @@ impl MetricsRegistry {
             }
         }
         let callbacks = lock(&self.callbacks).clone();
+        let mut texts = Vec::with_capacity(callbacks.len());
         for (owner, cb) in callbacks {
             match cb() {
-                Ok(text) => {
-                    out.push_str(&text);
-                    if !text.is_empty() && !text.ends_with('\n') {
-                        out.push('\n');
-                    }
-                }
+                Ok(text) => texts.push(text),
                 Err(e) => tracing::warn!(%owner, error = %e, "metrics callback failed"),
             }
         }
-        out
+        if texts.iter().all(String::is_empty) {
+            return out;
+        }
+        // Callbacks may repeat our families (or each other's): merge into one valid
+        // exposition rather than concatenate (see `crate::expfmt`).
+        let mut parts: Vec<&str> = vec![&out];
+        parts.extend(texts.iter().map(String::as_str));
+        crate::expfmt::merge(&parts)
     }
 }
 

@@ -3,7 +3,8 @@
 Thin argparse over :mod:`dynamo._core`: the flags become a :class:`RouterConfig` and an
 :class:`EntrypointArgs` (``EngineType.Dynamic``); ``make_engine`` and ``run_input(runtime,
 "http", engine)`` do the rest in Rust (``-i``: ``run_input(runtime, "text", engine)``, a
-terminal chat). Workers appear as they call ``register_model``.
+terminal chat). Workers appear as they call ``register_model``. ``--kserve-grpc-server``
+also serves the KServe v2 gRPC API on ``--grpc-port`` (``run_input(runtime, "grpc", ...)``).
 
 The HTTP limits (body size, header and body read timeouts, connections per client) are read
 by the Rust frontend from their ``DYN_HTTP_*`` variables; each flag defaults to its variable
@@ -148,6 +149,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="chat with the discovered model on the terminal instead of serving HTTP",
     )
+    p.add_argument(
+        "--kserve-grpc-server",
+        action="store_true",
+        help="also serve the KServe v2 gRPC API (on --grpc-port) beside HTTP",
+    )
+    p.add_argument(
+        "--grpc-port",
+        type=int,
+        default=int(os.environ.get("DYN_GRPC_PORT", "8787")),
+        help="port of the KServe gRPC server (default 8787, $DYN_GRPC_PORT)",
+    )
     return p.parse_args(argv)
 
 
@@ -205,17 +217,28 @@ async def main(args: argparse.Namespace) -> None:
         active_prefill_tokens_threshold=args.active_prefill_tokens_threshold,
         active_prefill_tokens_threshold_frac=args.active_prefill_tokens_threshold_frac,
     )
-    entry = EntrypointArgs(
-        EngineType.Dynamic,
-        http_host=args.http_host,
-        http_port=args.http_port,
-        router_config=router,
-        kv_cache_block_size=args.kv_cache_block_size,
-        namespace=args.namespace,
-        migration_limit=args.migration_limit,
-        enable_anthropic_api=args.enable_anthropic_api,
-    )
-    engine = await make_engine(runtime, entry)
+
+    def entry(port: int) -> EntrypointArgs:
+        return EntrypointArgs(
+            EngineType.Dynamic,
+            http_host=args.http_host,
+            http_port=port,
+            router_config=router,
+            kv_cache_block_size=args.kv_cache_block_size,
+            namespace=args.namespace,
+            migration_limit=args.migration_limit,
+            enable_anthropic_api=args.enable_anthropic_api,
+        )
+
+    engine = await make_engine(runtime, entry(args.http_port))
+    if args.kserve_grpc_server and not args.interactive:
+        # The gRPC input listens on its engine's HTTP host/port (as in the reference), so it
+        # gets an engine of its own on --grpc-port; both follow the same discovered models.
+        grpc_engine = await make_engine(runtime, entry(args.grpc_port))
+        await asyncio.gather(
+            run_input(runtime, "http", engine), run_input(runtime, "grpc", grpc_engine)
+        )
+        return
     await run_input(runtime, "text" if args.interactive else "http", engine)
     if args.interactive:
         runtime.shutdown()

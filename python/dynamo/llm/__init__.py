@@ -11,11 +11,15 @@ from dynamo._core import BlockManager as BlockManager
 from dynamo._core import EngineConfig as EngineConfig
 from dynamo._core import EngineType as EngineType
 from dynamo._core import EntrypointArgs as EntrypointArgs
+from dynamo._core import FpmDirectPublisher as FpmDirectPublisher
+from dynamo._core import FpmEventRelay as FpmEventRelay
+from dynamo._core import FpmEventSubscriber as FpmEventSubscriber
 from dynamo._core import FrontendExtensionContext as FrontendExtensionContext
 from dynamo._core import FrontendResponse as FrontendResponse
 from dynamo._core import FrontendRoute as FrontendRoute
 from dynamo._core import HttpAsyncEngine as HttpAsyncEngine
 from dynamo._core import HttpService as HttpService
+from dynamo._core import KserveGrpcService as KserveGrpcService
 from dynamo._core import KvbmRequest as KvbmRequest
 from dynamo._core import KvEventPublisher as KvEventPublisher
 from dynamo._core import KvIndexer as KvIndexer
@@ -27,6 +31,9 @@ from dynamo._core import Layer as Layer
 from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
 from dynamo._core import ModelType as ModelType
+from dynamo._core import (
+    MultimodalEmbeddingCachePublisher as MultimodalEmbeddingCachePublisher,
+)
 from dynamo._core import OverlapScores as OverlapScores
 from dynamo._core import PythonAsyncEngine as PythonAsyncEngine
 from dynamo._core import RadixTree as RadixTree
@@ -64,9 +71,13 @@ __all__ = [
     "EngineConfig",
     "EngineType",
     "EntrypointArgs",
+    "FpmDirectPublisher",
+    "FpmEventRelay",
+    "FpmEventSubscriber",
     "HttpAsyncEngine",
     "HttpError",
     "HttpService",
+    "KserveGrpcService",
     "KvEventPublisher",
     "KvIndexer",
     "KvRemovedEventInput",
@@ -79,6 +90,7 @@ __all__ = [
     "ModelInput",
     "ModelRuntimeConfig",
     "ModelType",
+    "MultimodalEmbeddingCachePublisher",
     "OverlapScores",
     "PythonAsyncEngine",
     "RadixTree",

@@ -41,7 +41,7 @@ mod block_events;
 pub mod bus;
 mod publisher;
 mod router;
-mod zmq;
+pub(crate) mod zmq;
 
 use std::sync::{Mutex, MutexGuard};
 

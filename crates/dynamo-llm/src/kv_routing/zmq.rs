@@ -106,10 +106,10 @@ async fn connect(address: &str, topic: &[u8]) -> std::io::Result<TcpStream> {
     Ok(s)
 }
 
-/// Read messages until the connection breaks or `stop` fires.
-async fn pump(
+/// Read messages until the connection breaks, `stop` fires or `on_message` returns false.
+async fn pump<F: FnMut(Vec<Vec<u8>>) -> bool>(
     s: &mut TcpStream,
-    publisher: &Weak<KvEventPublisher>,
+    on_message: &mut F,
     stop: &CancellationToken,
 ) -> std::io::Result<()> {
     let mut parts: Vec<Vec<u8>> = Vec::new();
@@ -128,33 +128,40 @@ async fn pump(
             }
             continue;
         }
-        let message = std::mem::take(&mut parts);
-        // [topic, sequence, payload] (older engines: [topic, payload]); the payload is last.
-        let Some(payload) = message.last() else {
-            continue;
-        };
-        let Some(publisher) = publisher.upgrade() else {
+        if !on_message(std::mem::take(&mut parts)) {
             return Ok(());
-        };
-        match decode_engine_batch(payload) {
-            Ok(batch) => {
-                let inputs: Vec<_> = batch
-                    .events
-                    .iter()
-                    .map(|e| e.to_publish_input(None))
-                    .collect();
-                if publisher.publish_batch(&inputs).is_err() {
-                    // One bad event must not drop its neighbours.
-                    for input in &inputs {
-                        if let Err(e) = publisher.publish_batch(std::slice::from_ref(input)) {
-                            tracing::warn!(error = %e, "engine KV event dropped");
-                        }
+        }
+    }
+}
+
+/// Forward one engine message (`[topic, sequence, payload]`; older engines:
+/// `[topic, payload]`; the payload is last) to `publisher`. False once it is gone.
+fn forward_kv_batch(message: Vec<Vec<u8>>, publisher: &Weak<KvEventPublisher>) -> bool {
+    let Some(payload) = message.last() else {
+        return true;
+    };
+    let Some(publisher) = publisher.upgrade() else {
+        return false;
+    };
+    match decode_engine_batch(payload) {
+        Ok(batch) => {
+            let inputs: Vec<_> = batch
+                .events
+                .iter()
+                .map(|e| e.to_publish_input(None))
+                .collect();
+            if publisher.publish_batch(&inputs).is_err() {
+                // One bad event must not drop its neighbours.
+                for input in &inputs {
+                    if let Err(e) = publisher.publish_batch(std::slice::from_ref(input)) {
+                        tracing::warn!(error = %e, "engine KV event dropped");
                     }
                 }
             }
-            Err(e) => tracing::warn!(error = %e, "malformed engine KV event batch"),
         }
+        Err(e) => tracing::warn!(error = %e, "malformed engine KV event batch"),
     }
+    true
 }
 
 /// Relay `endpoint` (`tcp://host:port`) to `publisher` until it stops.
@@ -164,20 +171,45 @@ pub(crate) async fn relay(
     publisher: Weak<KvEventPublisher>,
     stop: CancellationToken,
 ) {
+    let alive = publisher.clone();
+    subscribe_loop(
+        endpoint,
+        topic.into_bytes(),
+        stop,
+        move || alive.strong_count() > 0,
+        move |message| forward_kv_batch(message, &publisher),
+    )
+    .await;
+}
+
+/// Subscribe to the ZMQ PUB socket at `endpoint` (`tcp://host:port`; `*` means loopback)
+/// with the `topic` prefix and hand every multipart message to `on_message`, re-dialling
+/// after a lost connection (the publisher restarted) while `alive()` holds, until `stop`
+/// fires or `on_message` returns false.
+pub(crate) async fn subscribe_loop<A, F>(
+    endpoint: String,
+    topic: Vec<u8>,
+    stop: CancellationToken,
+    alive: A,
+    mut on_message: F,
+) where
+    A: Fn() -> bool,
+    F: FnMut(Vec<Vec<u8>>) -> bool,
+{
     let address = endpoint
         .strip_prefix("tcp://")
         .unwrap_or(&endpoint)
         .replace('*', "127.0.0.1");
     let mut backoff = Duration::from_millis(100);
-    while !stop.is_cancelled() && publisher.strong_count() > 0 {
+    while !stop.is_cancelled() && alive() {
         let attempt = tokio::select! {
-            c = connect(&address, topic.as_bytes()) => c,
+            c = connect(&address, &topic) => c,
             () = stop.cancelled() => return,
         };
         match attempt {
             Ok(mut s) => {
                 backoff = Duration::from_millis(100);
-                if let Err(e) = pump(&mut s, &publisher, &stop).await {
+                if let Err(e) = pump(&mut s, &mut on_message, &stop).await {
                     tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connection lost");
                 }
             }

@@ -83,6 +83,8 @@ pub struct StepResult {
     pub decode_seqs: usize,
     /// Requests preempted (they will be recomputed).
     pub preempted: Vec<String>,
+    /// The pass as forward-pass metrics (with per-request lengths for the variances).
+    pub fpm: crate::fpm::FpmSample,
 }
 
 /// Load figures of the engine, as published to routers.
@@ -361,6 +363,7 @@ impl MockEngine {
         let mut result = StepResult::default();
         let mut chunks = Vec::new();
         let mut decode_kv = 0usize;
+        let mut decode_lengths: Vec<u64> = Vec::new();
 
         // Phase 1: running requests, in admission order.
         let mut running = std::mem::take(&mut self.running);
@@ -423,6 +426,7 @@ impl MockEngine {
             budget -= 1;
             result.decode_seqs += 1;
             decode_kv += running[i].num_computed;
+            decode_lengths.push(running[i].num_computed as u64);
             if self.sample(&mut running[i], &mut result.outputs) {
                 self.finish(&mut running[i]);
                 done[i] = true;
@@ -511,7 +515,44 @@ impl MockEngine {
         result.duration_ms = prefill_ms / self.args.speedup_ratio
             + decode_ms / (self.args.speedup_ratio * self.args.decode_speedup_ratio);
         result.events = self.cache.take_events();
+        result.fpm = self.fpm_sample(&chunks, decode_lengths, result.duration_ms);
         result
+    }
+
+    /// Forward-pass metrics of a pass that ran `chunks` and decoded sequences of
+    /// `decode_lengths` KV tokens, plus the queue left behind.
+    fn fpm_sample(
+        &self,
+        chunks: &[PrefillChunk],
+        decode_lengths: Vec<u64>,
+        duration_ms: f64,
+    ) -> crate::fpm::FpmSample {
+        let mut lengths = crate::fpm::FpmLengths {
+            scheduled_prefill: chunks.iter().map(|c| c.new_tokens as u64).collect(),
+            scheduled_decode_kv: decode_lengths,
+            ..Default::default()
+        };
+        for seq in &self.waiting {
+            if seq.generated == 0 {
+                lengths.queued_prefill.push(seq.prompt_len as u64);
+            } else {
+                lengths.queued_decode_kv.push(seq.tokens.len() as u64);
+            }
+        }
+        let sum = |v: &[u64]| v.iter().sum::<u64>();
+        crate::fpm::FpmSample {
+            scheduled_num_prefill_requests: chunks.len() as u64,
+            scheduled_sum_prefill_tokens: sum(&lengths.scheduled_prefill),
+            scheduled_sum_prefill_kv_tokens: chunks.iter().map(|c| c.context_tokens as u64).sum(),
+            scheduled_num_decode_requests: lengths.scheduled_decode_kv.len() as u64,
+            scheduled_sum_decode_kv_tokens: sum(&lengths.scheduled_decode_kv),
+            queued_num_prefill_requests: lengths.queued_prefill.len() as u64,
+            queued_sum_prefill_tokens: sum(&lengths.queued_prefill),
+            queued_num_decode_requests: lengths.queued_decode_kv.len() as u64,
+            queued_sum_decode_kv_tokens: sum(&lengths.queued_decode_kv),
+            wall_time_secs: duration_ms / 1000.0,
+            lengths: Some(Box::new(lengths)),
+        }
     }
 
     fn finish(&mut self, seq: &mut Seq) {

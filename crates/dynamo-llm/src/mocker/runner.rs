@@ -28,6 +28,9 @@ const MIN_SLEEP: Duration = Duration::from_millis(1);
 /// Receives the KV events of each step, in order.
 pub type EventSink = Box<dyn FnMut(Vec<KvCacheEventData>) + Send>;
 
+/// Receives the forward-pass metrics of each step, in order.
+pub type FpmSink = Box<dyn FnMut(crate::fpm::FpmSample) + Send>;
+
 enum Command {
     Add(
         MockRequest,
@@ -52,10 +55,22 @@ impl MockEngineRunner {
     /// # Errors
     /// [`Error::InvalidEngineArgs`].
     pub fn spawn(args: MockEngineArgs, events: EventSink) -> Result<Self> {
+        Self::spawn_with_fpm(args, events, None)
+    }
+
+    /// [`Self::spawn`], also handing each step's forward-pass metrics to `fpm`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEngineArgs`].
+    pub fn spawn_with_fpm(
+        args: MockEngineArgs,
+        events: EventSink,
+        fpm: Option<FpmSink>,
+    ) -> Result<Self> {
         let engine = MockEngine::new(args)?;
         let (commands, rx) = mpsc::unbounded_channel();
         let (metrics_tx, metrics) = watch::channel(engine.metrics());
-        tokio::spawn(run(engine, rx, events, metrics_tx));
+        tokio::spawn(run(engine, rx, events, fpm, metrics_tx));
         Ok(Self { commands, metrics })
     }
 
@@ -97,6 +112,7 @@ async fn run(
     mut engine: MockEngine,
     mut commands: mpsc::UnboundedReceiver<Command>,
     mut events: EventSink,
+    mut fpm: Option<FpmSink>,
     metrics: watch::Sender<MockerMetrics>,
 ) {
     let mut outputs: FxHashMap<String, mpsc::UnboundedSender<MockOutput>> = FxHashMap::default();
@@ -116,7 +132,10 @@ async fn run(
         if !engine.has_work() {
             continue;
         }
-        let step = engine.step();
+        let mut step = engine.step();
+        if let Some(f) = fpm.as_mut() {
+            f(std::mem::take(&mut step.fpm));
+        }
         deadline += Duration::from_secs_f64(step.duration_ms / 1000.0);
         let now = Instant::now();
         if deadline > now + MIN_SLEEP {
