@@ -228,6 +228,8 @@ pub(crate) struct EntrypointArgs {
     migration_limit: u32,
     /// The frontend's default tool-call / reasoning parsers (`runtime_config`'s).
     parsers: dynamo_llm::parsers::ParserNames,
+    /// Serve the Anthropic Messages API (`None`: `DYN_ENABLE_ANTHROPIC_API`).
+    enable_anthropic_api: Option<bool>,
 }
 
 #[pymethods]
@@ -322,6 +324,7 @@ impl EntrypointArgs {
             namespace,
             migration_limit,
             parsers,
+            enable_anthropic_api,
         })
     }
 }
@@ -359,6 +362,9 @@ fn make_engine<'py>(
     frontend.migration_limit = args.migration_limit;
     frontend.namespace.clone_from(&args.namespace);
     frontend.parsers.clone_from(&args.parsers);
+    if let Some(enabled) = args.enable_anthropic_api {
+        frontend.enable_anthropic_api = enabled;
+    }
     let kind = match args.engine_type {
         EngineType::Dynamic => None,
         EngineType::Mocker => Some(LocalEngineKind::Mocker(

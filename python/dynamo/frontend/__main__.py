@@ -140,6 +140,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", float),
     )
     p.add_argument(
+        "--enable-anthropic-api",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the Anthropic Messages API (/v1/messages, /v1/messages/count_tokens) "
+        "(default: $DYN_ENABLE_ANTHROPIC_API, else off)",
+    )
+    p.add_argument(
         "-i",
         "--interactive",
         action="store_true",
@@ -249,6 +256,7 @@ async def main(args: argparse.Namespace) -> None:
             namespace=args.namespace,
             migration_limit=args.migration_limit,
             runtime_config=_parser_config(args),
+            enable_anthropic_api=args.enable_anthropic_api,
         )
 
     engine = await make_engine(runtime, entry(args.http_port))

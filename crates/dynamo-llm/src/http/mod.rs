@@ -8,7 +8,9 @@
 //! generates the document); the unary non-generative surfaces `POST /v1/embeddings`,
 //! `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`, `/v1/images/edits`,
 //! `/v1/audio/speech`, `/v1/videos`, `/v1/videos/stream` (see [`surfaces`] and
-//! `docs/frontend_surfaces.md`); plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
+//! `docs/frontend_surfaces.md`); the agent surfaces on top of chat, `POST /v1/responses`,
+//! `/v1/responses/input_tokens` ([`responses`]) and, with `enable_anthropic_api`,
+//! `/v1/messages`, `/v1/messages/count_tokens` ([`anthropic`]); plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
 //! (unknown model: code `model_not_found`; unknown route: code `not_found`), 408 (body not
 //! received within the body-read timeout), 413 (body over the limit), 415 (a POST body that
@@ -35,7 +37,9 @@
 //! Cancellation: the response body owns the worker stream, so a client that disconnects
 //! drops it, which sends a stop to the worker.
 
+mod anthropic;
 pub mod busy;
+mod chat_stream;
 mod embeddings;
 pub mod engine;
 pub mod error;
@@ -49,6 +53,7 @@ mod openapi;
 mod realtime;
 mod request_body;
 mod rerank;
+mod responses;
 mod serve;
 pub mod static_engine;
 mod surfaces;
@@ -127,6 +132,9 @@ pub struct FrontendConfig {
     /// Tool-call / reasoning parsers of models whose card names none
     /// (`--dyn-tool-call-parser`, `--dyn-reasoning-parser`).
     pub parsers: crate::parsers::ParserNames,
+    /// Serve the Anthropic Messages API (`/v1/messages`, `/v1/messages/count_tokens`);
+    /// default from `DYN_ENABLE_ANTHROPIC_API`.
+    pub enable_anthropic_api: bool,
 }
 
 impl Default for FrontendConfig {
@@ -154,8 +162,19 @@ impl Default for FrontendConfig {
             load_thresholds: Default::default(),
             wait_for_first_item: false,
             parsers: Default::default(),
+            enable_anthropic_api: anthropic_api_from_env(),
         }
     }
+}
+
+/// `DYN_ENABLE_ANTHROPIC_API` (`1`/`true`/`yes`/`on`, any case), else off.
+pub fn anthropic_api_from_env() -> bool {
+    std::env::var("DYN_ENABLE_ANTHROPIC_API").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
 }
 
 /// `DYN_HTTP_BODY_LIMIT_MB`, else [`DEFAULT_BODY_LIMIT`].
@@ -192,6 +211,8 @@ pub(crate) struct Shared {
     pub(crate) busy: Arc<busy::BusyThresholds>,
     /// The frontend's default parsers (see [`FrontendConfig::parsers`]).
     pub(crate) parsers: crate::parsers::ParserNames,
+    /// The Anthropic Messages API is served.
+    pub(crate) anthropic_api: bool,
 }
 
 impl Shared {
@@ -355,6 +376,7 @@ impl HttpService {
             body_read_timeout: self.config.body_read_timeout,
             busy: Arc::clone(&self.busy),
             parsers: self.config.parsers.clone(),
+            anthropic_api: self.config.enable_anthropic_api,
         });
         let context = extensions::ExtensionContext {
             view: shared.view(),
@@ -370,7 +392,8 @@ impl HttpService {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         let router = extensions::register(Router::new(), &extensions, &context);
-        openapi::register(router, openapi::routes())
+        let table = openapi::routes_with(self.config.enable_anthropic_api);
+        openapi::register(router, table)
             .fallback(openai_routes::not_found)
             .layer(DefaultBodyLimit::max(self.config.body_limit))
             .with_state(shared)

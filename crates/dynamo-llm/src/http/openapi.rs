@@ -23,6 +23,7 @@ use serde_json::{Map, Value, json};
 use super::Shared;
 use super::openai_routes;
 use super::realtime;
+use super::{anthropic, responses};
 use super::{busy, embeddings, media, models, rerank};
 use crate::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 
@@ -234,7 +235,46 @@ pub(super) fn routes() -> Vec<ApiRoute> {
             realtime::realtime,
         ),
         ApiRoute::get("/openapi.json", "This document", Json, openapi_json),
+        ApiRoute::post(
+            "/v1/responses",
+            "Create a model response (OpenAI Responses API; nothing is stored)",
+            JsonOrEventStream,
+            responses::responses,
+        ),
+        ApiRoute::post(
+            "/v1/responses/input_tokens",
+            "Count the input tokens of a Responses request",
+            Json,
+            responses::input_tokens,
+        ),
     ]
+}
+
+/// The opt-in routes of the Anthropic Messages API (`enable_anthropic_api`).
+pub(super) fn anthropic_routes() -> Vec<ApiRoute> {
+    vec![
+        ApiRoute::post(
+            "/v1/messages",
+            "Create a message (Anthropic Messages API; errors in Anthropic's envelope)",
+            Produces::JsonOrEventStream,
+            anthropic::messages,
+        ),
+        ApiRoute::post(
+            "/v1/messages/count_tokens",
+            "Count the input tokens of an Anthropic Messages request",
+            Produces::Json,
+            anthropic::count_tokens,
+        ),
+    ]
+}
+
+/// Every route of a frontend: [`routes`], and [`anthropic_routes`] when `anthropic`.
+pub(super) fn routes_with(anthropic: bool) -> Vec<ApiRoute> {
+    let mut table = routes();
+    if anthropic {
+        table.extend(anthropic_routes());
+    }
+    table
 }
 
 /// Register every route of `table` on `router`.
@@ -244,9 +284,12 @@ pub(super) fn register(router: Router<Arc<Shared>>, table: Vec<ApiRoute>) -> Rou
         .fold(router, |router, r| router.route(r.path, r.handler))
 }
 
-async fn openapi_json() -> Response {
-    static DOC: OnceLock<Value> = OnceLock::new();
-    openai_routes::json_response(DOC.get_or_init(|| document(&routes())))
+async fn openapi_json(axum::extract::State(shared): axum::extract::State<Arc<Shared>>) -> Response {
+    // One document per route set (the Anthropic routes are opt-in).
+    static DOCS: [OnceLock<Value>; 2] = [OnceLock::new(), OnceLock::new()];
+    let anthropic = shared.anthropic_api;
+    let doc = DOCS[usize::from(anthropic)].get_or_init(|| document(&routes_with(anthropic)));
+    openai_routes::json_response(doc)
 }
 
 /// `{*rest}` (axum's catch-all) is `{rest}` in OpenAPI.

@@ -420,14 +420,14 @@ fn chat_message(item: &Value) -> Result<(Value, Value), String> {
 }
 
 /// The `data:` payloads of an SSE body (the chat route's stream), without `[DONE]`.
-struct SseLines {
+pub(super) struct SseLines {
     body: axum::body::BodyDataStream,
     buffer: Vec<u8>,
     done: bool,
 }
 
 impl SseLines {
-    fn new(body: Body) -> Self {
+    pub(super) fn new(body: Body) -> Self {
         Self {
             body: body.into_data_stream(),
             buffer: Vec::new(),
@@ -435,7 +435,7 @@ impl SseLines {
         }
     }
 
-    async fn next(&mut self) -> Option<Vec<u8>> {
+    pub(super) async fn next(&mut self) -> Option<Vec<u8>> {
         loop {
             if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
                 let frame: Vec<u8> = self.buffer.drain(..end + 2).collect();
