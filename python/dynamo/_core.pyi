@@ -1875,6 +1875,7 @@ class KserveGrpcService:
 
     def shutdown(self) -> None:
         """Stop serving."""
+
 # ---------------------------------------------------------------------------------------
 # Engine telemetry and the planner's control plane (forward-pass metrics, virtual
 # connector, multimodal cache events)
@@ -2044,6 +2045,7 @@ async def run_planner(runtime: DistributedRuntime, argv: List[str]) -> None:
     Raises:
         ValueError: an unknown flag or a bad value.
     """
+
 # ---------------------------------------------------------------------------------------
 # Trace replay (issue 18)
 # ---------------------------------------------------------------------------------------
@@ -2078,7 +2080,7 @@ class _OfflineReplayResult:
         """``{"sample_interval_ms", "samples"}`` when ``capture_telemetry=True``; each sample
         has ``t_ms``, ``queue_depth``, ``running_requests``, ``active_kv_blocks``,
         ``completed_requests``."""
-    def __getitem__(self, key: str) -> Any: ...
+    def __getitem__(self, key: str, /) -> Any: ...
 
 def run_mocker_trace_replay(
     trace_files: Sequence[Union[str, os.PathLike[str]]],
@@ -2172,6 +2174,7 @@ def run_mocker_synthetic_trace_replay(
 ) -> Any:
     """Replay a synthetic workload (fixed lengths) without a trace file; needs exactly one of
     ``replay_concurrency``, ``request_rate`` or ``arrival_interval_ms``."""
+
 def get_tool_parser_names() -> List[str]:
     """Every tool-call parser name the frontend accepts (aliases included), sorted."""
     ...

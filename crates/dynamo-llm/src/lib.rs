@@ -44,8 +44,8 @@ pub mod kv_routing;
 pub mod mm_cache;
 pub mod mocker;
 pub mod model_card;
-pub mod planner;
 pub mod parsers;
+pub mod planner;
 pub mod preprocessor;
 #[cfg(feature = "replay")]
 pub mod replay;

@@ -52,9 +52,9 @@ mod llm_serving;
 mod llm_static;
 mod logging;
 mod msgpack;
+mod parsers;
 mod planner;
 mod replay;
-mod parsers;
 mod router;
 mod runtime;
 
