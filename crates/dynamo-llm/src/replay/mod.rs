@@ -512,7 +512,6 @@ pub fn run_offline(opts: &ReplayOptions, workload: &Workload) -> Result<ReplayOu
             workers: WorkerPoolSpec {
                 initial_workers: opts.num_workers,
                 startup_delay_ms: startup_time.map_or(0.0, |s| s * 1000.0),
-                ..WorkerPoolSpec::default()
             },
         },
         engine: engine.clone(),

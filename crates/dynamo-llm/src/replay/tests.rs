@@ -14,13 +14,13 @@ mod tempfile_path {
     use std::path::PathBuf;
     use std::sync::atomic::{AtomicU32, Ordering};
 
-    pub struct TempPath(pub PathBuf);
+    pub(super) struct TempPath(pub(super) PathBuf);
     impl Drop for TempPath {
         fn drop(&mut self) {
             let _ = std::fs::remove_file(&self.0);
         }
     }
-    pub fn write(lines: &[&str]) -> TempPath {
+    pub(super) fn write(lines: &[&str]) -> TempPath {
         static N: AtomicU32 = AtomicU32::new(0);
         let p = std::env::temp_dir().join(format!(
             "replay-test-{}-{}.jsonl",
