@@ -467,14 +467,14 @@ def test_overload_and_no_worker_are_grpc_statuses(tmp_path, model_dir) -> None:
         # The card is registered; the endpoint is not served yet.
         def listed() -> bool:
             try:
-                client.infer("slow", inputs)
+                client.infer("slow", inputs, client_timeout=10)
             except InferenceServerException as e:
                 return _code(e) != "StatusCode.NOT_FOUND"
             return True
 
         _until("model listed", listed, timeout=40)
         with pytest.raises(InferenceServerException) as e:
-            client.infer("slow", inputs)
+            client.infer("slow", inputs, client_timeout=10)
         assert _code(e.value) == "StatusCode.UNAVAILABLE", e.value.message()
 
         serve.touch()
@@ -482,7 +482,7 @@ def test_overload_and_no_worker_are_grpc_statuses(tmp_path, model_dir) -> None:
 
         def served() -> bool:
             try:
-                client.infer("slow", inputs)
+                client.infer("slow", inputs, client_timeout=10)
             except InferenceServerException as e:
                 return _code(e) != "StatusCode.UNAVAILABLE"
             return True
@@ -494,20 +494,18 @@ def test_overload_and_no_worker_are_grpc_statuses(tmp_path, model_dir) -> None:
         client.async_stream_infer("slow", [*inputs, _bool_input("stream", True)], request_id="held")
         busy = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
 
-        def exhausted() -> bool:
-            try:
-                busy.infer("slow", inputs)
-            except InferenceServerException as e:
-                assert _code(e) == "StatusCode.RESOURCE_EXHAUSTED", e.message()
-                assert "busy" in e.message()
-                return True
-            return False
-
-        _until("busy answer", exhausted, timeout=20)
+        # The stream's request must be routed (and booked) before the probe: a probe routed
+        # first would itself be held. Every call has a deadline, so a lost race fails the
+        # test instead of hanging it.
+        time.sleep(1.5)
+        with pytest.raises(InferenceServerException) as e:
+            busy.infer("slow", inputs, client_timeout=10)
+        assert _code(e.value) == "StatusCode.RESOURCE_EXHAUSTED", e.value.message()
+        assert "busy" in e.value.message()
         hold.unlink()
         _until("the held stream finished", lambda: q.qsize() >= 3)
         client.stop_stream()
-        r = busy.infer("slow", inputs)
+        r = busy.infer("slow", inputs, client_timeout=30)
         assert r.as_numpy("text_output").tolist()[0]
         busy.close()
         client.close()
