@@ -13,7 +13,9 @@ STUB = Path(dynamo.__file__).with_name("_core.pyi")
 #: Module attributes that are not API names.
 NON_API = {"__all__", "__doc__", "__file__", "__loader__", "__name__", "__package__", "__spec__"}
 #: Stub-only names: typing helpers that do not exist at run time.
-TYPING_ONLY: set[str] = set()
+# Names the stub declares only for typing: the replay result's class is what
+# `run_mocker_trace_replay` returns, not something users construct or import.
+TYPING_ONLY: set[str] = {"_OfflineReplayResult"}
 
 
 def stub_names() -> set[str]:
