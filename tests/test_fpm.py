@@ -1,6 +1,7 @@
 """Forward-pass metrics: FpmDirectPublisher → event plane → FpmEventSubscriber (recv and
-tracking modes), FpmEventRelay from a real ZMQ PUB socket, on the brokerless TCP event plane
-and over NATS; malformed payloads are counted and dropped."""
+tracking modes), FpmEventRelay from a real ZMQ PUB socket, each on the brokerless TCP event
+plane and over NATS; malformed payloads are counted and dropped in both modes; a mocker
+worker publishes FPM under its instance id with the variance fields filled in."""
 
 from __future__ import annotations
 
@@ -16,7 +17,36 @@ from prometheus_client.parser import text_string_to_metric_families
 from runtime_util import local_runtime, unique_ns
 from services import free_port
 
-from dynamo._core import FpmDirectPublisher, FpmEventRelay, FpmEventSubscriber
+from dynamo._core import (
+    DistributedRuntime,
+    EngineType,
+    EntrypointArgs,
+    FpmDirectPublisher,
+    FpmEventRelay,
+    FpmEventSubscriber,
+    MockEngineArgs,
+    make_engine,
+    run_input,
+)
+
+
+@pytest.fixture(params=["tcp", "nats"])
+def event_plane(request, monkeypatch) -> str:
+    """Run the test on the brokerless TCP event plane, then over a real NATS server."""
+    monkeypatch.setenv("DYN_EVENT_PLANE", request.param)
+    if request.param == "nats":
+        monkeypatch.setenv("NATS_SERVER", request.getfixturevalue("nats_server").url)
+    return request.param
+
+
+@pytest.fixture
+def system_port(monkeypatch) -> int:
+    """A system status server (for ``/metrics``) on a free loopback port."""
+    port = free_port()
+    monkeypatch.setenv("DYN_SYSTEM_PORT", str(port))
+    monkeypatch.setenv("DYN_SYSTEM_HOST", "127.0.0.1")
+    return port
+
 
 COUNTS = dict(
     scheduled_num_prefill_requests=2,
@@ -141,10 +171,8 @@ async def test_direct_publisher_over_nats(nats_server, monkeypatch) -> None:
     await check_publish_and_heartbeat()
 
 
-async def test_relay_forwards_zmq_and_survives_publisher_restart(monkeypatch) -> None:
+async def test_relay_forwards_zmq_and_survives_publisher_restart(event_plane, system_port) -> None:
     port = free_port()
-    monkeypatch.setenv("DYN_SYSTEM_PORT", str(free_port()))
-    monkeypatch.setenv("DYN_SYSTEM_HOST", "127.0.0.1")
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUB)
     sock.bind(f"tcp://127.0.0.1:{port}")
@@ -170,10 +198,10 @@ async def test_relay_forwards_zmq_and_survives_publisher_restart(monkeypatch) ->
             got.append(await pump("a"))
             assert got[0]["worker_id"] == "a"
             # Malformed payloads are dropped and counted; the subscriber keeps going.
-            base = malformed(rt)
+            base = malformed(system_port)
             sock.send_multipart([b"", b"\x00" * 8, b"\xc1garbage"])
             sock.send_multipart([b"", b"\x00" * 8, msgpack.packb({"worker_id": "d"})])
-            await wait_for(lambda: malformed(rt) >= base + 2)
+            await wait_for(lambda: malformed(system_port) >= base + 2)
             # The engine restarts its socket on the same port: the relay re-dials.
             sock.close(linger=0)
             await asyncio.sleep(0.3)
@@ -191,10 +219,8 @@ async def test_relay_forwards_zmq_and_survives_publisher_restart(monkeypatch) ->
         ctx.term()
 
 
-def malformed(rt) -> float:
-    import os
-
-    port = int(os.environ["DYN_SYSTEM_PORT"])
+def malformed(port: int) -> float:
+    """``dynamo_fpm_malformed_payloads_total`` as the system status server reports it."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     for family in text_string_to_metric_families(text):
@@ -205,7 +231,7 @@ def malformed(rt) -> float:
 
 
 async def test_tracking_keeps_latest_per_worker_rank_and_purges_on_card_removal(
-    tmp_path,
+    tmp_path, event_plane, system_port
 ) -> None:
     from dynamo.llm import ModelInput, ModelType, register_model, unregister_model
     from dynamo.llm.tiny_model import write_tiny_model
@@ -235,9 +261,129 @@ async def test_tracking_keeps_latest_per_worker_rank_and_purges_on_card_removal(
         stats = sub.get_recent_stats()
         assert set(stats) == {(wid, 0), (wid, 1)}
         assert msgpack.unpackb(stats[(wid, 1)])["worker_id"] == wid
+        # Garbage on the channel (through a relay) is counted and dropped; tracking goes on.
+        port = free_port()
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.PUB)
+        sock.bind(f"tcp://127.0.0.1:{port}")
+        relay = FpmEventRelay(ep, f"tcp://127.0.0.1:{port}")
+        try:
+            base = malformed(system_port)
+            deadline = time.monotonic() + 10
+            while malformed(system_port) < base + 1:  # PUB drops until the relay connects
+                assert time.monotonic() < deadline, "garbage never counted"
+                sock.send_multipart([b"", b"\x00" * 8, b"\x93not-a-snapshot"])
+                await asyncio.sleep(0.05)
+        finally:
+            relay.shutdown()
+            sock.close(linger=0)
+            ctx.term()
+
+        def latest() -> dict:
+            return msgpack.unpackb(sub.get_recent_stats()[(wid, 1)])
+
+        before = latest()["counter_id"]
+        known.publish(dp_rank=1, **{**COUNTS, "queued_num_decode_requests": 77})
+        await wait_for(lambda: latest()["queued_requests"]["num_decode_requests"] == 77)
+        assert latest()["counter_id"] > before
         await unregister_model(ep)
         await wait_for(lambda: not sub.get_model_cards())
         assert sub.get_recent_stats() == {}
         known.shutdown()
         stranger.shutdown()
         sub.shutdown()
+
+
+async def test_recv_returns_none_when_the_runtime_stops(event_plane) -> None:
+    rt = DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp")
+    try:
+        ep = rt.endpoint(f"{unique_ns()}.backend.generate")
+        sub = FpmEventSubscriber(ep)
+        pub = FpmDirectPublisher(ep, "w1", 1)
+        pub.publish(dp_rank=0, **COUNTS)
+        assert await recv(sub, 10) is not None  # recv mode is live
+        pub.shutdown()
+
+        def drain() -> int:
+            n = 0
+            while sub.recv() is not None:  # blocks until the runtime stops
+                n += 1
+            return n
+
+        blocked = asyncio.ensure_future(asyncio.to_thread(drain))
+        await asyncio.sleep(0.2)
+        rt.shutdown()
+        # Only what was already queued (at most a heartbeat or two), then None.
+        assert await asyncio.wait_for(blocked, 10) < 5
+        assert sub.recv() is None
+    finally:
+        rt.shutdown()
+
+
+async def test_mocker_worker_publishes_fpm_with_its_instance_id_and_variances(
+    tmp_path,
+) -> None:
+    from dynamo.llm.tiny_model import write_tiny_model
+
+    model = write_tiny_model(tmp_path / "tiny")
+    rt = DistributedRuntime(asyncio.get_running_loop(), "mem", "tcp")
+    serving = None
+    try:
+        name = f"{unique_ns()}.backend.generate"
+        args = EntrypointArgs(
+            EngineType.Mocker,
+            model_path=str(model),
+            model_name="tiny",
+            mocker_engine_args=MockEngineArgs(max_num_seqs=8),
+        )
+        engine = await make_engine(rt, args)
+        serving = asyncio.ensure_future(run_input(rt, f"dyn://{name}", engine))
+        ep = rt.endpoint(name)
+        client = await ep.client()
+        await asyncio.wait_for(client.wait_for_instances(), 30)
+        (instance_id,) = client.instance_ids()
+        sub = FpmEventSubscriber(ep)
+        seen: list[dict] = []
+
+        def varied() -> bool:
+            return any(m["scheduled_requests"]["var_prefill_length"] > 0 for m in seen) and any(
+                m["scheduled_requests"]["var_decode_kv_tokens"] > 0 for m in seen
+            )
+
+        def collect_until_varied() -> None:
+            # Bounded by the load loop below: a timeout there stops the runtime, which
+            # ends this recv with None.
+            while (raw := sub.recv()) is not None:
+                seen.append(msgpack.unpackb(raw))
+                if varied():
+                    return
+
+        reader = asyncio.ensure_future(asyncio.to_thread(collect_until_varied))
+
+        async def one(length: int) -> None:
+            request = {
+                "model": "tiny",
+                "token_ids": [(length + k) % 50 + 3 for k in range(length)],
+                "stop_conditions": {"max_tokens": 24, "ignore_eos": True},
+            }
+            async for _ in await client.round_robin(request, annotated=False):
+                pass
+
+        # Concurrent requests of different prompt lengths: batches of unequal lengths.
+        deadline = time.monotonic() + 60
+        while not reader.done():
+            assert time.monotonic() < deadline, "no batch of unequal lengths seen"
+            await asyncio.gather(*(one(n) for n in (8, 40, 72, 104, 136, 168)))
+        await reader
+        sub.shutdown()
+        busy = [m for m in seen if m["wall_time"] > 0]
+        # The worker id is the instance id (decimal), as planners expect.
+        assert {m["worker_id"] for m in seen} == {str(instance_id)}
+        assert {m["dp_rank"] for m in seen} == {0}
+        assert any(m["scheduled_requests"]["var_prefill_length"] > 0 for m in busy)
+        assert any(m["scheduled_requests"]["var_decode_kv_tokens"] > 0 for m in busy)
+        assert any(m["scheduled_requests"]["num_decode_requests"] > 1 for m in busy)
+    finally:
+        rt.shutdown()
+        if serving is not None:
+            await asyncio.wait_for(asyncio.gather(serving, return_exceptions=True), 15)
