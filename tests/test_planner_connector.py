@@ -1,6 +1,7 @@
 """The planner's virtual connector over real etcd (keys `v1/{ns}/planner/...`, decimal
 values) and the file store; metrics callbacks merged into `/metrics`; the multimodal cache
-publisher."""
+publisher and the consumer that rebuilds which worker holds which keys (over the TCP event
+plane and NATS, including a consumer that starts late)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,13 @@ from contextlib import asynccontextmanager
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from runtime_util import collect, local_runtime, unique_ns
+from runtime_util import collect, local_runtime, unique_ns, wait_until
 from services import free_port
 
 from dynamo._core import (
     DistributedRuntime,
     DynamoException,
+    MultimodalEmbeddingCacheIndex,
     MultimodalEmbeddingCachePublisher,
     PlannerDecision,
     VirtualConnectorClient,
@@ -206,3 +208,76 @@ async def test_multimodal_cache_publisher_needs_an_endpoint() -> None:
         p.publish_delta(["k1", "k2"], [])
         p.publish_delta([], ["k1"])
         p.publish_delta(["k1"], ["k1"])  # cancels out: nothing sent
+
+
+@pytest.fixture(params=["tcp", "nats"])
+def event_plane(request, monkeypatch) -> str:
+    """Run the test on the brokerless TCP event plane, then over a real NATS server."""
+    monkeypatch.setenv("DYN_EVENT_PLANE", request.param)
+    if request.param == "nats":
+        monkeypatch.setenv("NATS_SERVER", request.getfixturevalue("nats_server").url)
+    return request.param
+
+
+async def test_multimodal_cache_consumers_rebuild_who_holds_what(
+    etcd_server, event_plane, monkeypatch
+) -> None:
+    monkeypatch.setenv("ETCD_ENDPOINTS", etcd_server.endpoint)
+    ns = unique_ns()
+    name = f"{ns}.encoder.generate"
+    prefix = f"v1/mm_embedding_cache/{ns}/encoder/generate/"
+    loop = asyncio.get_running_loop()
+    # Two encode workers and a router, each its own runtime (lease, instance id).
+    w1, w2, router = (DistributedRuntime(loop, "etcd", "tcp") for _ in range(3))
+    try:
+        p1 = MultimodalEmbeddingCachePublisher()
+        await p1.create_endpoint(w1.endpoint(name))
+        id1 = w1.endpoint(name).connection_id()
+        early = await MultimodalEmbeddingCacheIndex.create(router.endpoint(name))
+        assert early.keys(12345) is None
+        await wait_until(lambda: early.keys(id1) == [], 10)  # the empty snapshot
+        p1.publish_delta(["k1", "k2"], [])
+        p1.publish_delta([], ["k1"])
+        p1.publish_delta(["k3"], ["k3"])  # cancels out
+        await wait_until(lambda: early.keys(id1) == ["k2"], 10)
+        assert early.holders("k2") == [id1] and early.holders("k1") == []
+
+        # What a late consumer finds in the store: the worker's full key set.
+        def snapshot() -> dict:
+            raw = etcd_range(etcd_server.endpoint, prefix).get(f"{prefix}{id1:x}")
+            return json.loads(raw) if raw else {}
+
+        await wait_until(lambda: snapshot().get("keys") == ["k2"], 10)
+        snap = snapshot()
+        assert snap["worker_id"] == id1 and snap["sequence"] >= 1
+
+        # A consumer started now rebuilds the same view, then follows new deltas.
+        late = await MultimodalEmbeddingCacheIndex.create(router.endpoint(name))
+        await wait_until(lambda: late.keys(id1) == ["k2"], 10)
+        p2 = MultimodalEmbeddingCachePublisher()
+        await p2.create_endpoint(w2.endpoint(name))
+        id2 = w2.endpoint(name).connection_id()
+        p2.publish_delta(["k2", "k9"], [])
+        p1.publish_delta(["k4"], [])
+        for index in (early, late):
+            await wait_until(lambda i=index: i.holders("k2") == sorted([id1, id2]), 10)
+            await wait_until(lambda i=index: i.holders("k4") == [id1], 10)
+        assert late.workers() == sorted([id1, id2])
+        assert late.keys(id2) == ["k2", "k9"]
+
+        # A stopped consumer keeps its last view and applies nothing more.
+        early.shutdown()
+        early.shutdown()
+        p2.publish_delta(["k5"], [])
+        await wait_until(lambda: late.holders("k5") == [id2], 10)
+        assert early.holders("k5") == []
+
+        # Worker 1 stops: its snapshot key goes with its lease and consumers forget it.
+        w1.shutdown()
+        await wait_until(lambda: late.workers() == [id2], 15)
+        assert late.holders("k2") == [id2] and late.keys(id1) is None
+        assert f"{prefix}{id1:x}" not in etcd_range(etcd_server.endpoint, prefix)
+        late.shutdown()
+    finally:
+        for rt in (w1, w2, router):
+            rt.shutdown()

@@ -1796,7 +1796,8 @@ class KserveGrpcService:
     runtime's model cards, plus in-process models added with :meth:`add_completions_model`,
     :meth:`add_chat_completions_model` and :meth:`add_tensor_model`.
 
-    Text models take a ``text_input`` BYTES tensor (and an optional ``stream`` BOOL) and
+    Text models take a ``text_input`` BYTES tensor (and an optional ``stream`` BOOL, or a
+    ``stream`` request parameter; sampling fields as tensors or parameters) and
     answer ``text_output`` and ``finish_reason`` BYTES tensors; tensor models' handlers
     receive ``{"id", "model", "tensors": [{"metadata": {"name", "data_type", "shape"},
     "data": {"data_type", "values"}}], "parameters"?}`` and answer ``{"tensors": [...]}``.
@@ -1834,7 +1835,8 @@ class KserveGrpcService:
         (``{"name", "inputs": [{"name", "data_type", "shape"}], "outputs": [...]}``, data
         types ``Bool``, ``Uint8``..``Uint64``, ``Int8``..``Int64``, ``Float16``,
         ``BFloat16``, ``Float32``, ``Float64``, ``Bytes``) describes its tensors, which are
-        then validated.
+        then validated. ``runtime_config``'s engine-specific values (``runtime_data``) are
+        reported as the model's ``ModelConfig`` parameters.
 
         Raises:
             ValueError: a malformed ``tensor_model_config``.
@@ -2038,6 +2040,28 @@ class MultimodalEmbeddingCachePublisher:
 
     def publish_delta(self, added_keys: List[str], removed_keys: List[str]) -> None:
         """Publish a mutation. Raises ``RuntimeError`` before ``create_endpoint``."""
+
+@final
+class MultimodalEmbeddingCacheIndex:
+    """The routing side's view of which encode worker holds which embedding keys on an
+    endpoint, rebuilt from the publishers' deltas and discovery snapshots (so it converges
+    when it starts late). Not in the reference (its consumer is Rust-only)."""
+
+    @staticmethod
+    async def create(endpoint: Endpoint) -> MultimodalEmbeddingCacheIndex:
+        """Start following ``endpoint``'s encode workers."""
+
+    def holders(self, key: str) -> List[int]:
+        """Worker ids (instance ids) known to hold ``key``, sorted."""
+
+    def keys(self, worker_id: int) -> Optional[List[str]]:
+        """The keys of ``worker_id``, sorted; None while its view is not known."""
+
+    def workers(self) -> List[int]:
+        """Workers with a known view, sorted."""
+
+    def shutdown(self) -> None:
+        """Stop following (idempotent); the last view is kept."""
 
 async def run_planner(runtime: DistributedRuntime, argv: List[str]) -> None:
     """Run the planner loop (``python -m dynamo.planner``) until the runtime stops.

@@ -350,6 +350,11 @@ impl MultimodalEmbeddingCacheIndex {
         Some(keys)
     }
 
+    /// Stop following the endpoint (idempotent); the view is kept as it was.
+    pub fn shutdown(&self) {
+        self.stop.cancel();
+    }
+
     /// Workers with a known view, sorted.
     pub fn workers(&self) -> Vec<u64> {
         let st = lock(&self.state);
@@ -465,6 +470,13 @@ mod tests {
         p.publish_delta(&s(&["k4"]), &[]).unwrap();
         until("late deltas", || late.holders("k4") == vec![wid]).await;
         assert_eq!(late.workers(), vec![wid]);
+        // A stopped index keeps its last view and applies nothing more.
+        early.shutdown();
+        early.shutdown();
+        p.publish_delta(&s(&["k5"]), &[]).unwrap();
+        until("late sees k5", || late.holders("k5") == vec![wid]).await;
+        assert!(early.holders("k5").is_empty());
+        assert_eq!(early.holders("k4"), vec![wid]);
         drop(p);
         // The snapshot key is the worker's: deleting it (as its shutdown or lease expiry
         // would) makes the index forget the worker.

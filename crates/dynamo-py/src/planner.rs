@@ -1,6 +1,7 @@
 //! The planner's control plane: `PlannerDecision`, `VirtualConnectorCoordinator`,
 //! `VirtualConnectorClient` (over `dynamo_runtime::planner`), `run_planner` (the loop of
-//! `dynamo_llm::planner`) and `MultimodalEmbeddingCachePublisher` (`dynamo_llm::mm_cache`).
+//! `dynamo_llm::planner`), `MultimodalEmbeddingCachePublisher` and its consumer
+//! `MultimodalEmbeddingCacheIndex` (`dynamo_llm::mm_cache`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<VirtualConnectorCoordinator>()?;
     m.add_class::<VirtualConnectorClient>()?;
     m.add_class::<MultimodalEmbeddingCachePublisher>()?;
+    m.add_class::<MultimodalEmbeddingCacheIndex>()?;
     m.add_function(wrap_pyfunction!(run_planner, m)?)?;
     // The seed API's name of `endpoint.metrics`'s class (the reference's stub imports
     // `RuntimeMetrics as PyRuntimeMetrics`; its module has only `RuntimeMetrics`). Same
@@ -265,6 +267,53 @@ impl MultimodalEmbeddingCachePublisher {
         self.inner
             .publish_delta(&added_keys, &removed_keys)
             .map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+}
+
+/// The routing side's view of which encode worker holds which embedding keys.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct MultimodalEmbeddingCacheIndex {
+    inner: Arc<dynamo_llm::mm_cache::MultimodalEmbeddingCacheIndex>,
+}
+
+#[pymethods]
+impl MultimodalEmbeddingCacheIndex {
+    /// Start following `endpoint`'s encode workers (awaitable).
+    #[staticmethod]
+    #[pyo3(signature = (endpoint))]
+    fn create<'py>(py: Python<'py>, endpoint: PyRef<'_, Endpoint>) -> PyResult<Bound<'py, PyAny>> {
+        let (runtime, id) = endpoint.parts();
+        let (runtime, id) = (runtime.clone(), id.clone());
+        py_future(
+            py,
+            async move {
+                dynamo_llm::mm_cache::MultimodalEmbeddingCacheIndex::start(&runtime, &id)
+                    .await
+                    .map(|inner| Self {
+                        inner: Arc::new(inner),
+                    })
+                    .map_err(llm_error)
+            },
+            true,
+        )
+    }
+
+    #[pyo3(signature = (key))]
+    fn holders(&self, key: &str) -> Vec<u64> {
+        self.inner.holders(key)
+    }
+
+    #[pyo3(signature = (worker_id))]
+    fn keys(&self, worker_id: u64) -> Option<Vec<String>> {
+        self.inner.keys(worker_id)
+    }
+
+    fn workers(&self) -> Vec<u64> {
+        self.inner.workers()
+    }
+
+    fn shutdown(&self) {
+        self.inner.shutdown();
     }
 }
 

@@ -32,6 +32,9 @@ from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
 from dynamo._core import ModelType as ModelType
 from dynamo._core import (
+    MultimodalEmbeddingCacheIndex as MultimodalEmbeddingCacheIndex,
+)
+from dynamo._core import (
     MultimodalEmbeddingCachePublisher as MultimodalEmbeddingCachePublisher,
 )
 from dynamo._core import OverlapScores as OverlapScores
@@ -94,6 +97,7 @@ __all__ = [
     "ModelInput",
     "ModelRuntimeConfig",
     "ModelType",
+    "MultimodalEmbeddingCacheIndex",
     "MultimodalEmbeddingCachePublisher",
     "OverlapScores",
     "PythonAsyncEngine",
