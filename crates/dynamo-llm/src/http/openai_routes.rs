@@ -660,9 +660,16 @@ impl TokenRun {
                                                 p.reasoning.push_str(&t);
                                             }
                                         }
-                                        ParseEvent::Call(c) => {
+                                        ParseEvent::CallStart { name, id } => {
                                             if let Some(p) = p.as_deref_mut() {
-                                                p.calls.push(tool_call(c));
+                                                p.calls.push(tool_call(name, id));
+                                            }
+                                        }
+                                        ParseEvent::CallArgs(a) => {
+                                            if let Some(c) =
+                                                p.as_deref_mut().and_then(|p| p.calls.last_mut())
+                                            {
+                                                c.function.arguments.push_str(&a);
                                             }
                                         }
                                     }
@@ -711,10 +718,14 @@ struct ParsedMessage {
 
 impl ParsedMessage {
     /// Fill a response message: `reasoning_content` and `tool_calls` when there are some;
-    /// with tool calls, content that is only blank is `null` (as OpenAI's).
+    /// with tool calls, content that is only blank is `null` (as OpenAI's); beside
+    /// reasoning, empty content is `null` (the output was all reasoning, as vLLM answers).
     fn apply(self, message: &mut openai::ResponseMessage) {
         if !self.reasoning.is_empty() {
             message.reasoning_content = Some(self.reasoning);
+            if message.content.as_deref() == Some("") {
+                message.content = None;
+            }
         }
         if !self.calls.is_empty() {
             if message
@@ -729,14 +740,15 @@ impl ParsedMessage {
     }
 }
 
-/// A parsed call as OpenAI's tool call (a fresh `call_…` id unless the model wrote one).
-fn tool_call(c: crate::parsers::RawCall) -> openai::ToolCall {
+/// A parsed call's start as OpenAI's tool call (a fresh `call_…` id unless the model
+/// wrote one); its arguments follow.
+fn tool_call(name: String, id: Option<String>) -> openai::ToolCall {
     openai::ToolCall {
-        id: c.id.unwrap_or_else(crate::parsers::new_call_id),
+        id: id.unwrap_or_else(crate::parsers::new_call_id),
         kind: "function".to_owned(),
         function: openai::FunctionCall {
-            name: c.name,
-            arguments: c.arguments,
+            name,
+            arguments: String::new(),
         },
     }
 }
@@ -768,8 +780,8 @@ impl Merged {
         Usage::new(self.prompt_tokens, completion).with_cached(self.cached)
     }
 
-    /// The SSE chunks of one step: one per parsed event (a tool call is two: its name,
-    /// then its arguments), the finish reason on the last.
+    /// The SSE chunks of one step: one per parsed event (a tool call's start carries its
+    /// name, each arguments piece one chunk), the finish reason on the last.
     fn chunks(
         &mut self,
         index: u32,
@@ -791,13 +803,13 @@ impl Merged {
                     reasoning_content: Some(t),
                     ..Default::default()
                 }),
-                ParseEvent::Call(c) => {
+                ParseEvent::CallStart { name, id } => {
                     let slot = self.calls.get_mut(index as usize);
                     let call_index = slot.as_ref().map_or(0, |n| **n);
                     if let Some(n) = slot {
                         *n += 1;
                     }
-                    let call = tool_call(c);
+                    let call = tool_call(name, id);
                     deltas.push(openai::ChatDelta {
                         tool_calls: Some(vec![openai::ToolCallDelta {
                             index: call_index,
@@ -810,6 +822,13 @@ impl Merged {
                         }]),
                         ..Default::default()
                     });
+                }
+                ParseEvent::CallArgs(a) => {
+                    // A piece of the arguments of the call last started.
+                    let call_index = self
+                        .calls
+                        .get(index as usize)
+                        .map_or(0, |n| n.saturating_sub(1));
                     deltas.push(openai::ChatDelta {
                         tool_calls: Some(vec![openai::ToolCallDelta {
                             index: call_index,
@@ -817,7 +836,7 @@ impl Merged {
                             kind: None,
                             function: openai::FunctionCallDelta {
                                 name: None,
-                                arguments: Some(call.function.arguments),
+                                arguments: Some(a),
                             },
                         }]),
                         ..Default::default()

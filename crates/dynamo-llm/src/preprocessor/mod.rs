@@ -91,6 +91,26 @@ fn ids_of(v: Option<&Json>) -> Vec<u32> {
     }
 }
 
+/// An assistant message's earlier `tool_calls` carry their `function.arguments` as JSON
+/// text (the OpenAI wire form), but chat templates read them as a mapping (`arguments |
+/// tojson`, `arguments.items()`), as vLLM and Hugging Face hand them over. Arguments that are
+/// a JSON object become that object; anything else stays text for the template to handle.
+fn arguments_as_objects(message: &mut Json) {
+    let Some(calls) = message.get_mut("tool_calls").and_then(Json::as_array_mut) else {
+        return;
+    };
+    for call in calls {
+        let Some(arguments) = call.pointer_mut("/function/arguments") else {
+            continue;
+        };
+        if let Some(text) = arguments.as_str()
+            && let Ok(object @ Json::Object(_)) = serde_json::from_str::<Json>(text)
+        {
+            *arguments = object;
+        }
+    }
+}
+
 impl Preprocessor {
     /// Build from a card: reads (and checksum-verifies) its tokenizer, tokenizer config,
     /// custom template, `config.json` and `generation_config.json`.
@@ -294,6 +314,7 @@ impl Preprocessor {
                 {
                     obj.insert("content".to_owned(), Json::String(c.text()));
                 }
+                arguments_as_objects(&mut v);
                 v
             })
             .collect::<Vec<_>>();

@@ -515,3 +515,37 @@ fn fields_of_the_wrong_shape_are_refused_by_name() {
         parse_chat_request(ok.as_bytes()).expect(&ok);
     }
 }
+
+/// Templates read an earlier call's arguments as a mapping; text that is no JSON object
+/// stays text.
+#[test]
+fn earlier_tool_call_arguments_reach_the_template_as_objects() {
+    let mut message = serde_json::json!({
+        "role": "assistant",
+        "tool_calls": [
+            {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{\"city\": \"Oslo\", \"n\": {\"d\": [1]}}"}},
+            {"id": "2", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+            {"id": "3", "type": "function", "function": {"name": "h", "arguments": "[1, 2]"}},
+            {"id": "4", "type": "function", "function": {"name": "k", "arguments": {"already": true}}}
+        ]
+    });
+    arguments_as_objects(&mut message);
+    let arguments: Vec<&Json> = message["tool_calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| &c["function"]["arguments"])
+        .collect();
+    assert_eq!(
+        arguments,
+        [
+            &serde_json::json!({"city": "Oslo", "n": {"d": [1]}}),
+            &Json::String("not json".into()),
+            &Json::String("[1, 2]".into()),
+            &serde_json::json!({"already": true}),
+        ]
+    );
+    let mut user = serde_json::json!({"role": "user", "content": "x"});
+    arguments_as_objects(&mut user);
+    assert_eq!(user, serde_json::json!({"role": "user", "content": "x"}));
+}
