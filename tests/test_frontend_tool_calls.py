@@ -280,6 +280,18 @@ def test_golden_case_through_the_frontend(stack, name):
         (c.function.name, c.function.arguments) for c in msg.tool_calls or []
     ]
 
+    # One token per chunk: every marker and multi-byte character split; the same result.
+    one = {**args, "messages": ask(script(name) + " [[chunk:1]]")}
+    t = streamed(stack.openai.chat.completions.create(**one, stream=True))
+    assert (t["content"], t["reasoning"], t["finish"]) == (
+        s["content"],
+        s["reasoning"],
+        s["finish"],
+    )
+    assert [(c["name"], c["arguments"]) for c in t["calls"]] == [
+        (c["name"], c["arguments"]) for c in s["calls"]
+    ]
+
     # Markers that are special tokens stay in the text the parsers see.
     sent = stack.last_request(case_model(case))["output_options"] or {}
     special = case.get("tool_parser") in KEEPS_SPECIAL or (

@@ -16,7 +16,8 @@ or tool message names the next answer); no marker: ``no script``. The output is 
 the model's ``tokenizer.json`` (no special tokens added: the text's own special-token
 strings, like ``<|channel|>`` of a model that has it, become their ids) and streamed
 ``chunk`` ids at a time, so multi-byte characters and markers are split across chunks; it is
-cut at ``max_tokens`` (``finish_reason: length``), else ends with ``stop``.
+cut at ``max_tokens`` (``finish_reason: length``), else ends with ``stop``. A marker
+``[[chunk:N]]`` in the prompt streams ``N`` ids at a time instead.
 
 Each request is appended to the log as one JSON line: the model, the prompt decoded with its
 special tokens, the request's output options and stop conditions.
@@ -37,6 +38,7 @@ from dynamo.llm import ModelInput, ModelRuntimeConfig, ModelType, register_model
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 
 MARKER = re.compile(r"\[\[script:([A-Za-z0-9_.-]+)\]\]")
+CHUNK = re.compile(r"\[\[chunk:([0-9]+)\]\]")
 
 
 class Scripted:
@@ -69,10 +71,12 @@ class Scripted:
         finish = "stop"
         if limit is not None and limit < len(ids):
             ids, finish = ids[:limit], "length"
-        for start in range(0, len(ids), self.chunk):
+        chunks = CHUNK.findall(prompt)
+        chunk = max(1, int(chunks[-1])) if chunks else self.chunk
+        for start in range(0, len(ids), chunk):
             if context.is_stopped():
                 return
-            yield {"token_ids": ids[start : start + self.chunk]}
+            yield {"token_ids": ids[start : start + chunk]}
             await asyncio.sleep(0)
         yield {"token_ids": [], "finish_reason": finish}
 
