@@ -6,8 +6,14 @@ decision once the workers are registered (or gone).
         --endpoint dynamo.backend.generate --initial-workers 1 -- --speedup-ratio 10
 
 Arguments after ``--`` go to every mocker. Each decision is printed as one JSON line
-(``{"event": "scaled", "decision_id": ..., "workers": ...}``). Aggregated deployments
-scale on ``num_decode_workers``.
+(``{"event": "scaled", "decision_id": ..., "workers": ..., "prefill_workers": ...}``).
+
+Aggregated deployments scale ``--endpoint`` on ``num_decode_workers``. With
+``--prefill-endpoint`` (a disaggregated deployment, planner ``--mode disagg``) a second
+set of mockers on that endpoint follows ``num_prefill_workers``; both sets are scaled at
+once and the decision is acknowledged when both show their count in discovery. (The
+prefill mockers are ordinary mocker workers: this example exercises the control plane,
+not the KV transfer between the two pools.)
 """
 
 from __future__ import annotations
@@ -31,10 +37,20 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         argv, extra = argv[:i], argv[i + 1 :]
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--namespace", default="dynamo")
-    p.add_argument("--endpoint", default="dynamo.backend.generate")
+    p.add_argument(
+        "--endpoint",
+        default="dynamo.backend.generate",
+        help="aggregated (or decode) workers' endpoint: num_decode_workers",
+    )
+    p.add_argument(
+        "--prefill-endpoint",
+        default=None,
+        help="prefill workers' endpoint (disaggregated): num_prefill_workers",
+    )
     p.add_argument("--model-path", required=True)
     p.add_argument("--model-name", default=None)
     p.add_argument("--initial-workers", type=int, default=1)
+    p.add_argument("--initial-prefill-workers", type=int, default=1)
     p.add_argument("--ready-timeout", type=float, default=30.0)
     return p.parse_args(argv), extra
 
@@ -42,8 +58,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
 class Workers:
     """Mocker worker processes of one endpoint."""
 
-    def __init__(self, rt: DistributedRuntime, args: argparse.Namespace, extra: list[str]):
-        self.rt, self.args, self.extra = rt, args, extra
+    def __init__(
+        self, rt: DistributedRuntime, endpoint: str, args: argparse.Namespace, extra: list[str]
+    ):
+        self.rt, self.endpoint, self.args, self.extra = rt, endpoint, args, extra
         self.procs: list[subprocess.Popen] = []
         self.client = None
 
@@ -55,7 +73,7 @@ class Workers:
             "--model-path",
             self.args.model_path,
             "--endpoint",
-            f"dyn://{self.args.endpoint}",
+            f"dyn://{self.endpoint}",
             *(["--model-name", self.args.model_name] if self.args.model_name else []),
             *self.extra,
         ]
@@ -72,7 +90,7 @@ class Workers:
 
     async def registered(self) -> int:
         if self.client is None:
-            self.client = await self.rt.endpoint(self.args.endpoint).client()
+            self.client = await self.rt.endpoint(self.endpoint).client()
         return len(self.client.instance_ids())
 
     async def scale_to(self, n: int) -> None:
@@ -98,11 +116,22 @@ async def main(args: argparse.Namespace, extra: list[str]) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    workers = Workers(rt, args, extra)
+    decode = Workers(rt, args.endpoint, args, extra)
+    prefill = Workers(rt, args.prefill_endpoint, args, extra) if args.prefill_endpoint else None
     client = VirtualConnectorClient(rt, args.namespace)
+
+    def counts() -> dict:
+        out = {"workers": len(decode.procs)}
+        if prefill is not None:
+            out["prefill_workers"] = len(prefill.procs)
+        return out
+
     try:
-        await workers.scale_to(args.initial_workers)
-        print(json.dumps({"event": "ready", "workers": len(workers.procs)}), flush=True)
+        await asyncio.gather(
+            decode.scale_to(args.initial_workers),
+            *([prefill.scale_to(args.initial_prefill_workers)] if prefill else []),
+        )
+        print(json.dumps({"event": "ready", **counts()}), flush=True)
         while not stop.is_set():
             waiter = asyncio.ensure_future(client.wait())
             stopper = asyncio.ensure_future(stop.wait())
@@ -112,21 +141,21 @@ async def main(args: argparse.Namespace, extra: list[str]) -> None:
                 waiter.cancel()
                 break
             decision = await client.get()
+            steps = []
             if decision.num_decode_workers >= 0:
-                await workers.scale_to(decision.num_decode_workers)
+                steps.append(decode.scale_to(decision.num_decode_workers))
+            if prefill is not None and decision.num_prefill_workers >= 0:
+                steps.append(prefill.scale_to(decision.num_prefill_workers))
+            await asyncio.gather(*steps)
             await client.complete(decision)
             print(
-                json.dumps(
-                    {
-                        "event": "scaled",
-                        "decision_id": decision.decision_id,
-                        "workers": len(workers.procs),
-                    }
-                ),
+                json.dumps({"event": "scaled", "decision_id": decision.decision_id, **counts()}),
                 flush=True,
             )
     finally:
-        await workers.close()
+        await decode.close()
+        if prefill is not None:
+            await prefill.close()
         rt.shutdown()
 
 
