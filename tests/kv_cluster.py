@@ -39,7 +39,9 @@ class Cluster:
         self.events = events
         self.rng = random.Random(1234)
 
-    async def start(self) -> Cluster:
+    async def start(self, router: bool = True) -> Cluster:
+        """Start the workers and, unless ``router`` is false, the router (``start_router``
+        then starts it later: a router that joins workers which already cached blocks)."""
         loop = asyncio.get_running_loop()
         self.ns = unique_ns()
         path = f"{self.ns}.backend.generate"
@@ -55,11 +57,17 @@ class Cluster:
             for ep in self.endpoints
         ]
         self.router_rt = DistributedRuntime(loop, "mem", "tcp")
+        self.router = None
+        if router:
+            await self.start_router()
+        return self
+
+    async def start_router(self) -> None:
+        path = f"{self.ns}.backend.generate"
         self.router = KvRouter(self.router_rt.endpoint(path), self.block_size, self.config)
         await wait_until(lambda: len(self.router._workers()) == self.n)
         if self.events:
             await wait_until(lambda: all(p._subscriber_count() >= 1 for p in self.pubs))
-        return self
 
     async def stop(self) -> None:
         for rt in [*self.runtimes, self.router_rt]:

@@ -175,6 +175,11 @@ impl KvRouterCore {
         }
     }
 
+    /// The id of the last event applied for `worker`, `None` before its first one.
+    pub fn event_cursor(&self, worker: WorkerWithDpRank) -> Option<u64> {
+        lock(&self.cursors).last(worker)
+    }
+
     /// Registered worker ranks.
     pub fn workers(&self) -> Vec<WorkerWithDpRank> {
         self.scheduler.workers()

@@ -14,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use dynamo_runtime::DistributedRuntime;
 use dynamo_runtime::events::{EventPublisher, EventScope};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 struct TopicInner {
@@ -150,12 +150,29 @@ pub fn subscribe(
     topic: &str,
     stop: CancellationToken,
 ) -> dynamo_runtime::Result<mpsc::UnboundedReceiver<TopicMessage>> {
+    subscribe_with_ready(runtime, namespace, component, topic, stop).map(|(rx, _)| rx)
+}
+
+/// As [`subscribe`], with a signal that fires once the subscription is live on the event
+/// plane (over NATS: registered on the server; a message published after it is delivered).
+/// The signal is dropped unfired when the subscription fails or is stopped first.
+///
+/// # Errors
+/// Empty names.
+pub fn subscribe_with_ready(
+    runtime: &DistributedRuntime,
+    namespace: &str,
+    component: &str,
+    topic: &str,
+    stop: CancellationToken,
+) -> dynamo_runtime::Result<(mpsc::UnboundedReceiver<TopicMessage>, oneshot::Receiver<()>)> {
     if namespace.is_empty() || component.is_empty() || topic.is_empty() {
         return Err(dynamo_runtime::Error::InvalidArgument(
             "event scope names and topic must not be empty".into(),
         ));
     }
     let (tx, rx) = mpsc::unbounded_channel();
+    let (ready_tx, ready_rx) = oneshot::channel();
     let scope = EventScope::component(namespace, component);
     let (rt, topic) = (runtime.clone(), topic.to_owned());
     tokio::spawn(async move {
@@ -170,6 +187,7 @@ pub fn subscribe(
                 return;
             }
         };
+        let _ = ready_tx.send(());
         loop {
             let event = tokio::select! {
                 e = sub.next() => e,
@@ -186,5 +204,5 @@ pub fn subscribe(
             }
         }
     });
-    Ok(rx)
+    Ok((rx, ready_rx))
 }

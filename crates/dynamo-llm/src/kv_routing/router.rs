@@ -218,6 +218,10 @@ impl KvRouter {
         let ns = endpoint.namespace.clone();
         let comp = endpoint.component.clone();
 
+        // Newly discovered workers, for the event loop's initial sync from their local
+        // indexers.
+        let (sync_tx, sync_rx) = mpsc::unbounded_channel::<WorkerWithDpRank>();
+
         // Worker discovery, through the client's own watch: a worker becomes routable
         // here only once the client that sends to it knows its address.
         let mut watch = client.watch_instances();
@@ -225,6 +229,7 @@ impl KvRouter {
             let shared = Arc::clone(&shared);
             let stop = stop.clone();
             let rt = runtime.clone();
+            let sync_tx = use_events.then_some(sync_tx);
             async move {
                 loop {
                     let ids: HashSet<u64> = watch.borrow().iter().map(|i| i.instance_id).collect();
@@ -234,7 +239,11 @@ impl KvRouter {
                     }
                     for id in &ids {
                         if lock(&shared.instances).insert(*id) {
-                            shared.ensure_rank(WorkerWithDpRank::new(*id, 0));
+                            let rank = WorkerWithDpRank::new(*id, 0);
+                            shared.ensure_rank(rank);
+                            if let Some(tx) = &sync_tx {
+                                let _ = tx.send(rank);
+                            }
                         }
                     }
                     tokio::select! {
@@ -247,13 +256,23 @@ impl KvRouter {
         });
 
         if use_events {
-            let rx = bus::subscribe(runtime, &ns, &comp, KV_EVENTS_TOPIC, stop.child_token())?;
+            let (rx, ready) = bus::subscribe_with_ready(
+                runtime,
+                &ns,
+                &comp,
+                KV_EVENTS_TOPIC,
+                stop.child_token(),
+            )?;
             tokio::spawn(event_loop(
                 Arc::clone(&shared),
-                runtime.clone(),
-                ns.clone(),
-                comp.clone(),
-                rx,
+                EventSource {
+                    runtime: runtime.clone(),
+                    namespace: ns.clone(),
+                    component: comp.clone(),
+                    events: rx,
+                    ready,
+                    sync: sync_rx,
+                },
                 stop.clone(),
             ));
         }
@@ -655,16 +674,50 @@ async fn dispatch_queue(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-async fn event_loop(
-    shared: Arc<Shared>,
+/// What the event loop reads: the `kv_events` subscription (and when it is live), and the
+/// workers discovery found.
+struct EventSource {
     runtime: DistributedRuntime,
     namespace: String,
     component: String,
-    mut rx: mpsc::UnboundedReceiver<TopicMessage>,
-    stop: CancellationToken,
-) {
+    events: mpsc::UnboundedReceiver<TopicMessage>,
+    ready: oneshot::Receiver<()>,
+    sync: mpsc::UnboundedReceiver<WorkerWithDpRank>,
+}
+
+/// Applies live KV events, recovers gaps, and syncs new workers.
+///
+/// Gap detection alone cannot repair a loss at the very start: events a worker published
+/// before this router's subscription was live are never seen, and if the worker then goes
+/// quiet no later event reveals the gap. So each newly discovered worker is asked once for
+/// its local indexer's events, after the subscription is live (anything published later
+/// arrives live). The answer is applied only if no live event of that rank has been applied
+/// meanwhile; otherwise live events are flowing and gap recovery covers any loss. A worker
+/// without a local indexer simply fails the query (logged at debug).
+async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: CancellationToken) {
+    let EventSource {
+        runtime,
+        namespace,
+        component,
+        events: mut rx,
+        mut ready,
+        sync: mut sync_rx,
+    } = source;
     let (rec_tx, mut rec_rx) =
         mpsc::unbounded_channel::<(WorkerWithDpRank, Result<WorkerKvQueryResponse>)>();
+    let (synced_tx, mut synced_rx) =
+        mpsc::unbounded_channel::<(WorkerWithDpRank, Result<WorkerKvQueryResponse>)>();
+    let mut live = false;
+    let mut pending_sync: Vec<WorkerWithDpRank> = Vec::new();
+    let spawn_sync = |worker: WorkerWithDpRank| {
+        let tx = synced_tx.clone();
+        let rt = runtime.clone();
+        let (ns, comp) = (namespace.clone(), component.clone());
+        tokio::spawn(async move {
+            let res = query_worker(&rt, &ns, &comp, worker, None).await;
+            let _ = tx.send((worker, res));
+        });
+    };
     let mut recovering: HashMap<WorkerWithDpRank, VecDeque<RouterEvent>> = HashMap::new();
     let handle =
         |event: RouterEvent, recovering: &mut HashMap<WorkerWithDpRank, VecDeque<RouterEvent>>| {
@@ -727,6 +780,36 @@ async fn event_loop(
                 }
                 for event in buf {
                     handle(event, &mut recovering);
+                }
+            }
+            // Fired, or dropped because the subscription failed: either way nothing more
+            // is to be waited for before syncing.
+            _ = &mut ready, if !live => {
+                live = true;
+                pending_sync.drain(..).for_each(&spawn_sync);
+            }
+            Some(worker) = sync_rx.recv() => {
+                if live {
+                    spawn_sync(worker);
+                } else {
+                    pending_sync.push(worker);
+                }
+            }
+            Some((worker, res)) = synced_rx.recv() => {
+                let known = lock(&shared.instances).contains(&worker.worker_id);
+                if !known
+                    || recovering.contains_key(&worker)
+                    || shared.core.event_cursor(worker).is_some()
+                {
+                    continue;
+                }
+                match res {
+                    Ok(answer) => {
+                        if let Err(e) = shared.core.recover(worker, answer) {
+                            tracing::debug!(?worker, error = %e, "initial KV sync applied with errors");
+                        }
+                    }
+                    Err(e) => tracing::debug!(?worker, error = %e, "no initial KV sync (no local indexer?)"),
                 }
             }
             () = stop.cancelled() => break,
