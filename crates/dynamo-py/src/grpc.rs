@@ -9,7 +9,7 @@ use dynamo_llm::http::FrontendConfig;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::llm::{llm_error, py_to_json};
+use crate::llm::{PyModelRuntimeConfig, llm_error, py_to_json};
 use crate::llm_serving::openai_engine;
 use crate::runtime::DistributedRuntime;
 
@@ -80,24 +80,28 @@ impl KserveGrpcService {
     }
 
     /// Serve `engine` as tensor model `model`; `tensor_model_config` (a dict: `name`,
-    /// `inputs`, `outputs`) describes and validates its tensors.
+    /// `inputs`, `outputs`) describes and validates its tensors; `runtime_config`'s
+    /// engine-specific values are reported as the `ModelConfig` parameters.
     #[pyo3(signature = (model, checksum, engine, *, runtime_config = None, tensor_model_config = None))]
     fn add_tensor_model(
         &self,
         model: &str,
         checksum: &str,
         engine: &Bound<'_, PyAny>,
-        runtime_config: Option<&Bound<'_, PyAny>>,
+        runtime_config: Option<PyModelRuntimeConfig>,
         tensor_model_config: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let _ = (checksum, runtime_config);
+        let _ = checksum;
         let config = match tensor_model_config.filter(|c| !c.is_none()) {
             Some(c) => Some(TensorModelConfig::from_json(py_to_json(c)?).map_err(llm_error)?),
             None => None,
         };
-        self.inner
-            .tensors()
-            .add(model, openai_engine(engine)?, config);
+        self.inner.tensors().add(
+            model,
+            openai_engine(engine)?,
+            config,
+            runtime_config.map(|c| c.inner),
+        );
         Ok(())
     }
 

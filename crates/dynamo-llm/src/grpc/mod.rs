@@ -51,6 +51,7 @@ use tokio::sync::watch;
 use crate::discovery::ModelWatcher;
 use crate::error::{Error, Result};
 use crate::http::{FrontendConfig, HttpService, OpenAiEngine, StaticModels};
+use crate::model_card::ModelRuntimeConfig;
 use tensor::TensorModelConfig;
 
 /// The reference's default port of `KserveGrpcService`.
@@ -61,6 +62,9 @@ pub const DEFAULT_GRPC_PORT: u16 = 8787;
 pub(crate) struct StaticTensorModel {
     pub(crate) engine: Arc<dyn OpenAiEngine>,
     pub(crate) config: Option<Arc<TensorModelConfig>>,
+    /// `add_tensor_model(runtime_config=...)`: its `runtime_data` is reported as the
+    /// `ModelConfig` parameters, as a discovered worker's card's is.
+    pub(crate) runtime_config: Option<Arc<ModelRuntimeConfig>>,
 }
 
 /// The in-process tensor models of a service (cheap to clone).
@@ -76,6 +80,7 @@ impl TensorModels {
         name: &str,
         engine: Arc<dyn OpenAiEngine>,
         config: Option<TensorModelConfig>,
+        runtime_config: Option<ModelRuntimeConfig>,
     ) {
         self.inner
             .write()
@@ -85,6 +90,7 @@ impl TensorModels {
                 StaticTensorModel {
                     engine,
                     config: config.map(Arc::new),
+                    runtime_config: runtime_config.map(Arc::new),
                 },
             );
     }

@@ -1,5 +1,6 @@
 //! `inference.GRPCInferenceService` over the models of a [`super::KserveService`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
@@ -17,10 +18,10 @@ use super::proto::grpc_inference_service_server::GrpcInferenceService;
 use super::proto::model_metadata_response::TensorMetadata as KsTensorMetadata;
 use super::proto::{
     ModelConfig, ModelConfigRequest, ModelConfigResponse, ModelInferRequest, ModelInferResponse,
-    ModelInput, ModelMetadataRequest, ModelMetadataResponse, ModelOutput, ModelReadyRequest,
-    ModelReadyResponse, ModelStreamInferResponse, ModelTransactionPolicy, ServerLiveRequest,
-    ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse, ServerReadyRequest,
-    ServerReadyResponse,
+    ModelInput, ModelMetadataRequest, ModelMetadataResponse, ModelOutput, ModelParameter,
+    ModelReadyRequest, ModelReadyResponse, ModelStreamInferResponse, ModelTransactionPolicy,
+    ServerLiveRequest, ServerLiveResponse, ServerMetadataRequest, ServerMetadataResponse,
+    ServerReadyRequest, ServerReadyResponse,
 };
 use super::tensor::{
     DataType, TensorMetadata, TensorModelConfig, TensorRequest, TensorResponse, check_all_given,
@@ -32,6 +33,7 @@ use crate::discovery::{ModelEntry, ModelManager};
 use crate::http::HttpError;
 use crate::http::StaticModels;
 use crate::http::engine::{decode_item, route_error};
+use crate::model_card::ModelRuntimeConfig;
 
 /// Responses buffered per `ModelStreamInfer` stream before its requests wait for the
 /// client: absorbs a burst of chunks, keeps a slow reader's memory small.
@@ -481,6 +483,10 @@ impl GrpcInferenceService for Kserve {
                 .collect(),
             // Text models answer one response per chunk on ModelStreamInfer.
             model_transaction_policy: decoupled.then_some(ModelTransactionPolicy { decoupled }),
+            parameters: self
+                .runtime_config_of(name)
+                .map(|rc| config_parameters(&rc))
+                .unwrap_or_default(),
             ..Default::default()
         };
         Ok(Response::new(ModelConfigResponse {
@@ -589,7 +595,33 @@ impl GrpcInferenceService for Kserve {
     }
 }
 
+/// A runtime config's engine-specific values (`runtime_data`) as `ModelConfig` parameters:
+/// a JSON string as itself, any other value as its JSON text.
+fn config_parameters(rc: &ModelRuntimeConfig) -> HashMap<String, ModelParameter> {
+    rc.runtime_data
+        .iter()
+        .map(|(k, v)| {
+            let string_value = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), ModelParameter { string_value })
+        })
+        .collect()
+}
+
 impl Kserve {
+    /// The runtime config of `name`: a discovered worker's card's, or the one given to
+    /// `add_tensor_model`.
+    fn runtime_config_of(&self, name: &str) -> Option<Arc<ModelRuntimeConfig>> {
+        if let Some(s) = self.tensors.get(name) {
+            return s.runtime_config;
+        }
+        self.models
+            .get(name)
+            .map(|e| Arc::new(e.card.runtime_config.clone()))
+    }
+
     /// The interface of `name` for `ModelMetadata` / `ModelConfig`.
     fn config_of(&self, name: &str) -> Result<TensorModelConfig, Status> {
         match self.tensor_target(name) {
@@ -625,5 +657,19 @@ mod tests {
         assert_eq!(code(529), tonic::Code::ResourceExhausted);
         assert_eq!(code(429), tonic::Code::ResourceExhausted);
         assert_eq!(code(500), tonic::Code::Internal);
+    }
+
+    #[test]
+    fn runtime_data_becomes_model_config_parameters() {
+        let mut rc = ModelRuntimeConfig::default();
+        rc.runtime_data
+            .insert("backend".into(), serde_json::json!("onnx"));
+        rc.runtime_data
+            .insert("batch".into(), serde_json::json!({"max": 8}));
+        let p = config_parameters(&rc);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p["backend"].string_value, "onnx");
+        assert_eq!(p["batch"].string_value, r#"{"max":8}"#);
+        assert!(config_parameters(&ModelRuntimeConfig::default()).is_empty());
     }
 }

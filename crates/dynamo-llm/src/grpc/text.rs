@@ -3,8 +3,9 @@
 //! text comes back as a `text_output` BYTES tensor with a `finish_reason` BYTES tensor.
 //!
 //! Inputs: `text_input` (required), `stream` (BOOL; `streaming` is accepted too); and, a
-//! superset of the reference, the sampling fields of [`SAMPLING`] as one-element tensors or
-//! as request parameters (the reference ignores parameters).
+//! superset of the reference, `stream`/`streaming` and the sampling fields of [`SAMPLING`]
+//! as request parameters too (the reference ignores parameters). A tensor wins over a
+//! parameter of the same name.
 
 use bytes::Bytes;
 
@@ -95,13 +96,18 @@ pub fn parse(req: &ModelInferRequest, model: &str) -> Result<TextRequest, String
     let mut body = serde_json::Map::new();
     body.insert("model".into(), model.into());
     // Parameters first: tensors of the same name win.
+    let mut stream = false;
     for (k, v) in params_from_kserve(&req.parameters) {
         if SAMPLING.contains(&k.as_str()) {
             body.insert(k, param_json(v));
+        } else if k == "stream" || k == "streaming" {
+            match v {
+                ParamValue::Bool(b) => stream = b,
+                _ => return Err(format!("Expected parameter '{k}' to be a bool")),
+            }
         }
     }
     let mut prompt = None;
-    let mut stream = false;
     for (i, input) in req.inputs.iter().enumerate() {
         let raw_i = raw.get(i);
         match input.name.as_str() {
@@ -360,6 +366,63 @@ mod tests {
                 .unwrap_err()
                 .starts_with("Invalid input name: wrong")
         );
+    }
+
+    fn bool_param(b: bool) -> super::super::proto::InferParameter {
+        super::super::proto::InferParameter {
+            parameter_choice: Some(
+                super::super::proto::infer_parameter::ParameterChoice::BoolParam(b),
+            ),
+        }
+    }
+
+    #[test]
+    fn stream_parameter_is_honoured_and_a_tensor_wins() {
+        let (t, raw) = text_input(b"x");
+        for name in ["stream", "streaming"] {
+            let req = ModelInferRequest {
+                inputs: vec![t.clone()],
+                raw_input_contents: vec![raw.clone()],
+                parameters: [(name.to_owned(), bool_param(true))].into(),
+                ..Default::default()
+            };
+            let parsed = parse(&req, "m").expect("parse");
+            assert!(parsed.stream, "{name}");
+            // The parameter never reaches the completions body as a sampling field.
+            assert_eq!(parsed.body["stream"], serde_json::Value::Bool(true));
+        }
+        // A `stream` tensor set to false overrides a `stream` parameter set to true.
+        let off = InferInputTensor {
+            name: "stream".into(),
+            datatype: "BOOL".into(),
+            shape: vec![1],
+            ..Default::default()
+        };
+        let req = ModelInferRequest {
+            inputs: vec![t.clone(), off],
+            raw_input_contents: vec![raw.clone(), Bytes::from_static(&[0])],
+            parameters: [("stream".to_owned(), bool_param(true))].into(),
+            ..Default::default()
+        };
+        assert!(!parse(&req, "m").expect("parse").stream);
+        // A non-bool `stream` parameter is refused, named.
+        let req = ModelInferRequest {
+            inputs: vec![t],
+            raw_input_contents: vec![raw],
+            parameters: [(
+                "stream".to_owned(),
+                super::super::proto::InferParameter {
+                    parameter_choice: Some(
+                        super::super::proto::infer_parameter::ParameterChoice::StringParam(
+                            "yes".into(),
+                        ),
+                    ),
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        assert!(parse(&req, "m").unwrap_err().contains("'stream'"));
     }
 
     #[test]
