@@ -1,15 +1,18 @@
 """The KServe v2 gRPC ingress, driven by Triton's own client (``tritonclient[grpc]``).
 
 In-process models (``KserveGrpcService.add_*``) and Python workers registered through
-discovery (file and etcd) behind ``python -m dynamo.frontend --kserve-grpc-server``: health
-and metadata RPCs, text and tensor ``ModelInfer`` (raw and typed contents, FP32 and BYTES),
-``ModelStreamInfer`` chunk by chunk, validation errors naming the input, and a cancelled
-stream that stops the worker's generation.
+discovery (file and etcd) behind ``python -m dynamo.frontend --kserve-grpc-server`` (with
+its HTTP API beside): health and metadata RPCs, text and tensor ``ModelInfer`` (raw and
+typed contents, FP32 and BYTES), ``stream`` and sampling fields as tensors or request
+parameters, ``ModelStreamInfer`` chunk by chunk (text) and item by item (tensor),
+validation errors naming the input, and cancelled streams and abandoned unary calls that
+stop the worker's generation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import time
 from pathlib import Path
@@ -17,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from serving_util import WORKERS, Procs, free_port
+from serving_util import WORKERS, Procs, free_port, http
 from tritonclient.utils import InferenceServerException
 
-from dynamo.llm import KserveGrpcService, PythonAsyncEngine
+from dynamo.llm import KserveGrpcService, ModelRuntimeConfig, PythonAsyncEngine
 from dynamo.llm.tiny_model import write_tiny_model
 from dynamo.runtime import DistributedRuntime
 
@@ -89,6 +92,26 @@ def _stream(client, requests, wait: float = 10.0, count: int | None = None):
     return out
 
 
+def _stream_params(client, model, inputs, parameters, count, settle: float = 0.5, rid="p"):
+    """One request with request ``parameters`` on a stream: the ``(result, error)`` pairs
+    that arrived once ``count`` did (within 20 s) and ``settle`` seconds more passed, so
+    that a response too many is seen."""
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer(model, inputs, request_id=rid, parameters=parameters)
+    out: list = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            out.append(q.get(timeout=0.1))
+        except queue.Empty:
+            pass
+        if len(out) >= count:
+            deadline = min(deadline, time.monotonic() + settle)
+    client.stop_stream()
+    return out
+
+
 # ---- in-process models -------------------------------------------------------------------
 
 STEPS: list = []
@@ -132,8 +155,15 @@ async def _serve_static(client_body) -> None:
     svc = KserveGrpcService(port=port, host="127.0.0.1")
     svc.add_completions_model("cmodel", "x", PythonAsyncEngine(_completions, loop))
     svc.add_chat_completions_model("chmodel", "x", PythonAsyncEngine(_completions, loop))
+    rc = ModelRuntimeConfig()
+    rc.set_engine_specific("backend", '"onnx"')  # JSON text
+    rc.set_engine_specific("batch", {"max": 8})
     svc.add_tensor_model(
-        "tmodel", "x", PythonAsyncEngine(_tensor, loop), tensor_model_config=TENSOR_CONFIG
+        "tmodel",
+        "x",
+        PythonAsyncEngine(_tensor, loop),
+        runtime_config=rc,
+        tensor_model_config=TENSOR_CONFIG,
     )
     svc.add_tensor_model("tnocfg", "x", PythonAsyncEngine(_tensor, loop))
     task = asyncio.ensure_future(svc.run(runtime))
@@ -194,6 +224,12 @@ async def test_health_metadata_and_config_rpcs() -> None:
             "dims": ["-1", "4"],
         }
         assert config["output"][1]["data_type"] == "TYPE_STRING"
+        # add_tensor_model's runtime_config: its engine-specific values are the parameters.
+        assert config["parameters"] == {
+            "backend": {"string_value": "onnx"},
+            "batch": {"string_value": '{"max":8}'},
+        }
+        assert "parameters" not in client.get_model_config("cmodel", as_json=True)["config"]
         text = client.get_model_metadata("cmodel", as_json=True)
         assert [i["name"] for i in text["inputs"]] == ["text_input", "stream"]
         for m in ("nope", "tnocfg"):
@@ -213,6 +249,15 @@ async def test_text_and_tensor_infer() -> None:
         assert r.as_numpy("finish_reason").tolist() == [b"stop"]
         r = client.infer("cmodel", [_text_input(b"Hi"), _int_input("max_tokens", 2)])
         assert r.as_numpy("text_output").tolist() == [b"w0 w1 "]
+        # Sampling fields as request parameters; a tensor wins over a parameter.
+        r = client.infer("cmodel", [_text_input(b"Hi")], parameters={"max_tokens": 4})
+        assert r.as_numpy("text_output").tolist() == [b"w0 w1 w2 w3 "]
+        r = client.infer(
+            "cmodel",
+            [_text_input(b"Hi"), _int_input("max_tokens", 1)],
+            parameters={"max_tokens": 4},
+        )
+        assert r.as_numpy("text_output").tolist() == [b"w0 "]
 
         x = np.arange(8, dtype=np.float32).reshape(2, 4)
         s = np.array([b"ab", b"c"], dtype=object)
@@ -299,6 +344,19 @@ async def test_errors_are_grpc_statuses_naming_the_input() -> None:
             lambda: client.infer("cmodel", [_text_input(b"x"), _bool_input("stream", True)])
         )
         assert msg == "Streaming is not supported for this endpoint"
+        # The same as a request parameter (either name).
+        for name in ("stream", "streaming"):
+            code, msg = code_of(
+                lambda name=name: client.infer(
+                    "cmodel", [_text_input(b"x")], parameters={name: True}
+                )
+            )
+            assert code == "StatusCode.INVALID_ARGUMENT", name
+            assert msg == "Streaming is not supported for this endpoint", name
+        code, msg = code_of(
+            lambda: client.infer("cmodel", [_text_input(b"x")], parameters={"stream": "yes"})
+        )
+        assert code == "StatusCode.INVALID_ARGUMENT" and "'stream'" in msg
         # An engine failure.
         raise_ = grpcclient.InferInput("RAISE", [1], "FP32")
         raise_.set_data_from_numpy(np.zeros(1, dtype=np.float32))
@@ -329,6 +387,16 @@ async def test_stream_infer_answers_chunk_by_chunk_and_cancel_stops_the_engine()
         # Without `stream`, one response with the whole text.
         items = _stream(client, [("cmodel", [_text_input(b"Hi")], "r3")], count=1)
         assert items[0][0].as_numpy("text_output").tolist() == [b"w0 w1 w2 "]
+        # `stream` as a request parameter streams too; a `stream` tensor set to false wins.
+        items = _stream_params(client, "cmodel", [_text_input(b"Hi")], {"streaming": True}, 3)
+        assert [r.as_numpy("text_output").tolist()[0] for r, e in items] == [
+            b"w0 ",
+            b"w1 ",
+            b"w2 ",
+        ]
+        off = [_text_input(b"Hi"), _bool_input("stream", False)]
+        items = _stream_params(client, "cmodel", off, {"stream": True}, 1)
+        assert [r.as_numpy("text_output").tolist()[0] for r, e in items] == [b"w0 w1 w2 "]
 
         # A long generation, cancelled by the client, stops in the engine.
         STEPS.clear()
@@ -363,11 +431,14 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
         procs.env["DYN_DISCOVERY_BACKEND"] = "etcd"
         procs.env["ETCD_ENDPOINTS"] = etcd.endpoint
     trace = tmp_path / "trace.txt"
+    tick_trace = tmp_path / "tick_trace.txt"
+    tick_trace.write_text("")
     procs.env["TRACE"] = str(trace)
-    grpc_port = free_port()
+    procs.env["TICK_TRACE"] = str(tick_trace)
+    grpc_port, http_port = free_port(), free_port()
     try:
         procs.frontend(
-            free_port(),
+            http_port,
             "--namespace",
             "kserve",
             "--kserve-grpc-server",
@@ -376,11 +447,33 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
         )
         procs.start("worker", [str(WORKERS / "kserve_worker.py"), str(model_dir)])
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
-        for m in ("echo", "strings", "noconfig", "slowtext"):
+        for m in ("echo", "strings", "noconfig", "ticker", "slowtext"):
             _until(f"{m} ready", lambda m=m: client.is_model_ready(m), timeout=40)
 
+        # HTTP runs beside gRPC, over the same discovered models (its own watcher).
+        def http_lists_slowtext() -> bool:
+            try:
+                status, body = http("GET", f"http://127.0.0.1:{http_port}/v1/models")
+            except OSError:  # not listening yet
+                return False
+            assert status == 200, body
+            return "slowtext" in [m["id"] for m in json.loads(body)["data"]]
+
+        _until("HTTP lists the model", http_lists_slowtext)
+
+        assert client.is_server_live() and client.is_server_ready()
+        server = client.get_server_metadata(as_json=True)
+        assert server["name"] == "dynamo" and "model_configuration" in server["extensions"]
         meta = client.get_model_metadata("echo", as_json=True)
         assert meta["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": ["-1", "-1"]}]
+        config = client.get_model_config("echo", as_json=True)["config"]
+        assert config["input"] == [
+            {"name": "INPUT0", "data_type": "TYPE_FP32", "dims": ["-1", "-1"]}
+        ]
+        assert config["output"][0]["data_type"] == "TYPE_FP32"
+        # The worker's runtime config (engine-specific values) as the config's parameters.
+        assert config["parameters"] == {"kind": {"string_value": "echo"}}
+        assert "model_transaction_policy" not in config
         with pytest.raises(InferenceServerException) as e:
             client.get_model_config("noconfig")
         assert _code(e.value) == "StatusCode.INVALID_ARGUMENT"
@@ -392,6 +485,13 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
         r = client.infer("echo", [i0], parameters={"p": True})
         np.testing.assert_array_equal(r.as_numpy("INPUT0"), x)
         assert r.get_response().parameters["p"].bool_param is True
+        # Typed contents in, typed contents out (no raw output).
+        typed = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        typed._input.contents.fp32_contents.extend([1.5, -2.0, 3.25, 0.0])
+        resp = client.infer("echo", [typed]).get_response()
+        assert list(resp.outputs[0].contents.fp32_contents) == [1.5, -2.0, 3.25, 0.0]
+        assert list(resp.outputs[0].shape) == [1, 4] and resp.outputs[0].datatype == "FP32"
+        assert not resp.raw_output_contents
         s = grpcclient.InferInput("TEXT", [2], "BYTES")
         s.set_data_from_numpy(np.array([b"ab", b"cd"], dtype=object))
         assert client.infer("strings", [s]).as_numpy("UPPER").tolist() == [b"AB", b"CD"]
@@ -403,6 +503,18 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
 
         r = client.infer("slowtext", [_text_input(b"Hi"), _int_input("max_tokens", 3)])
         assert r.as_numpy("text_output").tolist() == [b"t0 t1 t2 "]
+        # A sampling field as a request parameter reaches the worker.
+        r = client.infer("slowtext", [_text_input(b"Hi")], parameters={"max_tokens": 2})
+        assert r.as_numpy("text_output").tolist() == [b"t0 t1 "]
+        # `stream` as a request parameter: one response per chunk.
+        items = _stream_params(
+            client, "slowtext", [_text_input(b"Hi")], {"stream": True, "max_tokens": 3}, 3
+        )
+        assert [(r.get_response().id, r.as_numpy("text_output").tolist()[0]) for r, _ in items] == [
+            ("p", b"t0 "),
+            ("p", b"t1 "),
+            ("p", b"t2 "),
+        ]
         items = _stream(
             client,
             [("slowtext", [_text_input(b"Hi"), _bool_input("stream", True)], "s1")],
@@ -431,9 +543,59 @@ def test_discovered_workers_behind_the_frontend(backend, request, tmp_path, mode
             if line.startswith("end")
         ]
         assert ends and ends[0] < 1000, ends
+
+        _check_ticker(client, tick_trace)
         client.close()
     finally:
         procs.close()
+
+
+def _tick_ends(trace: Path) -> list[tuple[int, str]]:
+    return [
+        (int(line.split()[1]), line.split()[2])
+        for line in trace.read_text().splitlines()
+        if line.startswith("end ")
+    ]
+
+
+def _check_ticker(client, trace: Path) -> None:
+    """A tensor model answering many responses per request: ModelStreamInfer carries
+    each with the request id; a cancelled stream and an abandoned unary call (its
+    deadline passed) both end the worker's handler early."""
+    x = grpcclient.InferInput("X", [2], "FP32")
+    x.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+
+    items = _stream_params(client, "ticker", [x], {}, 3, rid="tk")
+    assert [e for _, e in items] == [None] * 3
+    assert [r.get_response().id for r, _ in items] == ["tk"] * 3
+    assert [r.as_numpy("STEP").tolist() for r, _ in items] == [[0], [1], [2]]
+    _until("the ticker ended", lambda: _tick_ends(trace), timeout=10)
+    assert [n for n, _ in _tick_ends(trace)] == [3]
+    # On ModelInfer the first response is the answer (the rest are read and dropped).
+    r = client.infer("ticker", [x], parameters={"count": 2})
+    assert r.as_numpy("STEP").tolist() == [0]
+    _until("the second ticker finished", lambda: len(_tick_ends(trace)) == 2, timeout=10)
+
+    # A cancelled stream of a tensor model stops the worker's handler.
+    trace.write_text("")
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer("ticker", [x], request_id="long", parameters={"count": 100000})
+    _until("the first responses", lambda: q.qsize() >= 3)
+    client.stop_stream(cancel_requests=True)
+    _until("the streamed ticker ended", lambda: _tick_ends(trace), timeout=15)
+    ((yielded, how),) = _tick_ends(trace)
+    assert how in ("stopped", "closed") and 3 <= yielded < 50000, (yielded, how)
+
+    # A unary call abandoned at its deadline stops the worker's handler too.
+    trace.write_text("")
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("ticker", [x], parameters={"count": 100000}, client_timeout=4)
+    assert _code(e.value) in ("StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED"), e.value
+    _until("the abandoned ticker started", lambda: "start 100000" in trace.read_text(), 5)
+    _until("the abandoned ticker ended", lambda: _tick_ends(trace), timeout=15)
+    ((yielded, how),) = _tick_ends(trace)
+    assert how in ("stopped", "closed") and yielded < 50000, (yielded, how)
 
 
 @pytest.mark.slow
