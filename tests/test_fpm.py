@@ -185,15 +185,20 @@ async def test_relay_forwards_zmq_and_survives_publisher_restart(event_plane, sy
             got: list[dict] = []
 
             async def pump(worker: str) -> dict:
-                reader = asyncio.ensure_future(recv(sub, 10.0))
+                # Until a snapshot of `worker` arrives (earlier ones may still be queued).
+                deadline = time.monotonic() + 20
                 n = 0
-                while not reader.done():
-                    n += 1
-                    sock.send_multipart([b"", n.to_bytes(8, "big"), snapshot(worker, 0, n)])
-                    await asyncio.sleep(0.05)
-                m = reader.result()
-                assert m is not None
-                return m
+                while time.monotonic() < deadline:
+                    reader = asyncio.ensure_future(recv(sub, 10.0))
+                    while not reader.done():
+                        n += 1
+                        sock.send_multipart([b"", n.to_bytes(8, "big"), snapshot(worker, 0, n)])
+                        await asyncio.sleep(0.05)
+                    m = reader.result()
+                    assert m is not None
+                    if m["worker_id"] == worker:
+                        return m
+                raise AssertionError(f"no snapshot of {worker} relayed")
 
             got.append(await pump("a"))
             assert got[0]["worker_id"] == "a"
@@ -207,10 +212,7 @@ async def test_relay_forwards_zmq_and_survives_publisher_restart(event_plane, sy
             await asyncio.sleep(0.3)
             sock = ctx.socket(zmq.PUB)
             sock.bind(f"tcp://127.0.0.1:{port}")
-            m = await pump("b")
-            while m["worker_id"] != "b":
-                m = await recv(sub)
-                assert m is not None
+            assert (await pump("b"))["worker_id"] == "b"
             relay.shutdown()
             relay.shutdown()
             sub.shutdown()
