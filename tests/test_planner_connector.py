@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import time
 import urllib.request
 from contextlib import asynccontextmanager
 
+import msgpack
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from runtime_util import collect, local_runtime, unique_ns, wait_until
@@ -282,3 +284,84 @@ async def test_multimodal_cache_consumers_rebuild_who_holds_what(
     finally:
         for rt in (w1, w2, router):
             rt.shutdown()
+
+
+class RawNatsSubscriber:
+    """A minimal core-NATS subscriber on a socket (enough to read frames off the wire)."""
+
+    def __init__(self, url: str, subject: str) -> None:
+        host, port = url.removeprefix("nats://").rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.buf = b""
+        assert self._line().startswith(b"INFO")
+        self.sock.sendall(
+            b'CONNECT {"verbose":false,"pedantic":false}\r\n'
+            + f"SUB {subject} 1\r\n".encode()
+            + b"PING\r\n"
+        )
+        assert self._line() == b"PONG"  # the server has the subscription
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, "NATS connection closed"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\r\n", 1)
+        return line
+
+    def next_message(self) -> bytes:
+        while True:
+            line = self._line()
+            if line == b"PING":
+                self.sock.sendall(b"PONG\r\n")
+                continue
+            if line.startswith(b"MSG "):
+                size = int(line.split()[-1])
+                while len(self.buf) < size + 2:
+                    chunk = self.sock.recv(65536)
+                    assert chunk, "NATS connection closed"
+                    self.buf += chunk
+                payload, self.buf = self.buf[:size], self.buf[size + 2 :]
+                return payload
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_multimodal_cache_delta_frames_on_the_wire(nats_server, monkeypatch) -> None:
+    """What any consumer reads off NATS: one envelope per non-empty delta, numbered
+    consecutively, carrying the reference's payload ``{worker_id, update: {added_keys,
+    removed_keys}}``."""
+    monkeypatch.setenv("DYN_EVENT_PLANE", "nats")
+    monkeypatch.setenv("NATS_SERVER", nats_server.url)
+    ns = unique_ns()
+    subject = f"namespace.{ns}.component.encoder.endpoint.generate.multimodal_embedding_cache"
+    wire = RawNatsSubscriber(nats_server.url, subject)
+    try:
+        async with local_runtime("mem") as rt:
+            ep = rt.endpoint(f"{ns}.encoder.generate")
+            p = MultimodalEmbeddingCachePublisher()
+            await p.create_endpoint(ep)
+            p.publish_delta(["k1", "k2"], [])
+            p.publish_delta([], ["k1"])
+            p.publish_delta(["k3"], ["k3"])  # cancels out: no frame
+            p.publish_delta(["k4"], [])
+            frames = [
+                msgpack.unpackb(await asyncio.wait_for(asyncio.to_thread(wire.next_message), 10))
+                for _ in range(3)
+            ]
+            worker_id = ep.connection_id()
+    finally:
+        wire.close()
+    assert [f["topic"] for f in frames] == ["multimodal_embedding_cache"] * 3
+    assert len({f["publisher_id"] for f in frames}) == 1
+    first = frames[0]["sequence"]
+    assert [f["sequence"] for f in frames] == [first, first + 1, first + 2]
+    payloads = [msgpack.unpackb(f["payload"]) for f in frames]
+    assert [list(d) for d in payloads] == [["worker_id", "update"]] * 3
+    assert all(d["worker_id"] == worker_id for d in payloads)
+    assert [d["update"] for d in payloads] == [
+        {"added_keys": ["k1", "k2"], "removed_keys": []},
+        {"added_keys": [], "removed_keys": ["k1"]},
+        {"added_keys": ["k4"], "removed_keys": []},
+    ]
