@@ -428,6 +428,59 @@ def test_tool_choice_required_uses_the_default_parser_without_a_model_parser(sta
         assert r.choices[0].finish_reason == "tool_calls"
 
 
+def test_tool_choice_required_without_a_call_in_the_output_is_text(stack):
+    """No guided decoding forces the scripted model: its text is content."""
+    r = stack.openai.chat.completions.create(
+        model="hermes-none", messages=ask(script("plain")), tools=TOOLS, tool_choice="required"
+    )
+    assert r.choices[0].message.content == EXTRA_SCRIPTS["plain"]
+    assert r.choices[0].message.tool_calls is None
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_a_tool_choice_no_tool_can_satisfy_is_a_400(stack):
+    named = {"type": "function", "function": {"name": "nope"}}
+    for kw in (
+        {"tool_choice": "required"},
+        {"tool_choice": named},
+        {"tool_choice": named, "tools": TOOLS},
+    ):
+        with pytest.raises(openai.BadRequestError) as e:
+            stack.openai.chat.completions.create(
+                model="hermes-none", messages=ask(script("plain")), **kw
+            )
+        assert e.value.body["param"] == "tool_choice", e.value.body
+
+
+def test_each_choice_of_n_parses_its_own_calls(stack):
+    r = stack.openai.chat.completions.create(
+        model="hermes-none", messages=ask(script("hermes_multi")), tools=TOOLS, n=2
+    )
+    assert [c.index for c in r.choices] == [0, 1]
+    for choice in r.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert [c.function.name for c in choice.message.tool_calls] == ["get_weather", "search"]
+    ids = [c.id for choice in r.choices for c in choice.message.tool_calls]
+    assert len(set(ids)) == 4
+
+
+def test_streamed_usage_counts_every_token_of_a_tool_call_output(stack):
+    chunks = list(
+        stack.openai.chat.completions.create(
+            model="hermes-none",
+            messages=ask(script("hermes_multi")),
+            tools=TOOLS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    sent = stack.last_request("hermes-none")["output_tokens"]
+    assert chunks[-1].usage.completion_tokens == sent > 0
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert [f for f in finishes if f] == ["tool_calls"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_tool_choice_keeps_only_that_function(stack, stream):
     args = {

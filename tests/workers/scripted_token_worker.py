@@ -20,7 +20,7 @@ cut at ``max_tokens`` (``finish_reason: length``), else ends with ``stop``. A ma
 ``[[chunk:N]]`` in the prompt streams ``N`` ids at a time instead.
 
 Each request is appended to the log as one JSON line: the model, the prompt decoded with its
-special tokens, the request's output options and stop conditions.
+special tokens, the request's output options and stop conditions, the number of ids sent.
 """
 
 from __future__ import annotations
@@ -58,19 +58,20 @@ class Scripted:
 
     async def generate(self, request, context):
         prompt = self.tokenizer.decode(request["token_ids"], skip_special_tokens=False)
+        ids = self.tokenizer.encode(self.output(prompt), add_special_tokens=False).ids
+        limit = (request.get("stop_conditions") or {}).get("max_tokens")
+        finish = "stop"
+        if limit is not None and limit < len(ids):
+            ids, finish = ids[:limit], "length"
         with self.log.open("a") as f:
             record = {
                 "model": self.name,
                 "prompt": prompt,
                 "output_options": request.get("output_options"),
                 "stop_conditions": request.get("stop_conditions"),
+                "output_tokens": len(ids),
             }
             f.write(json.dumps(record) + "\n")
-        ids = self.tokenizer.encode(self.output(prompt), add_special_tokens=False).ids
-        limit = (request.get("stop_conditions") or {}).get("max_tokens")
-        finish = "stop"
-        if limit is not None and limit < len(ids):
-            ids, finish = ids[:limit], "length"
         chunks = CHUNK.findall(prompt)
         chunk = max(1, int(chunks[-1])) if chunks else self.chunk
         for start in range(0, len(ids), chunk):

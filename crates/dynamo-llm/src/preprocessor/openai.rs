@@ -615,10 +615,48 @@ fn check_response_format(value: Option<&serde_json::Value>) -> Result<()> {
     Ok(())
 }
 
-/// `tool_choice`: `none`, `auto`, `required`, or an object naming a tool.
-fn check_tool_choice(value: Option<&serde_json::Value>) -> Result<()> {
+/// The function name of a named `tool_choice` (`{"type": "function", "function": {"name"}}`)
+/// or of a tool (`{"type": "function", "function": {"name"}}`); flat `{"name"}` too.
+fn function_name(v: &serde_json::Value) -> Option<&str> {
+    v.get("function")
+        .and_then(|f| f.get("name"))
+        .or_else(|| v.get("name"))
+        .and_then(serde_json::Value::as_str)
+}
+
+/// `tool_choice`: `none`, `auto`, `required`, or an object naming a tool. As OpenAI: a choice
+/// that needs a tool (`required`, a named function) needs `tools`, and a named function must
+/// be one of them (the output could never satisfy it).
+fn check_tool_choice(
+    value: Option<&serde_json::Value>,
+    tools: Option<&[serde_json::Value]>,
+) -> Result<()> {
+    let tools = tools.unwrap_or_default();
+    let needs_tools = |what: &str| {
+        Err(Error::request(
+            format!(
+                "Invalid value for 'tool_choice': {what} is only allowed when 'tools' are specified."
+            ),
+            Some("tool_choice"),
+        ))
+    };
     match value {
-        None | Some(serde_json::Value::Object(_)) => Ok(()),
+        Some(serde_json::Value::String(s)) if s == "required" && tools.is_empty() => {
+            needs_tools("'required'")
+        }
+        Some(choice @ serde_json::Value::Object(_)) => match function_name(choice) {
+            Some(name) if tools.is_empty() => needs_tools(&format!("function {name:?}")),
+            Some(name) if !tools.iter().any(|t| function_name(t) == Some(name)) => {
+                Err(Error::request(
+                    format!(
+                        "Invalid value for 'tool_choice': function {name:?} is not one of 'tools'."
+                    ),
+                    Some("tool_choice"),
+                ))
+            }
+            _ => Ok(()),
+        },
+        None => Ok(()),
         Some(serde_json::Value::String(s))
             if matches!(s.as_str(), "none" | "auto" | "required") =>
         {
@@ -705,7 +743,7 @@ impl ChatCompletionRequest {
         }
         check_message_contents(&self.messages)?;
         check_response_format(self.response_format.as_ref())?;
-        check_tool_choice(self.tool_choice.as_ref())?;
+        check_tool_choice(self.tool_choice.as_ref(), self.tools.as_deref())?;
         if self.max_output_tokens() == Some(0) {
             return Err(Error::request(
                 "max_tokens must be at least 1.",

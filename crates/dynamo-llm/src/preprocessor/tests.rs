@@ -508,7 +508,7 @@ fn fields_of_the_wrong_shape_are_refused_by_name() {
         format!(r#"{{"model":"tiny","messages":{user},"response_format":{{"type":"json_object"}}}}"#),
         format!(r#"{{"model":"tiny","messages":{user},"tool_choice":"auto"}}"#),
         format!(
-            r#"{{"model":"tiny","messages":{user},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}}}"#
+            r#"{{"model":"tiny","messages":{user},"tools":[{{"type":"function","function":{{"name":"f"}}}}],"tool_choice":{{"type":"function","function":{{"name":"f"}}}}}}"#
         ),
         r#"{"model":"tiny","messages":[{"role":"user","content":"a"},{"role":"assistant","content":null,"tool_calls":[{"id":"1","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"1","content":"r"}]}"#.to_owned(),
     ] {
@@ -548,4 +548,35 @@ fn earlier_tool_call_arguments_reach_the_template_as_objects() {
     let mut user = serde_json::json!({"role": "user", "content": "x"});
     arguments_as_objects(&mut user);
     assert_eq!(user, serde_json::json!({"role": "user", "content": "x"}));
+}
+
+/// A `tool_choice` no output could satisfy is refused, as by OpenAI.
+#[test]
+fn tool_choice_that_needs_tools_is_refused_without_them() {
+    let msgs = r#""messages":[{"role":"user","content":"x"}]"#;
+    let tools = r#""tools":[{"type":"function","function":{"name":"f","parameters":{}}}]"#;
+    for bad in [
+        format!(r#"{{"model":"m",{msgs},"tool_choice":"required"}}"#),
+        format!(r#"{{"model":"m",{msgs},"tools":[],"tool_choice":"required"}}"#),
+        format!(
+            r#"{{"model":"m",{msgs},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}}}"#
+        ),
+        format!(
+            r#"{{"model":"m",{msgs},{tools},"tool_choice":{{"type":"function","function":{{"name":"g"}}}}}}"#
+        ),
+    ] {
+        let err = parse_chat_request(bad.as_bytes()).expect_err(&bad);
+        assert_eq!(err.http_status(), 400, "{bad}");
+        assert!(err.to_string().contains("'tool_choice'"), "{err}");
+    }
+    for good in [
+        format!(r#"{{"model":"m",{msgs},"tool_choice":"auto"}}"#),
+        format!(r#"{{"model":"m",{msgs},"tools":[],"tool_choice":"none"}}"#),
+        format!(r#"{{"model":"m",{msgs},{tools},"tool_choice":"required"}}"#),
+        format!(
+            r#"{{"model":"m",{msgs},{tools},"tool_choice":{{"type":"function","function":{{"name":"f"}}}}}}"#
+        ),
+    ] {
+        parse_chat_request(good.as_bytes()).expect(&good);
+    }
 }
