@@ -95,8 +95,44 @@ TOOLS_TEMPLATE = (
 )
 
 FINAL = "<think>\nGot the weather.\n</think>\n\nIt is sunny in Oslo."
+#: The scripts of the behaviour tests (the golden cases may change; these do not).
+ONE_CALL = (
+    "Let me check.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+)
+SEARCH_ARGUMENTS = {"query": "louvre", "filters": {"lang": ["fr", "en"], "n": {"max": 3}}}
+TWO_CALLS = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    "<tool_call>\n"
+    + json.dumps({"name": "search", "arguments": SEARCH_ARGUMENTS})
+    + "\n</tool_call>\n"
+)
+THINK_CALL = (
+    "<think>\nThe user wants weather.\n</think>\n\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+)
+PYTHONIC_CALLS = "[get_weather(city='San Francisco', days=3), search(query=\"it's\")]"
+HARMONY_TEXT = (
+    "<|channel|>analysis<|message|>Easy.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>It is 4.<|return|>"
+)
+UNICODE_ARGUMENTS = {
+    "query": 'café "crème" 東京 🗼\\n',
+    "filters": {"tags": ["ß", "ελληνικά", ""], "range": {"min": -1.5, "max": [1, {"deep": None}]}},
+}
+UNICODE_CALL = (
+    "Voilà 🙂 — <tool_call>"
+    + json.dumps({"name": "search", "arguments": UNICODE_ARGUMENTS}, ensure_ascii=False)
+    + "</tool_call>"
+)
 EXTRA_SCRIPTS = {
+    "one_call": ONE_CALL,
+    "two_calls": TWO_CALLS,
+    "think_call": THINK_CALL,
+    "pythonic_calls": PYTHONIC_CALLS,
+    "harmony_text": HARMONY_TEXT,
     "final_answer": FINAL,
+    "unicode_nested": UNICODE_CALL,
     "plain": "Just text, no tools.",
     "ok": "ok",
 }
@@ -157,7 +193,9 @@ def stack(tmp_path_factory):
     special = _write_special_model(tiny, tmp / "special")
     tools_model = _write_tools_model(tiny, tmp / "tools")
     pairs = {(c.get("tool_parser"), c.get("reasoning_parser")) for c in GOLDENS["cases"]}
-    pairs |= {(None, None), ("hermes", "qwen3"), ("pythonic", None)}
+    # The behaviour tests' models, whatever the golden cases hold.
+    pairs |= {(None, None), ("hermes", None), ("hermes", "qwen3"), ("pythonic", None)}
+    pairs |= {("harmony", "gpt_oss")}
     models = []
     for tool, reasoning in sorted(pairs, key=lambda p: (p[0] or "", p[1] or "")):
         uses_special = tool in SPECIAL_TOOL_PARSERS or reasoning == "gpt_oss"
@@ -319,12 +357,45 @@ def test_every_required_parser_has_a_golden_case():
         assert name in reasoning
 
 
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_unicode_and_nested_arguments_round_trip(stack, chunk):
+    args = {
+        "model": "hermes-none",
+        "messages": ask(f"{script('unicode_nested')} [[chunk:{chunk}]]"),
+        "tools": TOOLS,
+    }
+    msg = stack.openai.chat.completions.create(**args).choices[0].message
+    assert msg.content == "Voilà 🙂 — "
+    (call,) = msg.tool_calls
+    assert call.function.name == "search"
+    assert json.loads(call.function.arguments) == UNICODE_ARGUMENTS
+    s = streamed(stack.openai.chat.completions.create(**args, stream=True))
+    assert s["content"] == "Voilà 🙂 — " and s["finish"] == "tool_calls"
+    assert [(c["name"], c["arguments"]) for c in s["calls"]] == [
+        ("search", call.function.arguments)
+    ]
+
+
+def test_a_request_that_sets_skip_special_tokens_keeps_its_choice(stack):
+    model = "harmony-gpt_oss"
+    args = {"model": model, "messages": ask(script("harmony_text")), "tools": TOOLS}
+    stack.openai.chat.completions.create(**args)
+    assert stack.last_request(model)["output_options"]["skip_special_tokens"] is False
+    r = stack.openai.chat.completions.create(**args, extra_body={"skip_special_tokens": True})
+    assert stack.last_request(model)["output_options"]["skip_special_tokens"] is True
+    # The markers were dropped by detokenization: no channel structure is left to parse.
+    text = (r.choices[0].message.content or "") + (
+        getattr(r.choices[0].message, "reasoning_content", None) or ""
+    )
+    assert "<|channel|>" not in text and "It is 4." in text
+
+
 # ---------------------------------------------------------------- agent turn
 
 
 def _agent_turn(stack, stream: bool) -> None:
     model = "hermes-qwen3"
-    messages = ask(f"Weather in Oslo? {script('hermes_with_think')}")
+    messages = ask(f"Weather in Oslo? {script('think_call')}")
     if stream:
         s = streamed(
             stack.openai.chat.completions.create(
@@ -395,28 +466,27 @@ def test_agent_turn_streaming(stack):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_choice_none_leaves_the_output_as_content(stack, stream):
-    case = CASES["hermes_single"]
     args = {
         "model": "hermes-none",
-        "messages": ask(script("hermes_single")),
+        "messages": ask(script("one_call")),
         "tools": TOOLS,
         "tool_choice": "none",
     }
     if stream:
         s = streamed(stack.openai.chat.completions.create(**args, stream=True))
-        assert (s["content"], s["calls"], s["finish"]) == (case["output"], [], "stop")
+        assert (s["content"], s["calls"], s["finish"]) == (ONE_CALL, [], "stop")
     else:
         r = stack.openai.chat.completions.create(**args)
-        assert r.choices[0].message.content == case["output"]
+        assert r.choices[0].message.content == ONE_CALL
         assert r.choices[0].message.tool_calls is None
         assert r.choices[0].finish_reason == "stop"
 
 
 def test_tool_choice_required_uses_the_default_parser_without_a_model_parser(stack):
-    args = {"messages": ask(script("hermes_single")), "tools": TOOLS}
+    args = {"messages": ask(script("one_call")), "tools": TOOLS}
     # No tool parser and `auto`: plain text.
     r = stack.openai.chat.completions.create(model="none-none", **args)
-    assert r.choices[0].message.content == CASES["hermes_single"]["output"]
+    assert r.choices[0].message.content == ONE_CALL
     assert r.choices[0].finish_reason == "stop"
     for model in ("none-none", "hermes-none"):
         r = stack.openai.chat.completions.create(model=model, tool_choice="required", **args)
@@ -454,7 +524,7 @@ def test_a_tool_choice_no_tool_can_satisfy_is_a_400(stack):
 
 def test_each_choice_of_n_parses_its_own_calls(stack):
     r = stack.openai.chat.completions.create(
-        model="hermes-none", messages=ask(script("hermes_multi")), tools=TOOLS, n=2
+        model="hermes-none", messages=ask(script("two_calls")), tools=TOOLS, n=2
     )
     assert [c.index for c in r.choices] == [0, 1]
     for choice in r.choices:
@@ -468,7 +538,7 @@ def test_streamed_usage_counts_every_token_of_a_tool_call_output(stack):
     chunks = list(
         stack.openai.chat.completions.create(
             model="hermes-none",
-            messages=ask(script("hermes_multi")),
+            messages=ask(script("two_calls")),
             tools=TOOLS,
             stream=True,
             stream_options={"include_usage": True},
@@ -485,7 +555,7 @@ def test_streamed_usage_counts_every_token_of_a_tool_call_output(stack):
 def test_named_tool_choice_keeps_only_that_function(stack, stream):
     args = {
         "model": "hermes-none",
-        "messages": ask(script("hermes_multi")),
+        "messages": ask(script("two_calls")),
         "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "search"}},
     }
@@ -498,7 +568,7 @@ def test_named_tool_choice_keeps_only_that_function(stack, stream):
         msg = r.choices[0].message
         calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls]
         content, finish = msg.content, r.choices[0].finish_reason
-    assert calls == [("search", CASES["hermes_multi"]["calls"][1]["arguments"])]
+    assert calls == [("search", SEARCH_ARGUMENTS)]
     # The other call is text, as OpenAI treats a named choice (finish_reason stays stop).
     assert '"name": "get_weather"' in content and "<tool_call>" in content
     assert finish == "stop"
@@ -508,7 +578,7 @@ def test_named_tool_choice_keeps_only_that_function(stack, stream):
 def test_parallel_tool_calls_false_keeps_the_first_call(stack, stream):
     args = {
         "model": "hermes-none",
-        "messages": ask(script("hermes_multi")),
+        "messages": ask(script("two_calls")),
         "tools": TOOLS,
         "parallel_tool_calls": False,
     }
@@ -528,7 +598,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(stack, stream):
 
 def test_without_tools_in_the_request_nothing_is_parsed_as_a_call(stack):
     r = stack.openai.chat.completions.create(
-        model="hermes-qwen3", messages=ask(script("hermes_with_think"))
+        model="hermes-qwen3", messages=ask(script("think_call"))
     )
     msg = r.choices[0].message
     assert msg.tool_calls is None and r.choices[0].finish_reason == "stop"
@@ -538,9 +608,9 @@ def test_without_tools_in_the_request_nothing_is_parsed_as_a_call(stack):
 
 
 def test_output_cut_by_max_tokens_inside_a_call_is_content(stack):
-    full = CASES["hermes_single"]["output"]
+    full = ONE_CALL
     r = stack.openai.chat.completions.create(
-        model="hermes-none", messages=ask(script("hermes_single")), tools=TOOLS, max_tokens=12
+        model="hermes-none", messages=ask(script("one_call")), tools=TOOLS, max_tokens=12
     )
     choice = r.choices[0]
     assert choice.finish_reason == "length"
@@ -626,9 +696,7 @@ WEATHER_FUNCTION = {
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_turn_through_the_parsers(stack, stream):
-    conversation: list = [
-        {"role": "user", "content": f"Weather in Oslo? {script('hermes_with_think')}"}
-    ]
+    conversation: list = [{"role": "user", "content": f"Weather in Oslo? {script('think_call')}"}]
     args = {"model": "hermes-qwen3", "input": conversation, "tools": [WEATHER_FUNCTION]}
     if stream:
         with stack.openai.responses.stream(**args) as s:
@@ -673,9 +741,7 @@ ANTHROPIC_TOOL = {
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_anthropic_turn_through_the_parsers(stack, stream):
-    messages: list = [
-        {"role": "user", "content": f"Weather in Oslo? {script('hermes_with_think')}"}
-    ]
+    messages: list = [{"role": "user", "content": f"Weather in Oslo? {script('think_call')}"}]
     args = {"model": "hermes-qwen3", "max_tokens": 200, "tools": [ANTHROPIC_TOOL]}
     if stream:
         with stack.anthropic.messages.stream(**args, messages=messages) as s:
@@ -826,7 +892,7 @@ def flagged(stack):
 def test_frontend_parser_flags_apply_to_models_that_name_none(flagged):
     client, _ = flagged
     r = client.chat.completions.create(
-        model="none-none", messages=ask(script("hermes_with_think")), tools=TOOLS
+        model="none-none", messages=ask(script("think_call")), tools=TOOLS
     )
     msg = r.choices[0].message
     assert msg.reasoning_content == "\nThe user wants weather.\n"
@@ -839,12 +905,12 @@ def test_frontend_parser_flags_apply_to_models_that_name_none(flagged):
 def test_the_model_card_parser_wins_over_the_frontend_flag(flagged):
     client, _ = flagged
     args = {"model": "pythonic-none", "tools": TOOLS}
-    r = client.chat.completions.create(messages=ask(script("pythonic_multi")), **args)
+    r = client.chat.completions.create(messages=ask(script("pythonic_calls")), **args)
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather", "search"]
     # A hermes section is no call for the card's pythonic parser.
-    r = client.chat.completions.create(messages=ask(script("hermes_single")), **args)
+    r = client.chat.completions.create(messages=ask(script("one_call")), **args)
     assert r.choices[0].message.tool_calls is None
-    assert r.choices[0].message.content == CASES["hermes_single"]["output"]
+    assert r.choices[0].message.content == ONE_CALL
 
 
 def test_messages_route_needs_the_anthropic_flag(stack, flagged):
