@@ -275,6 +275,15 @@ def streamed(stream) -> dict:
     }
 
 
+def arguments_value(text: str):
+    """Arguments as JSON; text that is not JSON (a call whose arguments had streamed before
+    the output turned out malformed, as the goldens record it) as the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def expected_content(case: dict) -> str | None:
     """The message content a client sees: blank text beside calls is ``null``."""
     content = case["content"]
@@ -297,7 +306,7 @@ def test_golden_case_through_the_frontend(stack, name):
     msg = choice.message
     assert msg.content == expected_content(case), msg
     assert (getattr(msg, "reasoning_content", None) or None) == case.get("reasoning"), msg
-    got = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []]
+    got = [(c.function.name, arguments_value(c.function.arguments)) for c in msg.tool_calls or []]
     assert got == [(c["name"], c["arguments"]) for c in case["calls"]], msg
     for call, want in zip(msg.tool_calls or [], case["calls"], strict=True):
         assert call.type == "function" and call.id
@@ -305,8 +314,9 @@ def test_golden_case_through_the_frontend(stack, name):
             assert call.id == want["id"]
     assert len({c.id for c in msg.tool_calls or []}) == len(case["calls"])
     assert choice.finish_reason == ("tool_calls" if case["calls"] else "stop")
-    if not case["calls"] and not case.get("reasoning"):
-        # Nothing parsed away: every character of the output is content.
+    if not case["calls"] and not case.get("reasoning") and case.get("tool_parser") != "harmony":
+        # Nothing parsed away: every character of the output is content (harmony's headers
+        # are structure, not text).
         assert msg.content == case["output"]
 
     s = streamed(stack.openai.chat.completions.create(**args, stream=True))
