@@ -139,6 +139,52 @@ def test_synthetic_replay() -> None:
     assert r.summary["completed_requests"] == 12
     with pytest.raises(ValueError, match="requires exactly one"):
         run_mocker_synthetic_trace_replay(256, 8, 12)
+    for arrival in ({"request_rate": 5.0}, {"arrival_interval_ms": 10.0}):
+        with pytest.raises(ValueError, match="requires exactly one"):
+            run_mocker_synthetic_trace_replay(256, 8, 12, replay_concurrency=2, **arrival)
+
+
+def test_arrival_speedup_shrinks_the_simulated_duration(trace: Path) -> None:
+    common = dict(extra_engine_args=ENGINE, num_workers=3, trace_block_size=64)
+    slow = run_mocker_trace_replay([trace], arrival_speedup_ratio=1.0, **common).summary
+    fast = run_mocker_trace_replay([trace], arrival_speedup_ratio=4.0, **common).summary
+    assert slow["completed_requests"] == fast["completed_requests"] == 40
+    # 40 arrivals 40 ms apart: the last arrives at 1560 ms at 1x, at 390 ms at 4x.
+    assert fast["duration_ms"] < slow["duration_ms"]
+    assert slow["duration_ms"] >= 1560.0 and fast["duration_ms"] < 1560.0
+
+
+def test_empty_trace_error_names_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "empty_trace.jsonl"
+    f.write_text("\n\n")
+    with pytest.raises(ValueError, match="no requests") as exc:
+        run_mocker_trace_replay([f], trace_block_size=64)
+    assert str(f) in str(exc.value)
+
+
+@pytest.mark.parametrize("router_mode", ["round_robin", "kv_router"])
+def test_sglang_engine(tmp_path: Path, router_mode: str) -> None:
+    # A burst: the schedulers' admission policies differ, so must their timings.
+    rows = [dict(r, timestamp=0) for r in family_rows()]
+    burst = write_trace(tmp_path / "burst.jsonl", rows)
+    common = dict(num_workers=3, router_mode=router_mode, trace_block_size=64)
+    sglang = {"engine": {"backend": "sglang", "num_gpu_blocks": 2048, "block_size": 16}}
+    r = run_mocker_trace_replay(
+        [burst], extra_engine_args=sglang, capture_per_request=True, **common
+    )
+    s = r.summary
+    assert s["num_requests"] == s["completed_requests"] == 40
+    assert s["total_output_tokens"] == 40 * 8
+    assert 0 < s["median_ttft_ms"] <= s["p99_ttft_ms"] <= s["max_ttft_ms"]
+    assert s["mean_itl_ms"] > 0
+    assert 0 <= s["prefix_cache_reused_ratio"] < 1
+    assert len(r.per_request) == 40
+    vllm = {"engine": {"backend": "vllm", "num_gpu_blocks": 2048, "block_size": 16}}
+    v = run_mocker_trace_replay([burst], extra_engine_args=vllm, **common).summary
+    assert v["completed_requests"] == 40
+    assert s["mean_ttft_ms"] != pytest.approx(v["mean_ttft_ms"], rel=1e-3)
+    with pytest.raises(ValueError, match="bogus"):
+        run_mocker_trace_replay([burst], extra_engine_args={"engine": {"backend": "bogus"}})
 
 
 @pytest.mark.parametrize(
@@ -258,6 +304,22 @@ def test_cli_without_matplotlib(trace: Path, tmp_path: Path) -> None:
     assert "matplotlib is not installed" in p.stderr
     assert (out / "summary.json").exists() and (out / "per_request_kv_router.jsonl").exists()
     assert not list(out.glob("*.png"))
+
+
+def test_cli_simulator_failure_is_one_line(
+    trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    import dynamo.replay.__main__ as cli
+
+    def failing(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("replay failed: engine refused\nthe pass")
+
+    monkeypatch.setattr(cli, "run_mocker_trace_replay", failing)
+    rc = cli.main([str(trace), "--router", "kv", "--out", str(tmp_path / "o"), "--no-plots"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "error: kv_router: replay failed: engine refused the pass" in err
+    assert "Traceback" not in err
 
 
 def test_cli_bad_trace_exits_2(tmp_path: Path) -> None:

@@ -221,6 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
+        except RuntimeError as e:
+            # The simulator refused the configuration or failed mid-run: one line, no traceback.
+            msg = " ".join(str(e).split())
+            print(f"error: {mode}: {msg}", file=sys.stderr)
+            return 1
     report = {
         "trace": [str(t) for t in args.trace],
         "workers": args.workers,

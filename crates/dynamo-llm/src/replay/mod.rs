@@ -374,6 +374,24 @@ fn validate(opts: &ReplayOptions) -> Result<(), ReplayError> {
     Ok(())
 }
 
+/// A synthetic workload needs exactly one arrival process: a closed loop
+/// (`replay_concurrency`), a Poisson rate (`request_rate`) or a fixed interval
+/// (`arrival_interval_ms`).
+fn check_arrival_process(opts: &ReplayOptions, workload: &Workload) -> Result<(), ReplayError> {
+    if let Workload::Synthetic(s) = workload {
+        let given = usize::from(opts.replay_concurrency.is_some())
+            + usize::from(s.request_rate.is_some())
+            + usize::from(s.arrival_interval_ms.is_some());
+        if given != 1 {
+            return Err(bad(
+                "synthetic replay requires exactly one of replay_concurrency, request_rate, or \
+                 arrival_interval_ms",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Build the simulator's trace for a workload.
 fn build_trace(
     workload: &Workload,
@@ -482,16 +500,7 @@ fn build_trace(
 /// [`ReplayError::Io`], or [`ReplayError::Simulation`].
 pub fn run_offline(opts: &ReplayOptions, workload: &Workload) -> Result<ReplayOutput, ReplayError> {
     validate(opts)?;
-    if let Workload::Synthetic(s) = workload
-        && opts.replay_concurrency.is_none()
-        && s.request_rate.is_none()
-        && s.arrival_interval_ms.is_none()
-    {
-        return Err(bad(
-            "synthetic replay requires exactly one of replay_concurrency, request_rate, or \
-             arrival_interval_ms",
-        ));
-    }
+    check_arrival_process(opts, workload)?;
     let wall = Instant::now();
     let (engine, startup_time) = engine_descriptor(&opts.engine_args)?;
     let block = engine_block_size(&engine)?;
