@@ -5,8 +5,14 @@
 //! body is the JSON arguments. One parser serves both the `harmony` tool parser and the
 //! `gpt_oss` reasoning parser.
 
+//!
+//! A call's arguments stream as they arrive once its function is known to be allowed and
+//! its body starts with `{` (see [`super::tool_calls::stream`] for the rule when the body
+//! then turns out malformed).
+
 use super::ParseEvent;
-use super::text::{find_first, partial_suffix_len};
+use super::text::{find_first, floor_boundary, partial_suffix_len};
+use super::tool_calls::stream::ObjectScan;
 use super::tool_calls::{CallPolicy, RawCall, ToolSet};
 
 const MESSAGE: &str = "<|message|>";
@@ -38,6 +44,18 @@ enum State {
     Body(Body),
 }
 
+/// The longest body terminator, less one: how far back the search for one resumes.
+const END_OVERLAP: usize = "<|channel|>".len() - 1;
+
+/// A call body being streamed: where its arguments start and how far they were sent.
+#[derive(Debug, Clone)]
+struct Streamed {
+    from: usize,
+    to: usize,
+    scan: ObjectScan,
+    closed: bool,
+}
+
 /// The incremental harmony parser of one output.
 #[derive(Debug, Clone)]
 pub struct HarmonyParser {
@@ -46,6 +64,12 @@ pub struct HarmonyParser {
     /// `None`: tool calls are not parsed (their bodies are content).
     tools: Option<(std::sync::Arc<ToolSet>, CallPolicy)>,
     calls: usize,
+    /// The open call body's streaming (`None`: not committed yet).
+    streamed: Option<Streamed>,
+    /// The open call body is not streamed (held whole, as before a commit).
+    stream_off: bool,
+    /// Call body: where the search for its terminator resumes.
+    body_scan: usize,
 }
 
 impl HarmonyParser {
@@ -57,6 +81,9 @@ impl HarmonyParser {
             buf: String::new(),
             tools,
             calls: 0,
+            streamed: None,
+            stream_off: false,
+            body_scan: 0,
         }
     }
 
@@ -98,11 +125,20 @@ impl HarmonyParser {
                     };
                     let header: String = self.buf.drain(..p + MESSAGE.len()).collect();
                     self.state = State::Body(self.body_of(&header[..p]));
+                    self.streamed = None;
+                    self.stream_off = false;
+                    self.body_scan = 0;
                 }
                 State::Body(body) => {
                     let body = body.clone();
-                    match find_first(&self.buf, BODY_ENDS) {
+                    // Only call bodies stay in `buf` while they grow: resume the search.
+                    let from =
+                        floor_boundary(&self.buf, self.body_scan.saturating_sub(END_OVERLAP));
+                    match find_first(&self.buf[from..], BODY_ENDS).map(|(p, i)| (p + from, i)) {
                         Some((p, i)) => {
+                            if let Body::Call(name) = &body {
+                                self.stream_call(name, p, out);
+                            }
                             let text: String = self.buf.drain(..p).collect();
                             self.body_text(&body, text, true, out);
                             // `<|start|>` / `<|channel|>` begin the next header; the
@@ -113,7 +149,11 @@ impl HarmonyParser {
                             self.state = State::Header;
                         }
                         None => {
-                            if matches!(body, Body::Call(_)) {
+                            if let Body::Call(name) = &body {
+                                self.body_scan = self.buf.len();
+                                let limit =
+                                    self.buf.len() - partial_suffix_len(&self.buf, BODY_ENDS);
+                                self.stream_call(name, limit, out);
                                 return;
                             }
                             let keep = partial_suffix_len(&self.buf, BODY_ENDS);
@@ -151,15 +191,85 @@ impl HarmonyParser {
             Body::Content => emit(out, ParseEvent::Content(text)),
             Body::Call(name) => {
                 debug_assert!(complete);
-                match self.call(name, &text) {
-                    Some(call) => {
-                        self.calls += 1;
-                        out.push(ParseEvent::Call(call));
+                match self.streamed.take() {
+                    None => match self.call(name, &text) {
+                        Some(call) => {
+                            self.calls += 1;
+                            out.push(ParseEvent::CallStart {
+                                name: call.name,
+                                id: None,
+                            });
+                            emit(out, ParseEvent::CallArgs(call.arguments));
+                        }
+                        None => emit(out, ParseEvent::Content(text)),
+                    },
+                    Some(st) => {
+                        let trimmed = text.trim();
+                        let valid = trimmed == &text[st.from..st.to]
+                            && serde_json::from_str::<serde_json::Value>(trimmed)
+                                .is_ok_and(|v| v.is_object());
+                        if !valid {
+                            // What was sent stays sent; the rest of the body is content.
+                            emit(out, ParseEvent::Content(text[st.to..].to_owned()));
+                        }
                     }
-                    None => emit(out, ParseEvent::Content(text)),
                 }
             }
         }
+    }
+
+    /// Whether a call to `name` may be made now.
+    fn allowed(&self, name: &str) -> bool {
+        self.tools.as_ref().is_some_and(|(tools, policy)| {
+            tools.has(name)
+                && policy.only.as_ref().is_none_or(|o| o == name)
+                && !(policy.single && self.calls > 0)
+        })
+    }
+
+    /// Stream the open call body's arguments over `buf[..limit]`.
+    fn stream_call(&mut self, name: &str, limit: usize, out: &mut Vec<ParseEvent>) {
+        if self.stream_off {
+            return;
+        }
+        if self.streamed.is_none() {
+            let t = &self.buf[..limit];
+            let from = t.len() - t.trim_start().len();
+            if from == limit {
+                return;
+            }
+            if t.as_bytes()[from] != b'{' || !self.allowed(name) {
+                self.stream_off = true;
+                return;
+            }
+            self.calls += 1;
+            out.push(ParseEvent::CallStart {
+                name: name.to_owned(),
+                id: None,
+            });
+            self.streamed = Some(Streamed {
+                from,
+                to: from,
+                scan: ObjectScan::default(),
+                closed: false,
+            });
+        }
+        let Some(st) = self.streamed.as_mut() else {
+            return;
+        };
+        if st.closed || st.to >= limit {
+            return;
+        }
+        let end = match st.scan.feed(&self.buf.as_bytes()[st.to..limit]) {
+            Some(k) => {
+                st.closed = true;
+                st.to + k
+            }
+            None => limit,
+        };
+        let piece = self.buf[st.to..end].to_owned();
+        st.to = end;
+        emit(out, ParseEvent::CallArgs(piece));
     }
 
     fn call(&self, name: &str, args: &str) -> Option<RawCall> {
@@ -183,6 +293,10 @@ impl HarmonyParser {
     /// send): close the open message. A header that never reached its body is structure,
     /// not text, and is dropped.
     pub fn finish(&mut self, out: &mut Vec<ParseEvent>) {
+        if let State::Body(Body::Call(name)) = &self.state {
+            let name = name.clone();
+            self.stream_call(&name, self.buf.len(), out);
+        }
         let rest = std::mem::take(&mut self.buf);
         match std::mem::replace(&mut self.state, State::Header) {
             State::Outside => emit(out, ParseEvent::Content(rest)),
@@ -214,6 +328,14 @@ fn emit(out: &mut Vec<ParseEvent>, e: ParseEvent) {
                 out.push(ParseEvent::Reasoning(s));
             }
         }
-        call @ ParseEvent::Call(_) => out.push(call),
+        ParseEvent::CallArgs(s) if s.is_empty() => {}
+        ParseEvent::CallArgs(s) => {
+            if let Some(ParseEvent::CallArgs(last)) = out.last_mut() {
+                last.push_str(&s);
+            } else {
+                out.push(ParseEvent::CallArgs(s));
+            }
+        }
+        start @ ParseEvent::CallStart { .. } => out.push(start),
     }
 }

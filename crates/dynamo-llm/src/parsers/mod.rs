@@ -14,8 +14,11 @@
 //!
 //! [`ChatParser`] combines them for one output: reasoning first, then tool calls in what
 //! is left. It is pure (no I/O), incremental, and holds back only text that can still
-//! become a marker; how malformed output falls back to content is in
-//! `docs/tool_calling.md`.
+//! become a marker or a call. A call is a [`ParseEvent::CallStart`] (its name, sent as
+//! soon as it is known and allowed) then [`ParseEvent::CallArgs`] pieces, which stream
+//! as the model writes them in the formats whose arguments are a JSON object (the rest
+//! send them whole once the call is complete). How malformed output falls back to
+//! content is in `docs/tool_calling.md` and [`tool_calls::stream`].
 
 pub mod harmony;
 pub mod reasoning;
@@ -36,8 +39,17 @@ pub enum ParseEvent {
     Reasoning(String),
     /// `content` text.
     Content(String),
-    /// A complete tool call.
-    Call(RawCall),
+    /// A tool call begins: its function name, and the id the model wrote when its format
+    /// has one. Its arguments follow as [`ParseEvent::CallArgs`] pieces.
+    CallStart {
+        /// The function name.
+        name: String,
+        /// The model's call id, if any.
+        id: Option<String>,
+    },
+    /// A piece of the JSON arguments of the call last started (the pieces of a call
+    /// concatenate to its arguments).
+    CallArgs(String),
 }
 
 /// Tool-call parser names (aliases included) and the format each one means.
@@ -399,7 +411,7 @@ impl ChatParser {
     fn count(&mut self, before: usize, out: &[ParseEvent]) {
         self.calls += out[before..]
             .iter()
-            .filter(|e| matches!(e, ParseEvent::Call(_)))
+            .filter(|e| matches!(e, ParseEvent::CallStart { .. }))
             .count();
     }
 }
@@ -410,7 +422,8 @@ fn drain_tools(events: &mut Vec<ToolEvent>, out: &mut Vec<ParseEvent>) {
             out,
             match e {
                 ToolEvent::Content(s) => ParseEvent::Content(s),
-                ToolEvent::Call(c) => ParseEvent::Call(c),
+                ToolEvent::CallStart { name, id } => ParseEvent::CallStart { name, id },
+                ToolEvent::CallArgs(s) => ParseEvent::CallArgs(s),
             },
         );
     }
@@ -419,9 +432,11 @@ fn drain_tools(events: &mut Vec<ToolEvent>, out: &mut Vec<ParseEvent>) {
 /// Append, merging with a previous event of the same text kind.
 fn push(out: &mut Vec<ParseEvent>, e: ParseEvent) {
     match (out.last_mut(), e) {
-        (_, ParseEvent::Content(s) | ParseEvent::Reasoning(s)) if s.is_empty() => {}
+        (_, ParseEvent::Content(s) | ParseEvent::Reasoning(s) | ParseEvent::CallArgs(s))
+            if s.is_empty() => {}
         (Some(ParseEvent::Content(last)), ParseEvent::Content(s))
-        | (Some(ParseEvent::Reasoning(last)), ParseEvent::Reasoning(s)) => last.push_str(&s),
+        | (Some(ParseEvent::Reasoning(last)), ParseEvent::Reasoning(s))
+        | (Some(ParseEvent::CallArgs(last)), ParseEvent::CallArgs(s)) => last.push_str(&s),
         (_, e) => out.push(e),
     }
 }

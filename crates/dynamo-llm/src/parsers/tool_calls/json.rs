@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{End, Format, RawCall, ToolSet, inner};
+use super::{End, Format, RawCall, ToolSet, inner, stream};
 
 /// One call object. `arguments` is kept as written (key order and all).
 #[derive(Deserialize)]
@@ -81,6 +81,8 @@ pub(crate) const HERMES: Format = Format {
     leading: &[],
     parse: hermes,
     special_tokens: false,
+    head: Some(stream::json_head),
+    viable: None,
 };
 
 fn llama3(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
@@ -100,6 +102,8 @@ pub(crate) const LLAMA3_JSON: Format = Format {
     leading: &["{"],
     parse: llama3,
     special_tokens: true,
+    head: Some(stream::json_head),
+    viable: Some(stream::json_viable),
 };
 
 fn phi4(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
@@ -113,6 +117,8 @@ pub(crate) const PHI4: Format = Format {
     leading: &[],
     parse: phi4,
     special_tokens: false,
+    head: Some(stream::json_head),
+    viable: None,
 };
 
 fn nemotron_deci(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
@@ -126,6 +132,8 @@ pub(crate) const NEMOTRON_DECI: Format = Format {
     leading: &[],
     parse: nemotron_deci,
     special_tokens: false,
+    head: Some(stream::json_head),
+    viable: None,
 };
 
 fn jamba(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
@@ -139,6 +147,8 @@ pub(crate) const JAMBA: Format = Format {
     leading: &[],
     parse: jamba,
     special_tokens: false,
+    head: Some(stream::json_head),
+    viable: None,
 };
 
 fn default(section: &str, tools: &ToolSet) -> Option<Vec<RawCall>> {
@@ -162,4 +172,6 @@ pub(crate) const DEFAULT: Format = Format {
     leading: &["{", "["],
     parse: default,
     special_tokens: false,
+    head: Some(stream::json_head),
+    viable: Some(stream::json_viable),
 };

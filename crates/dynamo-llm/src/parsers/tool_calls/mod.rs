@@ -12,11 +12,13 @@
 mod json;
 mod pythonic;
 mod special;
+pub(crate) mod stream;
 mod xml;
 
 use std::sync::Arc;
 
 use super::text::{find_first, partial_suffix_len};
+use stream::{Emit, Streamer};
 
 /// A complete call found in a section.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +57,10 @@ pub struct Format {
     pub parse: SectionParser,
     /// The format's markers are special tokens: the detokenizer must keep them.
     pub special_tokens: bool,
+    /// Reads one call's head, for formats whose arguments stream (see [`stream`]).
+    pub(crate) head: Option<stream::HeadFn>,
+    /// Judges early whether a leading section can be calls (else it is content at once).
+    pub(crate) viable: Option<stream::ViableFn>,
 }
 
 impl std::fmt::Debug for Format {
@@ -127,8 +133,16 @@ pub struct CallPolicy {
 pub enum ToolEvent {
     /// Text for `content`.
     Content(String),
-    /// A complete call.
-    Call(RawCall),
+    /// A call begins: its function name, and the id the model wrote when the format has
+    /// one. Its arguments follow as [`ToolEvent::CallArgs`].
+    CallStart {
+        /// The function name.
+        name: String,
+        /// The model's call id (Kimi, Mistral `[CALL_ID]`).
+        id: Option<String>,
+    },
+    /// A piece of the arguments (JSON text) of the call last started.
+    CallArgs(String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,9 +166,23 @@ pub struct ToolCallParser {
     scan: usize,
     /// Calls emitted so far.
     calls: usize,
-    /// Blank text after a call, held: dropped before the next call or the end.
+    /// Calls emitted before the open section.
+    calls_at_open: usize,
+    /// Blank text held: after a call (dropped before the next call or the end), or
+    /// before a section (dropped when it is calls, kept when it falls back to content).
     blank: String,
+    /// The open section's argument streamer (formats that stream).
+    stream: Option<Streamer>,
+    /// The open section is a leading one not yet known to be able to hold calls.
+    judging: bool,
     start_markers: Vec<&'static str>,
+}
+
+/// Whether a call to `name` may be made after `calls` calls.
+fn allowed(tools: &ToolSet, policy: &CallPolicy, name: &str, calls: usize) -> bool {
+    tools.has(name)
+        && policy.only.as_ref().is_none_or(|only| only == name)
+        && !(policy.single && calls > 0)
 }
 
 impl ToolCallParser {
@@ -172,7 +200,10 @@ impl ToolCallParser {
             buf: String::new(),
             scan: 0,
             calls: 0,
+            calls_at_open: 0,
             blank: String::new(),
+            stream: None,
+            judging: false,
             start_markers: format.starts.iter().map(|(m, _)| *m).collect(),
         }
     }
@@ -204,7 +235,8 @@ impl ToolCallParser {
         match find_first(text, &self.start_markers) {
             Some((pos, i)) => {
                 self.content(&text[..pos], out);
-                self.open_section(self.format.starts[i].1, self.format.starts[i].0.len());
+                let (marker, end) = self.format.starts[i];
+                self.open_section(end, marker.len(), false);
                 self.buf.push_str(&text[pos..]);
                 None
             }
@@ -216,10 +248,14 @@ impl ToolCallParser {
         }
     }
 
-    fn open_section(&mut self, end: End, marker_len: usize) {
-        self.blank.clear();
+    /// A section opens; `body` is where its calls start (after the opening marker; 0 for
+    /// a leading section, whose marker is the calls' first character).
+    fn open_section(&mut self, end: End, body: usize, leading: bool) {
         self.mode = Mode::Section(end);
-        self.scan = marker_len;
+        self.scan = body;
+        self.calls_at_open = self.calls;
+        self.judging = leading && self.format.viable.is_some();
+        self.stream = self.format.head.map(|h| Streamer::new(h, body));
     }
 
     fn run(&mut self, out: &mut Vec<ToolEvent>) {
@@ -231,19 +267,20 @@ impl ToolCallParser {
                         return;
                     }
                     let mut partial = false;
-                    let mut hit = None;
+                    let mut hit = false;
                     for m in self.format.leading {
                         if t.starts_with(m) {
-                            hit = Some(m.len());
+                            hit = true;
                             break;
                         }
                         partial |= m.starts_with(t);
                     }
-                    if let Some(len) = hit {
-                        // The leading blank is dropped with the section's start.
+                    if hit {
+                        // The leading blank is held: dropped if the section is calls.
                         let skip = self.buf.len() - t.len();
-                        self.buf.drain(..skip);
-                        self.open_section(End::Output, len);
+                        let lead: String = self.buf.drain(..skip).collect();
+                        self.open_section(End::Output, 0, true);
+                        self.blank.push_str(&lead);
                         continue;
                     }
                     if partial {
@@ -264,7 +301,30 @@ impl ToolCallParser {
                         }
                     }
                 }
-                Mode::Section(End::Output) => return,
+                Mode::Section(End::Output) => {
+                    if self.judging {
+                        let viable = self.format.viable.and_then(|v| {
+                            let (tools, policy) = (&self.tools, &self.policy);
+                            v(&self.buf, &|n| allowed(tools, policy, n, 0))
+                        });
+                        match viable {
+                            None => return,
+                            Some(true) => self.judging = false,
+                            Some(false) => {
+                                // It can no longer be calls: it is content, markers
+                                // and all (a start marker later in it still counts).
+                                self.judging = false;
+                                self.stream = None;
+                                self.mode = Mode::Content;
+                                continue;
+                            }
+                        }
+                    }
+                    let buf = std::mem::take(&mut self.buf);
+                    self.stream_section(&buf, buf.len(), out);
+                    self.buf = buf;
+                    return;
+                }
                 Mode::Section(End::Marker(m)) => {
                     let from = super::text::floor_boundary(
                         &self.buf,
@@ -275,17 +335,45 @@ impl ToolCallParser {
                             let end = from + p + m.len();
                             let rest = self.buf.split_off(end);
                             let section = std::mem::replace(&mut self.buf, rest);
+                            self.stream_section(&section, section.len() - m.len(), out);
                             self.section(&section, out);
                             self.mode = Mode::Content;
                         }
                         None => {
                             self.scan = self.buf.len();
+                            let buf = std::mem::take(&mut self.buf);
+                            // A tail that may be the closing marker is not streamed yet.
+                            let limit = buf.len() - partial_suffix_len(&buf, &[m]);
+                            self.stream_section(&buf, limit, out);
+                            self.buf = buf;
                             return;
                         }
                     }
                 }
             }
         }
+    }
+
+    /// Stream the open section's calls over `section[..limit]`.
+    fn stream_section(&mut self, section: &str, limit: usize, out: &mut Vec<ToolEvent>) {
+        let Some(mut st) = self.stream.take() else {
+            return;
+        };
+        let (tools, policy, before) = (&self.tools, &self.policy, self.calls_at_open);
+        let ok = |name: &str, in_section: usize| allowed(tools, policy, name, before + in_section);
+        let mut started = 0;
+        st.advance(section, limit, &ok, &mut |e| match e {
+            Emit::Start { name, id } => {
+                started += 1;
+                out.push(ToolEvent::CallStart { name, id });
+            }
+            Emit::Args(a) => push_args(out, a),
+        });
+        if started > 0 {
+            self.blank.clear();
+            self.calls += started;
+        }
+        self.stream = Some(st);
     }
 
     /// Emit content, holding blank text that follows a call.
@@ -302,9 +390,11 @@ impl ToolCallParser {
         push_content(out, s);
     }
 
-    /// A complete section: calls, or content when it does not qualify.
+    /// A complete section (its streaming done): the rest of its calls, or content when
+    /// it does not qualify (see the module doc of [`stream`]).
     fn section(&mut self, section: &str, out: &mut Vec<ToolEvent>) {
-        let parsed = if self.policy.single && self.calls > 0 {
+        let sent = self.stream.take().map(|s| s.sent).unwrap_or_default();
+        let parsed = if self.policy.single && self.calls_at_open > 0 {
             // `parallel_tool_calls: false` and a call was made: later sections are text.
             None
         } else {
@@ -316,16 +406,42 @@ impl ToolCallParser {
                     })
             })
         };
+        let agrees = |calls: &[RawCall]| {
+            calls.len() >= sent.len()
+                && sent.iter().zip(calls).enumerate().all(|(i, (s, c))| {
+                    let text = &section[s.from..s.to];
+                    s.name == c.name
+                        && c.arguments.starts_with(text)
+                        && (i + 1 == sent.len() || c.arguments.len() == text.len())
+                })
+        };
         match parsed {
-            Some(calls) => {
+            Some(calls) if agrees(&calls) => {
                 let take = if self.policy.single { 1 } else { calls.len() };
-                for c in calls.into_iter().take(take) {
-                    self.calls += 1;
-                    out.push(ToolEvent::Call(c));
+                let mut calls = calls.into_iter().take(take);
+                if let Some(s) = sent.last() {
+                    // The rest of the last streamed call's arguments (empty unless its
+                    // object never closed in the text yet parsed).
+                    if let Some(c) = calls.by_ref().take(sent.len()).last() {
+                        push_args(out, c.arguments[s.to - s.from..].to_owned());
+                    }
                 }
+                for c in calls {
+                    self.calls += 1;
+                    out.push(ToolEvent::CallStart {
+                        name: c.name,
+                        id: c.id,
+                    });
+                    push_args(out, c.arguments);
+                }
+                self.blank.clear();
             }
-            None => {
-                let s = std::mem::take(&mut self.blank) + section;
+            _ => {
+                let s = match sent.last() {
+                    None => std::mem::take(&mut self.blank) + section,
+                    // What was sent stays sent; the rest of the section is content.
+                    Some(s) => section[s.to..].to_owned(),
+                };
                 push_content(out, s);
             }
         }
@@ -336,7 +452,10 @@ impl ToolCallParser {
     pub fn finish(&mut self, out: &mut Vec<ToolEvent>) {
         let buf = std::mem::take(&mut self.buf);
         match self.mode {
-            Mode::Section(_) => self.section(&buf, out),
+            Mode::Section(_) => {
+                self.stream_section(&buf, buf.len(), out);
+                self.section(&buf, out);
+            }
             Mode::Leading | Mode::Content => self.content(&buf, out),
         }
         self.mode = Mode::Content;
@@ -352,6 +471,17 @@ fn push_content(out: &mut Vec<ToolEvent>, s: String) {
         last.push_str(&s);
     } else {
         out.push(ToolEvent::Content(s));
+    }
+}
+
+fn push_args(out: &mut Vec<ToolEvent>, s: String) {
+    if s.is_empty() {
+        return;
+    }
+    if let Some(ToolEvent::CallArgs(last)) = out.last_mut() {
+        last.push_str(&s);
+    } else {
+        out.push(ToolEvent::CallArgs(s));
     }
 }
 

@@ -3,7 +3,7 @@
 //! A small recursive-descent reader of Python literals (strings, numbers, `True`,
 //! `False`, `None`, lists, tuples, dicts) that writes them as JSON.
 
-use super::{End, Format, ObjectText, RawCall, ToolSet};
+use super::{End, Format, ObjectText, RawCall, ToolSet, stream};
 
 struct Reader<'a> {
     s: &'a str,
@@ -202,4 +202,6 @@ pub(crate) const PYTHONIC: Format = Format {
     leading: &["["],
     parse: pythonic,
     special_tokens: false,
+    head: None,
+    viable: Some(stream::pythonic_viable),
 };

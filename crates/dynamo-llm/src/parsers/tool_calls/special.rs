@@ -1,7 +1,7 @@
 //! Formats built from special-token markers: Mistral, DeepSeek V3 / V3.1, Kimi K2.
 
 use super::json::parse_calls;
-use super::{End, Format, RawCall, ToolSet, inner};
+use super::{End, Format, RawCall, ToolSet, inner, stream};
 
 /// A JSON object's text, validated.
 fn object_text(s: &str) -> Option<String> {
@@ -43,13 +43,15 @@ pub(crate) const MISTRAL: Format = Format {
     leading: &[],
     parse: mistral,
     special_tokens: true,
+    head: Some(stream::mistral_head),
+    viable: None,
 };
 
 const DS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 const DS_END: &str = "<｜tool▁calls▁end｜>";
-const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
-const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
-const DS_SEP: &str = "<｜tool▁sep｜>";
+pub(crate) const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+pub(crate) const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+pub(crate) const DS_SEP: &str = "<｜tool▁sep｜>";
 
 /// Both DeepSeek layouts: V3 `function<sep>name\n```json\n{...}\n```` and V3.1
 /// `name<sep>{...}`.
@@ -100,6 +102,8 @@ pub(crate) const DEEPSEEK_V3: Format = Format {
     leading: &[],
     parse: deepseek,
     special_tokens: true,
+    head: Some(stream::deepseek_head),
+    viable: None,
 };
 
 /// DeepSeek V3.1 (`name<｜tool▁sep｜>{json}`).
@@ -109,13 +113,15 @@ pub(crate) const DEEPSEEK_V3_1: Format = Format {
     leading: &[],
     parse: deepseek,
     special_tokens: true,
+    head: Some(stream::deepseek_head),
+    viable: None,
 };
 
 const KIMI_BEGIN: &str = "<|tool_calls_section_begin|>";
 const KIMI_END: &str = "<|tool_calls_section_end|>";
-const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
-const KIMI_CALL_END: &str = "<|tool_call_end|>";
-const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
+pub(crate) const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
+pub(crate) const KIMI_CALL_END: &str = "<|tool_call_end|>";
+pub(crate) const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 
 fn kimi(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
     let body = inner(section, KIMI_BEGIN, KIMI_END).trim();
@@ -152,4 +158,6 @@ pub(crate) const KIMI_K2: Format = Format {
     leading: &[],
     parse: kimi,
     special_tokens: true,
+    head: Some(stream::kimi_head),
+    viable: None,
 };

@@ -64,6 +64,8 @@ pub(crate) const QWEN3_CODER: Format = Format {
     leading: &[],
     parse: qwen3_coder,
     special_tokens: false,
+    head: None,
+    viable: None,
 };
 
 fn glm(section: &str, tools: &ToolSet) -> Option<Vec<RawCall>> {
@@ -98,6 +100,8 @@ pub(crate) const GLM45: Format = Format {
     leading: &[],
     parse: glm,
     special_tokens: false,
+    head: None,
+    viable: None,
 };
 
 /// `<{p}invoke name="f"><{p}parameter name="k" ...>v</{p}parameter></{p}invoke>` lists.
@@ -164,6 +168,8 @@ pub(crate) const DEEPSEEK_V3_2: Format = Format {
     leading: &[],
     parse: dsml,
     special_tokens: true,
+    head: None,
+    viable: None,
 };
 
 fn minimax(section: &str, tools: &ToolSet) -> Option<Vec<RawCall>> {
@@ -181,4 +187,6 @@ pub(crate) const MINIMAX_M2: Format = Format {
     leading: &[],
     parse: minimax,
     special_tokens: false,
+    head: None,
+    viable: None,
 };
