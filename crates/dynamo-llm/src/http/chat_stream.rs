@@ -83,9 +83,19 @@ pub(super) fn new_id(prefix: &str) -> String {
 
 /// Turns chat chunks into [`ChatEvent`]s (the first delta of a tool-call index starts the
 /// call; later deltas of the index carry argument pieces).
+///
+/// Blank text that would open a text block (the `\n\n` a model writes between `</think>` and
+/// its tool call) is held until it is known to matter: it is dropped before a tool call and at
+/// the end after one (the chat path's `null` content beside calls), and released with the
+/// next text, before reasoning, or at an end without calls. So neither surface shows an empty
+/// text block or message item next to a call.
 #[derive(Debug, Default)]
 pub(super) struct ChunkDecoder {
     started: BTreeSet<u32>,
+    /// Whether the last event was text (blank text then continues a block).
+    in_text: bool,
+    /// Blank text held at the start of a would-be text block.
+    blank: String,
 }
 
 impl ChunkDecoder {
@@ -102,10 +112,18 @@ impl ChunkDecoder {
             .as_str()
             .or_else(|| delta["reasoning"].as_str());
         if let Some(r) = reasoning.filter(|r| !r.is_empty()) {
+            self.release_blank(out);
+            self.in_text = false;
             out.extend([ChatEvent::Reasoning(r.to_owned())]);
         }
         if let Some(t) = delta["content"].as_str().filter(|t| !t.is_empty()) {
-            out.extend([ChatEvent::Text(t.to_owned())]);
+            if !self.in_text && t.trim().is_empty() {
+                self.blank.push_str(t);
+            } else {
+                let text = std::mem::take(&mut self.blank) + t;
+                self.in_text = true;
+                out.extend([ChatEvent::Text(text)]);
+            }
         }
         if let Some(calls) = delta["tool_calls"].as_array() {
             for (position, call) in calls.iter().enumerate() {
@@ -115,6 +133,9 @@ impl ChunkDecoder {
                     .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX));
                 let function = &call["function"];
                 if self.started.insert(index) {
+                    // Blank text before a call is no content (as the chat path's `null`).
+                    self.blank.clear();
+                    self.in_text = false;
                     let id = call["id"]
                         .as_str()
                         .filter(|s| !s.is_empty())
@@ -134,7 +155,23 @@ impl ChunkDecoder {
             out.extend([ChatEvent::Usage(ChatUsage::from_json(u))]);
         }
         if let Some(f) = choice["finish_reason"].as_str() {
+            self.end(out);
             out.extend([ChatEvent::Finish(f.to_owned())]);
+        }
+    }
+
+    /// The output ended: held blank text is content unless a tool call came before it.
+    pub(super) fn end(&mut self, out: &mut impl Extend<ChatEvent>) {
+        if self.started.is_empty() {
+            self.release_blank(out);
+        } else {
+            self.blank.clear();
+        }
+    }
+
+    fn release_blank(&mut self, out: &mut impl Extend<ChatEvent>) {
+        if !self.blank.is_empty() {
+            out.extend([ChatEvent::Text(std::mem::take(&mut self.blank))]);
         }
     }
 }
@@ -214,6 +251,7 @@ impl ChatStream {
             let Some(data) = self.sse.next().await else {
                 self.ended = true;
                 if !self.finished {
+                    self.decoder.end(&mut self.pending);
                     self.pending.push_back(ChatEvent::Finish("stop".into()));
                 }
                 continue;
@@ -381,6 +419,70 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    fn content(text: &str) -> Value {
+        json!({"choices": [{"index": 0, "delta": {"content": text}}]})
+    }
+
+    fn call(index: u32) -> Value {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": index,
+            "id": format!("call_{index}"), "function": {"name": "f", "arguments": "{}"}}]}}]})
+    }
+
+    fn finish(reason: &str) -> Value {
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": reason}]})
+    }
+
+    fn texts(events: &[ChatEvent]) -> Vec<&str> {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                ChatEvent::Text(t) => Some(t.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn blank_text_beside_calls_opens_no_text_block() {
+        let think = json!({"choices": [{"index": 0, "delta": {"reasoning_content": "r"}}]});
+        // `</think>\n\n<tool_call>...`: no text at all.
+        let events = decode(&[
+            think.clone(),
+            content("\n"),
+            content("\n"),
+            call(0),
+            finish("tool_calls"),
+        ]);
+        assert!(texts(&events).is_empty(), "{events:?}");
+        // Blank text after the calls is dropped too.
+        let events = decode(&[
+            call(0),
+            content("\n"),
+            call(1),
+            content(" \n"),
+            finish("tool_calls"),
+        ]);
+        assert!(texts(&events).is_empty(), "{events:?}");
+        // Text that goes on keeps its blank start; blank text inside a block stays.
+        let events = decode(&[
+            content("\n"),
+            content("Hi"),
+            content("\n"),
+            call(0),
+            finish("tool_calls"),
+        ]);
+        assert_eq!(texts(&events), ["\nHi", "\n"]);
+        // Without calls, blank text is the content (here, all of it).
+        let events = decode(&[think, content("\n\n"), finish("stop")]);
+        assert_eq!(texts(&events), ["\n\n"]);
+        assert_eq!(events.last(), Some(&ChatEvent::Finish("stop".into())));
+        let events = decode(&[
+            content("\n"),
+            json!({"choices": [{"index": 0, "delta": {"reasoning_content": "r"}}]}),
+        ]);
+        assert_eq!(events[0], ChatEvent::Text("\n".into()));
     }
 
     #[test]
