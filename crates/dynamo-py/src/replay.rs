@@ -234,16 +234,16 @@ fn run<'py>(
         progress: c.progress.map(|p| Arc::clone(&p.get().inner)),
         ..extra
     };
-    if online {
-        let summary = py
-            .detach(|| replay::online::run_online(&opts, &workload))
-            .map_err(replay_error)?;
-        return from_value(py, &Value::Object(summary));
-    }
     let sample_interval_ms = opts.timeline_interval_ms;
-    let out = py
-        .detach(|| replay::run_offline(&opts, &workload))
-        .map_err(replay_error)?;
+    let out = if online {
+        // Wall-clock time through live mocker workers: the same result object, without
+        // telemetry samples.
+        py.detach(|| replay::online::run_online(&opts, &workload))
+            .map_err(replay_error)?
+    } else {
+        py.detach(|| replay::run_offline(&opts, &workload))
+            .map_err(replay_error)?
+    };
     Ok(Bound::new(
         py,
         PyOfflineReplayResult {

@@ -248,3 +248,91 @@ fn bad_arguments() {
     }
     let _ = std::io::stdout().flush();
 }
+
+fn online_opts(mode: RouterMode) -> ReplayOptions {
+    ReplayOptions {
+        // The live mocker 100x faster than real time, arrivals 4x: a few hundred ms.
+        engine_args: json!({"engine": {"num_gpu_blocks": 512, "block_size": 16,
+                                       "speedup_ratio": 100.0}}),
+        num_workers: 3,
+        router_mode: mode,
+        arrival_speedup_ratio: 4.0,
+        capture_per_request: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn online_replay_both_router_modes() {
+    let f = family_trace();
+    let mut reuse = Vec::new();
+    for mode in [RouterMode::RoundRobin, RouterMode::KvRouter] {
+        let out = online::run_online(&online_opts(mode), &mooncake(&f)).expect("online");
+        let s = &out.summary;
+        assert_eq!(s["num_requests"], 40, "{mode:?}");
+        assert_eq!(s["completed_requests"], 40, "{mode:?}");
+        assert_eq!(s["total_output_tokens"], 40 * 8, "{mode:?}");
+        assert_eq!(s["replay_mode"], "online");
+        for key in [
+            "mean_ttft_ms",
+            "median_ttft_ms",
+            "p99_ttft_ms",
+            "mean_e2e_latency_ms",
+        ] {
+            assert!(
+                s[key].as_f64().is_some_and(|v| v > 0.0),
+                "{mode:?} {key}: {}",
+                s[key]
+            );
+        }
+        assert!(s["mean_itl_ms"].as_f64().is_some_and(|v| v >= 0.0));
+        let rows = out.per_request.expect("captured");
+        assert_eq!(rows.len(), 40);
+        assert!(
+            rows.iter().all(|r| r["output_length"] == 8),
+            "{:?}",
+            rows[0]
+        );
+        reuse.push(s["prefix_cache_reused_ratio"].as_f64().expect("reuse"));
+    }
+    // Every request after a family's first shares 8 of its 9 blocks with it.
+    assert!(reuse[1] > 0.0, "kv reuse {reuse:?}");
+}
+
+#[test]
+fn online_closed_loop_synthetic_and_cut_off() {
+    let synthetic = |concurrency: Option<usize>, interval: Option<f64>| {
+        let mut o = online_opts(RouterMode::KvRouter);
+        o.replay_concurrency = concurrency;
+        (
+            o,
+            Workload::Synthetic(SyntheticWorkload {
+                input_tokens: 128,
+                output_tokens: 4,
+                request_count: 20,
+                request_rate: None,
+                arrival_interval_ms: interval,
+                arrival_seed: 7,
+                turns_per_session: 1,
+                shared_prefix_ratio: 0.5,
+                num_prefix_groups: 2,
+                inter_turn_delay_ms: 0.0,
+            }),
+        )
+    };
+    let (o, w) = synthetic(Some(4), None);
+    let out = online::run_online(&o, &w).expect("closed loop");
+    assert_eq!(out.summary["completed_requests"], 20);
+    // Exactly one arrival process.
+    let (o, w) = synthetic(Some(4), Some(5.0));
+    assert!(matches!(
+        online::run_online(&o, &w),
+        Err(ReplayError::InvalidArgument(_))
+    ));
+    // max_sim_time_ms caps the wall-clock run: arrivals 1 s apart, cut at 300 ms.
+    let (mut o, w) = synthetic(None, Some(4000.0));
+    o.max_sim_time_ms = Some(300.0);
+    let out = online::run_online(&o, &w).expect("cut");
+    let done = out.summary["completed_requests"].as_u64().expect("count");
+    assert!(done < 20, "{done}");
+}
