@@ -210,6 +210,14 @@ def stack(tmp_path_factory):
     models.append(
         {"name": "templated", "model_dir": str(tools_model), "tool_call_parser": "hermes"}
     )
+    models.append(
+        {
+            "name": "templated-keep",
+            "model_dir": str(tools_model),
+            "tool_call_parser": "hermes",
+            "exclude_tools_when_tool_choice_none": False,
+        }
+    )
     scripts = tmp / "scripts.json"
     scripts.write_text(json.dumps({**{n: c["output"] for n, c in CASES.items()}, **EXTRA_SCRIPTS}))
     log = tmp / "requests.jsonl"
@@ -669,6 +677,12 @@ def test_the_chat_template_gets_tools_and_earlier_tool_calls(stack):
         model="templated", messages=messages, tools=TOOLS, tool_choice="none"
     )
     assert "<tools>" not in stack.last_request("templated")["prompt"]
+    # Unless the card keeps them (`exclude_tools_when_tool_choice_none = False`).
+    r = stack.openai.chat.completions.create(
+        model="templated-keep", messages=messages, tools=TOOLS, tool_choice="none"
+    )
+    assert r.choices[0].message.content == "ok"
+    assert "<tools>get_weather=" in stack.last_request("templated-keep")["prompt"]
 
 
 def test_arguments_that_are_not_json_reach_the_template_as_text(stack):

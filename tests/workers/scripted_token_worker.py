@@ -5,7 +5,7 @@ tool-call / reasoning parsers see what a real model of that format would emit.
 ``scripted_token_worker.py CONFIG``; ``CONFIG`` is a JSON file::
 
     {"models": [{"name": "hermes", "model_dir": "...", "tool_call_parser": "hermes",
-                 "reasoning_parser": null}, ...],
+                 "reasoning_parser": null, "exclude_tools_when_tool_choice_none": true}, ...],
      "scripts": "scripts.json", "log": "requests.jsonl", "chunk": 3}
 
 Every model is registered (``ModelType.Chat``) on an endpoint of its own, with its parsers
@@ -91,6 +91,10 @@ async def worker(runtime: DistributedRuntime) -> None:
         runtime_config = ModelRuntimeConfig()
         runtime_config.tool_call_parser = model.get("tool_call_parser")
         runtime_config.reasoning_parser = model.get("reasoning_parser")
+        if "exclude_tools_when_tool_choice_none" in model:
+            runtime_config.exclude_tools_when_tool_choice_none = model[
+                "exclude_tools_when_tool_choice_none"
+            ]
         model_dir = Path(model["model_dir"])
         await register_model(
             ModelInput.Tokens,

@@ -69,6 +69,9 @@ pub struct Preprocessor {
     eos_token_ids: Vec<u32>,
     context_length: u32,
     mdcsum: String,
+    /// The card's `exclude_tools_when_tool_choice_none`: `tool_choice: none` keeps `tools`
+    /// out of the template.
+    exclude_tools_when_none: bool,
 }
 
 fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
@@ -175,6 +178,7 @@ impl Preprocessor {
             eos_token_ids: eos,
             context_length: card.context_length,
             mdcsum: card.mdcsum(),
+            exclude_tools_when_none: card.runtime_config.exclude_tools_when_tool_choice_none,
         })
     }
 
@@ -321,7 +325,7 @@ impl Preprocessor {
         let mut extra = Map::new();
         let tool_choice_none = req.tool_choice.as_ref().and_then(Json::as_str) == Some("none");
         if let Some(tools) = &req.tools
-            && !tool_choice_none
+            && !(tool_choice_none && self.exclude_tools_when_none)
         {
             extra.insert("tools".to_owned(), Json::Array(tools.clone()));
         }

@@ -580,3 +580,27 @@ fn tool_choice_that_needs_tools_is_refused_without_them() {
         parse_chat_request(good.as_bytes()).expect(&good);
     }
 }
+
+/// `tool_choice: none` keeps `tools` out of the template unless the card says otherwise.
+#[test]
+fn tool_choice_none_drops_tools_unless_the_card_keeps_them() {
+    let mut pre = tiny();
+    pre.template = Some(
+        ChatTemplate::new(
+            "{% if tools %}[{{ tools | length }} tools]{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}",
+            &serde_json::json!({}),
+        )
+        .expect("template"),
+    );
+    let tools = r#""tools":[{"type":"function","function":{"name":"f"}}]"#;
+    let req = |choice: &str| {
+        chat(&format!(
+            r#"{{"model":"tiny","messages":[{{"role":"user","content":"q"}}],{tools},"tool_choice":"{choice}"}}"#
+        ))
+    };
+    assert!(pre.exclude_tools_when_none, "the card default");
+    assert_eq!(pre.render_chat(&req("auto")).expect("render"), "[1 tools]q");
+    assert_eq!(pre.render_chat(&req("none")).expect("render"), "q");
+    pre.exclude_tools_when_none = false;
+    assert_eq!(pre.render_chat(&req("none")).expect("render"), "[1 tools]q");
+}
