@@ -550,6 +550,22 @@ def test_each_choice_of_n_parses_its_own_calls(stack):
         assert [c.function.name for c in choice.message.tool_calls] == ["get_weather", "search"]
     ids = [c.id for choice in r.choices for c in choice.message.tool_calls]
     assert len(set(ids)) == 4
+    # Streamed, each choice has its own call indexes and finish reason.
+    calls: dict[tuple[int, int], list[str]] = {}
+    finishes = {}
+    for chunk in stack.openai.chat.completions.create(
+        model="hermes-none", messages=ask(script("two_calls")), tools=TOOLS, n=2, stream=True
+    ):
+        for choice in chunk.choices:
+            for tc in choice.delta.tool_calls or []:
+                calls.setdefault((choice.index, tc.index), []).append(tc.function.arguments or "")
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert sorted(calls) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for (_, index), pieces in calls.items():
+        want = {"city": "Paris"} if index == 0 else SEARCH_ARGUMENTS
+        assert json.loads("".join(pieces)) == want
+    assert finishes == {0: "tool_calls", 1: "tool_calls"}
 
 
 def test_streamed_usage_counts_every_token_of_a_tool_call_output(stack):
@@ -635,6 +651,16 @@ def test_output_cut_by_max_tokens_inside_a_call_is_content(stack):
     assert choice.message.tool_calls is None
     assert choice.message.content and full.startswith(choice.message.content)
     assert len(choice.message.content) < len(full)
+    s = streamed(
+        stack.openai.chat.completions.create(
+            model="hermes-none",
+            messages=ask(script("one_call")),
+            tools=TOOLS,
+            max_tokens=12,
+            stream=True,
+        )
+    )
+    assert (s["content"], s["calls"], s["finish"]) == (choice.message.content, [], "length")
 
 
 # ---------------------------------------------------------------- chat template
