@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anthropic
@@ -406,6 +407,32 @@ def test_a_request_that_sets_skip_special_tokens_keeps_its_choice(stack):
         getattr(r.choices[0].message, "reasoning_content", None) or ""
     )
     assert "<|channel|>" not in text and "It is 4." in text
+
+
+def test_concurrent_requests_keep_their_own_parse(stack):
+    """Requests of several formats at once: no parser state leaks between them."""
+    jobs = [
+        ("hermes-none", "two_calls", ["get_weather", "search"]),
+        ("hermes-qwen3", "think_call", ["get_weather"]),
+        ("pythonic-none", "pythonic_calls", ["get_weather", "search"]),
+        ("hermes-none", "plain", []),
+    ] * 3
+
+    def run(job):
+        model, key, _ = job
+        return streamed(
+            stack.openai.chat.completions.create(
+                model=model, messages=ask(f"{script(key)} [[chunk:1]]"), tools=TOOLS, stream=True
+            )
+        )
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (model, key, names), got in zip(jobs, results, strict=True):
+        assert [c["name"] for c in got["calls"]] == names, (model, key, got)
+        assert got["finish"] == ("tool_calls" if names else "stop"), (model, key, got)
+        if not names:
+            assert got["content"] == EXTRA_SCRIPTS[key]
 
 
 # ---------------------------------------------------------------- agent turn
