@@ -738,6 +738,58 @@ def test_the_chat_template_gets_tools_and_earlier_tool_calls(stack):
     assert "<tools>get_weather=" in stack.last_request("templated-keep")["prompt"]
 
 
+def test_anthropic_and_responses_turns_reach_the_template_as_tool_calls(stack):
+    stack.anthropic.messages.create(
+        model="templated",
+        max_tokens=20,
+        tools=[ANTHROPIC_TOOL],
+        messages=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "toolu_1",
+                        "name": "get_weather",
+                        "input": {"city": "Oslo"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                    {"type": "text", "text": script("ok")},
+                ],
+            },
+        ],
+    )
+    prompt = stack.last_request("templated")["prompt"]
+    assert '<call id=toolu_1>get_weather city=Oslo json={"city": "Oslo"}</call>' in prompt, prompt
+    assert "sunny (result of toolu_1)" in prompt, prompt
+    assert "<tools>get_weather=" in prompt, prompt
+
+    stack.openai.responses.create(
+        model="templated",
+        tools=[WEATHER_FUNCTION],
+        input=[
+            {"role": "user", "content": "Weather?"},
+            {
+                "type": "function_call",
+                "call_id": "call_9",
+                "name": "get_weather",
+                "arguments": '{"city": "Rome", "days": 1}',
+            },
+            {"type": "function_call_output", "call_id": "call_9", "output": "rain"},
+            {"role": "user", "content": script("ok")},
+        ],
+    )
+    prompt = stack.last_request("templated")["prompt"]
+    assert "<call id=call_9>get_weather city=Rome days=1" in prompt, prompt
+    assert "rain (result of call_9)" in prompt, prompt
+
+
 def test_arguments_that_are_not_json_reach_the_template_as_text(stack):
     """Arguments a template cannot iterate are passed through unchanged (the template,
     not the frontend, decides): this template iterates them, so it refuses the request."""
