@@ -98,13 +98,14 @@ impl HarmonyParser {
             match &self.state {
                 State::Outside => match find_first(&self.buf, HEADER_STARTS) {
                     Some((p, _)) => {
-                        let text: String = self.buf.drain(..p).collect();
+                        let text = take_front(&mut self.buf, p);
                         emit(out, ParseEvent::Content(text));
                         self.state = State::Header;
                     }
                     None => {
                         let keep = partial_suffix_len(&self.buf, HEADER_STARTS);
-                        let text: String = self.buf.drain(..self.buf.len() - keep).collect();
+                        let n = self.buf.len() - keep;
+                        let text = take_front(&mut self.buf, n);
                         emit(out, ParseEvent::Content(text));
                         return;
                     }
@@ -123,7 +124,7 @@ impl HarmonyParser {
                     let Some(p) = self.buf.find(MESSAGE) else {
                         return;
                     };
-                    let header: String = self.buf.drain(..p + MESSAGE.len()).collect();
+                    let header = take_front(&mut self.buf, p + MESSAGE.len());
                     self.state = State::Body(self.body_of(&header[..p]));
                     self.streamed = None;
                     self.stream_off = false;
@@ -139,7 +140,7 @@ impl HarmonyParser {
                             if let Body::Call(name) = &body {
                                 self.stream_call(name, p, out);
                             }
-                            let text: String = self.buf.drain(..p).collect();
+                            let text = take_front(&mut self.buf, p);
                             self.body_text(&body, text, true, out);
                             // `<|start|>` / `<|channel|>` begin the next header; the
                             // other markers are dropped.
@@ -157,7 +158,8 @@ impl HarmonyParser {
                                 return;
                             }
                             let keep = partial_suffix_len(&self.buf, BODY_ENDS);
-                            let text: String = self.buf.drain(..self.buf.len() - keep).collect();
+                            let n = self.buf.len() - keep;
+                            let text = take_front(&mut self.buf, n);
                             self.body_text(&body, text, false, out);
                             return;
                         }
@@ -309,6 +311,13 @@ impl HarmonyParser {
             State::Body(body) => self.body_text(&body, rest, true, out),
         }
     }
+}
+
+/// The first `n` bytes of `buf`, removed from it.
+fn take_front(buf: &mut String, n: usize) -> String {
+    let front = buf[..n].to_owned();
+    buf.drain(..n);
+    front
 }
 
 fn emit(out: &mut Vec<ParseEvent>, e: ParseEvent) {

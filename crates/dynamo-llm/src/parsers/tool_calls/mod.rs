@@ -330,7 +330,7 @@ impl ToolCallParser {
                         &self.buf,
                         self.scan.saturating_sub(m.len().saturating_sub(1)),
                     );
-                    match self.buf[from..].find(m) {
+                    match super::text::find(&self.buf[from..], m) {
                         Some(p) => {
                             let end = from + p + m.len();
                             let rest = self.buf.split_off(end);
