@@ -11,7 +11,8 @@ figure is the mean over the rounds (ours varies its router seed per round the sa
 
 ``--scale N`` also replays the trace tiled N times (copy k shifted by k x the trace span, its
 hash ids offset so copies share nothing) to show the per-request simulation cost as the trace
-grows. Results as JSON on the last line with ``--json``.
+grows. ``--ours-only`` skips the reference (no ``REF_PYTHON`` needed): our figures and
+timings alone. Results as JSON on the last line with ``--json``.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--scale", type=int, default=0, help="also replay the trace tiled N times")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ours-only", action="store_true", help="skip the reference wheel")
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--args", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -90,21 +92,24 @@ def main() -> None:
 
     script = str(Path(__file__).resolve())
     results: dict = {"machine": machine(), "rounds": a.rounds, "runs": {}}
+    whos = ("ours",) if a.ours_only else ("ours", "reference")
     configs = [(s, m) for s in (2.0, 4.0) for m in ("kv_router", "round_robin")]
     for speedup, mode in configs:
         ours, ref = [], []
         for rnd in range(a.rounds):
             arg = f"{a.trace}|{mode}|{speedup}|{rnd}"
             ours.append(measure(str(a.trace), mode, speedup, rnd))
-            ref.append(run_under_reference(script, "--args", arg))
+            if not a.ours_only:
+                ref.append(run_under_reference(script, "--args", arg))
         key = f"{mode}@{speedup:g}x"
         mean = lambda rs, k: statistics.fmean(r[k] for r in rs)  # noqa: E731
         results["runs"][key] = {
             "ours": {k: mean(ours, k) for k in [*KEYS, "wall_s"]},
-            "reference": {k: mean(ref, k) for k in [*KEYS, "wall_s"]},
             "ours_rounds": ours,
-            "reference_rounds": ref,
         }
+        if ref:
+            results["runs"][key]["reference"] = {k: mean(ref, k) for k in [*KEYS, "wall_s"]}
+            results["runs"][key]["reference_rounds"] = ref
     print(f"machine: {results['machine']} (shared with other jobs); means of {a.rounds} rounds")
     hdr = (
         f"{'run':<18}{'':<5}"
@@ -113,13 +118,15 @@ def main() -> None:
     )
     print(hdr)
     for key, r in results["runs"].items():
-        for who in ("ours", "reference"):
+        for who in whos:
             row = r[who]
             print(
                 f"{key:<18}{who[:3]:<5}"
                 + "".join(f"{row[k]:>22.4f}" for k in KEYS)
                 + f"{row['wall_s']:>10.2f}"
             )
+        if a.ours_only:
+            continue
         diff = {k: (r["ours"][k] - r["reference"][k]) / r["reference"][k] * 100 for k in KEYS}
         print(f"{'':<18}{'diff':<5}" + "".join(f"{diff[k]:>21.1f}%" for k in KEYS))
         results["runs"][key]["diff_pct"] = diff
@@ -130,19 +137,24 @@ def main() -> None:
             scale: dict = {}
             for label, path in (("1x", a.trace), (f"{a.scale}x", big)):
                 o = measure(str(path), "kv_router", 2.0, 0)
-                r = run_under_reference(script, "--args", f"{path}|kv_router|2.0|0")
                 scale[label] = {
                     "requests": o["n"],
                     "ours_us_per_request": o["wall_s"] / o["n"] * 1e6,
-                    "reference_us_per_request": r["wall_s"] / r["n"] * 1e6,
                     "ours_wall_s": o["wall_s"],
-                    "reference_wall_s": r["wall_s"],
                 }
-                print(
+                line = (
                     f"scale {label}: {o['n']} requests, ours {o['wall_s']:.2f}s "
-                    f"({scale[label]['ours_us_per_request']:.0f} us/request), reference "
-                    f"{r['wall_s']:.2f}s ({scale[label]['reference_us_per_request']:.0f} us/request)"
+                    f"({scale[label]['ours_us_per_request']:.0f} us/request)"
                 )
+                if not a.ours_only:
+                    r = run_under_reference(script, "--args", f"{path}|kv_router|2.0|0")
+                    scale[label]["reference_us_per_request"] = r["wall_s"] / r["n"] * 1e6
+                    scale[label]["reference_wall_s"] = r["wall_s"]
+                    line += (
+                        f", reference {r['wall_s']:.2f}s "
+                        f"({scale[label]['reference_us_per_request']:.0f} us/request)"
+                    )
+                print(line)
             results["scale"] = scale
     if a.json:
         print(json.dumps(results))

@@ -2085,7 +2085,8 @@ class ReplayProgress:
 
 @final
 class _OfflineReplayResult:
-    """Result of an offline replay."""
+    """Result of a replay (offline, or online: then ``summary["replay_mode"] == "online"``
+    and ``telemetry`` has no samples)."""
 
     @property
     def summary(self) -> Dict[str, Any]:
@@ -2148,12 +2149,13 @@ def run_mocker_trace_replay(
     """Replay Mooncake trace files on simulated mocker workers behind a router.
 
     ``router_mode``: ``"round_robin"`` or ``"kv_router"`` (the project's KV router).
-    Offline (simulated time) returns an :class:`_OfflineReplayResult`. ``extra_engine_args``
+    Offline (simulated time, the ``aisimulate-core`` engines) and online (wall-clock time
+    through live in-process mocker workers on the request plane; timing is this project's
+    mocker's) both return an :class:`_OfflineReplayResult`. ``extra_engine_args``
     is the reference's mapping (``{"engine": {"num_gpu_blocks": ..., "block_size": ...}}``),
     a flat mapping of engine keys, or a :class:`MockEngineArgs`. A bad trace (missing field,
     decreasing timestamp, bad JSON, empty file) raises ``ValueError`` naming file and line; a
-    missing file raises ``FileNotFoundError``. ``replay_mode="online"``, disaggregated
-    engine args, ``ais_perf_config``, ``scaling_policy`` and the agentic/Weka options raise
+    missing file raises ``FileNotFoundError``. Disaggregated engine args, ``ais_perf_config``, ``scaling_policy`` and the agentic/Weka options raise
     ``ValueError`` (not supported).
     """
 

@@ -118,7 +118,12 @@ impl PyOfflineReplayResult {
             "summary" => self.summary(py),
             "per_request" => self.per_request(py),
             "telemetry" => self.telemetry(py),
-            _ => Err(pyo3::exceptions::PyKeyError::new_err(key.to_owned())),
+            // The reference's online replay returns the summary dict itself: its keys
+            // work here too (`result["mean_ttft_ms"]`).
+            _ => match self.out.summary.get(key) {
+                Some(v) => from_value(py, v),
+                None => Err(pyo3::exceptions::PyKeyError::new_err(key.to_owned())),
+            },
         }
     }
 
