@@ -384,6 +384,38 @@ def test_cli_without_matplotlib(trace: Path, tmp_path: Path) -> None:
     assert not list(out.glob("*.png"))
 
 
+def test_cli_online(trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    p = run_cli(
+        str(trace),
+        "--workers",
+        "3",
+        "--router",
+        "kv,rr",
+        "--speedup",
+        "4",
+        "--replay-mode",
+        "online",
+        "--engine-args",
+        json.dumps(ONLINE_ENGINE),
+        "--block-size",
+        "16",
+        "--trace-block-size",
+        "64",
+        "--no-plots",
+        "--out",
+        str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["replay_mode"] == "online"
+    for mode in ("kv_router", "round_robin"):
+        s = summary["modes"][mode]
+        assert s["replay_mode"] == "online" and s["completed_requests"] == 40
+        assert len((out / f"per_request_{mode}.jsonl").read_text().splitlines()) == 40
+    assert "40/40" in p.stderr
+
+
 def test_cli_simulator_failure_is_one_line(
     trace: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

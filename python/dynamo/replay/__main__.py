@@ -55,6 +55,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help='extra engine args as JSON, e.g. \'{"engine": {"max_num_seqs": 128}}\'',
     )
+    p.add_argument(
+        "--replay-mode",
+        choices=("offline", "online"),
+        default="offline",
+        help="offline: simulated time (default); online: wall-clock time through live "
+        "in-process mocker workers (no timeline samples)",
+    )
     p.add_argument("--concurrency", type=int, default=None, help="closed-loop in-flight cap")
     p.add_argument("--max-sim-time-ms", type=float, default=None)
     p.add_argument("--sla-ttft-ms", type=float, default=None)
@@ -122,6 +129,7 @@ def _run_mode(args: argparse.Namespace, mode: str, total: int) -> Any:
                 extra_engine_args=_engine_args(args),
                 num_workers=args.workers,
                 router_mode=mode,
+                replay_mode=args.replay_mode,
                 arrival_speedup_ratio=args.speedup,
                 trace_block_size=args.trace_block_size,
                 replay_concurrency=args.concurrency,
@@ -230,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         "trace": [str(t) for t in args.trace],
         "workers": args.workers,
         "arrival_speedup_ratio": args.speedup,
+        "replay_mode": args.replay_mode,
         "engine_args": _engine_args(args),
         "trace_block_size": args.trace_block_size,
         "modes": {m: r.summary for m, r in runs.items()},
