@@ -366,8 +366,112 @@ fn leading_text_that_cannot_be_a_call_is_released_at_once() {
     assert!(ev.is_empty(), "{ev:?}");
 }
 
+/// Pieces of every format's markup, for text that exercises all the parsers' states.
+const SOUP: &[&str] = &[
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_calls>",
+    "</tool_calls>",
+    "<TOOLCALL>",
+    "</TOOLCALL>",
+    "<think>",
+    "</think>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "<|python_tag|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "functools",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "function",
+    "```json\n",
+    "```",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "functions.get_weather:0",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|tool_calls_section_end|>",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "commentary to=functions.search",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|start|>",
+    "<function=get_weather>",
+    "<parameter=city>",
+    "</parameter>",
+    "</function>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "<invoke name=\"search\">",
+    "<parameter name=\"query\">",
+    "</invoke>",
+    "<minimax:tool_call>",
+    "</minimax:tool_call>",
+    "<｜DSML｜function_calls>",
+    "<｜DSML｜invoke name=\"search\">",
+    "{\"name\": \"get_weather\", \"arguments\": ",
+    "{\"name\": \"rm\", \"parameters\": ",
+    "{\"city\": \"x\"}",
+    "{",
+    "}",
+    "[",
+    "]",
+    "\"",
+    "\\",
+    ",",
+    ";",
+    "get_weather(",
+    "city='a'",
+    ")",
+    "search",
+    " ",
+    "\n",
+    "é",
+    "東",
+    "🗼",
+    "◁think▷",
+    "◁/think▷",
+    "[THINK]",
+    "[/THINK]",
+];
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// What the fuzz target checks, on markup soup: no panic, and any chunking parses
+    /// exactly as one chunk, for every tool parser with every reasoning parser (or none)
+    /// and with `parallel_tool_calls: false`.
+    #[test]
+    fn markup_soup_chunks_like_one_chunk(
+        parser in prop::sample::select(tool_parser_names()),
+        reasoning in prop::option::of(prop::sample::select(reasoning_parser_names())),
+        words in prop::collection::vec(prop::sample::select(SOUP), 0..40),
+        sizes in prop::collection::vec(1usize..10, 0..48),
+        single in any::<bool>(),
+    ) {
+        let text: String = words.concat();
+        let (tools, _) = goldens();
+        let tools = tools.as_array().expect("tools").clone();
+        let req = RequestTools {
+            tools: Some(&tools),
+            tool_choice: None,
+            parallel_tool_calls: single.then_some(false),
+        };
+        let mk = || ChatParser::for_request(Some(parser), reasoning, &req).expect("parser");
+        let whole = run_raw(mk(), &[&text]);
+        prop_assert_eq!(run_raw(mk(), &split(&text, &sizes)), whole);
+    }
 
     #[test]
     fn any_chunking_parses_like_one_chunk(
