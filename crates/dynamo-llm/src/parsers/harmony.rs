@@ -7,7 +7,7 @@
 
 //!
 //! A call's arguments stream as they arrive once its function is known to be allowed and
-//! its body starts with `{` (see [`super::tool_calls::stream`] for the rule when the body
+//! its body starts with `{` (see `tool_calls/stream.rs` for the rule when the body
 //! then turns out malformed).
 
 use super::ParseEvent;

@@ -5,9 +5,14 @@
 //! section ends (a closing marker, or the end of the output), and a function that turns a
 //! complete section into calls. [`ToolCallParser`] is the one streaming engine for all of
 //! them: text outside sections is content and streams at once (only a tail that may
-//! still become an opening marker is held back); a section is held until it is complete,
-//! then parsed. A section that does not parse, or that calls a function the request did
-//! not declare, is released as content: nothing the model wrote is ever lost.
+//! still become an opening marker is held back). Inside a section, formats whose
+//! arguments are a JSON object stream each call (its name once known and allowed, then
+//! its arguments as they arrive: `stream.rs`); the others hold the section until it is
+//! complete. The complete section is parsed and checked against what streamed. A section
+//! that does not parse, or that calls a function the request did not declare, is released
+//! as content (from its first unsent byte, when a call of it already streamed): nothing
+//! the model wrote is ever lost. A leading section (bare JSON or a Python list) is
+//! released as content as soon as it can no longer be calls.
 
 mod json;
 mod pythonic;
