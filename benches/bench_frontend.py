@@ -41,6 +41,25 @@ BODY = json.dumps(
         "stream": True,
     }
 ).encode()
+#: The same request declaring a tool, for runs with parsers configured (``--parsers``): the
+#: tool-call parser only runs when a request declares tools.
+BODY_TOOLS = json.dumps(
+    {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Tell me about routing."}],
+        "max_tokens": 16,
+        "stream": True,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ],
+    }
+).encode()
 CONCURRENCY = 128
 
 
@@ -58,8 +77,9 @@ def _cpu_seconds(pid: int) -> float:
 class Conn:
     """One keep-alive HTTP/1.1 connection that streams chat completions."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, body: bytes = BODY) -> None:
         self.port = port
+        self.body = body
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         #: The last complete response (status line, headers and chunked SSE body).
@@ -70,9 +90,9 @@ class Conn:
             self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
         head = (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(self.body)}\r\n\r\n"
         ).encode()
-        self.writer.write(head + BODY)
+        self.writer.write(head + self.body)
         buf = b""
         # The SSE body is chunked; it ends with [DONE] and the zero-length chunk.
         while not (b"[DONE]" in buf and buf.endswith(b"0\r\n\r\n")):
@@ -101,8 +121,8 @@ def _stream_shape(response: bytes) -> dict:
     return {"sse_events": len(events), "content_deltas": content, "bytes": len(response)}
 
 
-async def _sequential(port: int, n: int) -> tuple[list[float], dict]:
-    conn = Conn(port)
+async def _sequential(port: int, n: int, body: bytes) -> tuple[list[float], dict]:
+    conn = Conn(port, body)
     for _ in range(20):  # warm-up
         await conn.request()
     shape = _stream_shape(conn.last)
@@ -114,8 +134,8 @@ async def _sequential(port: int, n: int) -> tuple[list[float], dict]:
     return out, shape
 
 
-async def _concurrent(port: int, total: int) -> float:
-    conns = [Conn(port) for _ in range(CONCURRENCY)]
+async def _concurrent(port: int, total: int, body: bytes) -> float:
+    conns = [Conn(port, body) for _ in range(CONCURRENCY)]
     remaining = total
 
     async def run(c: Conn) -> None:
@@ -130,7 +150,12 @@ async def _concurrent(port: int, total: int) -> float:
     return time.perf_counter() - t
 
 
-def measure(python: str, model_dir: str, requests: int) -> dict:
+def measure(
+    python: str, model_dir: str, requests: int, parsers: tuple[str, str] | None = None
+) -> dict:
+    """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend,
+    with requests that declare a tool (this project only)."""
+    body = BODY if parsers is None else BODY_TOOLS
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
         env = dict(os.environ, DYN_FILE_KV=f"{tmp}/kv", DYN_LOG="warn")
@@ -139,7 +164,10 @@ def measure(python: str, model_dir: str, requests: int) -> dict:
         logs = open(Path(tmp) / "servers.log", "wb")
         procs = [
             subprocess.Popen(
-                [python, str(LAUNCHER), "frontend", str(port)], env=env, stdout=logs, stderr=logs
+                [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
+                env=env,
+                stdout=logs,
+                stderr=logs,
             ),
             subprocess.Popen(
                 [python, str(LAUNCHER), "mocker", model_dir, mocker_args],
@@ -164,10 +192,10 @@ def measure(python: str, model_dir: str, requests: int) -> dict:
                     raise SystemExit((Path(tmp) / "servers.log").read_text()[-3000:])
                 time.sleep(0.2)
             time.sleep(1.0)  # let the frontend's client see the worker instance
-            lat, shape = asyncio.run(_sequential(port, requests))
+            lat, shape = asyncio.run(_sequential(port, requests, body))
             total = requests * 4
             cpu0 = [_cpu_seconds(p.pid) for p in procs]
-            wall = asyncio.run(_concurrent(port, total))
+            wall = asyncio.run(_concurrent(port, total, body))
             cpu_fe, cpu_worker = (_cpu_seconds(p.pid) - c for p, c in zip(procs, cpu0, strict=True))
         finally:
             for p in procs:
@@ -287,6 +315,30 @@ def _table(ours: dict, ref: dict) -> str:
     return "\n".join(lines)
 
 
+def _parser_overhead(a: argparse.Namespace, write_tiny_model) -> None:
+    """Ours without parsers vs ours with ``a.parsers`` (issue 12: within 10%)."""
+    tool, reasoning = a.parsers.split(",")
+    plain_rounds: list[dict] = []
+    parsed_rounds: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
+        model = str(write_tiny_model(Path(tmp) / "tiny"))
+        for i in range(a.rounds):
+            sides = [("plain", None, plain_rounds), ("parsers", (tool, reasoning), parsed_rounds)]
+            if i % 2:
+                sides.reverse()
+            for name, parsers, sink in sides:
+                r = measure(sys.executable, model, a.requests, parsers)
+                print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
+                sink.append(r)
+    plain, parsed = _median(plain_rounds), _median(parsed_rounds)
+    print(f"machine: {machine()}; {a.rounds} rounds; medians; parsers {tool} + {reasoning}")
+    print("| metric | no parser | with parsers | with / without |\n|---|---:|---:|---:|")
+    for label, key, _, _ in ROWS:
+        print(
+            f"| {label} | {plain[key]:.3f} | {parsed[key]:.3f} | {parsed[key] / plain[key]:.3f} |"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--requests", type=int, default=500)
@@ -298,8 +350,19 @@ def main() -> None:
     )
     p.add_argument("--out", default=None)
     p.add_argument("--ours-only", action="store_true", help="skip the reference")
+    p.add_argument(
+        "--parsers",
+        default=None,
+        metavar="TOOL,REASONING",
+        help="this project only: alternate runs without parsers and with these frontend "
+        "parsers (requests then declare a tool), e.g. hermes,qwen3",
+    )
     a = p.parse_args()
     from dynamo.llm.tiny_model import write_tiny_model
+
+    if a.parsers:
+        _parser_overhead(a, write_tiny_model)
+        return
 
     ref_py = None if a.ours_only else reference_python()
     if not a.ours_only and ref_py is None:

@@ -5,7 +5,7 @@ both implementations start through the same code path (``EntrypointArgs`` ->
 ``make_engine`` -> ``run_input``); the reference runtime wheel ships no ``dynamo.frontend``
 or ``dynamo.mocker`` modules.
 
-Usage: ``serve_launcher.py frontend PORT`` or ``serve_launcher.py mocker MODEL_DIR JSON``
+Usage: ``serve_launcher.py frontend PORT [TOOL_PARSER REASONING_PARSER]`` or ``serve_launcher.py mocker MODEL_DIR JSON``
 (``JSON``: the mocker's engine arguments, e.g. ``{"speedup_ratio": 1000}``).
 
 The mocker must be told the endpoint it is served on (``endpoint_id``), not only
@@ -37,7 +37,16 @@ async def main(argv: list[str]) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runtime.shutdown)
     if argv[0] == "frontend":
-        args = EntrypointArgs(EngineType.Dynamic, http_host="127.0.0.1", http_port=int(argv[1]))
+        extra = {}
+        if len(argv) > 2:
+            # Frontend-wide parser defaults (this project only: ``bench_frontend.py
+            # --parsers``): models whose card names none get them.
+            extra["runtime_config"] = core.ModelRuntimeConfig(
+                tool_call_parser=argv[2], reasoning_parser=argv[3]
+            )
+        args = EntrypointArgs(
+            EngineType.Dynamic, http_host="127.0.0.1", http_port=int(argv[1]), **extra
+        )
         await run_input(runtime, "http", await make_engine(runtime, args))
     else:
         config = json.loads(argv[2])
