@@ -151,11 +151,15 @@ async def _concurrent(port: int, total: int, body: bytes) -> float:
 
 
 def measure(
-    python: str, model_dir: str, requests: int, parsers: tuple[str, str] | None = None
+    python: str,
+    model_dir: str,
+    requests: int,
+    parsers: tuple[str, str] | None = None,
+    tools: bool = False,
 ) -> dict:
-    """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend,
-    with requests that declare a tool (this project only)."""
-    body = BODY if parsers is None else BODY_TOOLS
+    """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend
+    (this project only); ``tools``: the requests declare a tool."""
+    body = BODY_TOOLS if tools else BODY
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
         env = dict(os.environ, DYN_FILE_KV=f"{tmp}/kv", DYN_LOG="warn")
@@ -327,7 +331,9 @@ def _parser_overhead(a: argparse.Namespace, write_tiny_model) -> None:
             if i % 2:
                 sides.reverse()
             for name, parsers, sink in sides:
-                r = measure(sys.executable, model, a.requests, parsers)
+                # Both sides send the same requests (declaring a tool, so the tool parser
+                # runs); only the frontend's parser configuration differs.
+                r = measure(sys.executable, model, a.requests, parsers, tools=True)
                 print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
                 sink.append(r)
     plain, parsed = _median(plain_rounds), _median(parsed_rounds)

@@ -41,9 +41,9 @@ async def main(argv: list[str]) -> None:
         if len(argv) > 2:
             # Frontend-wide parser defaults (this project only: ``bench_frontend.py
             # --parsers``): models whose card names none get them.
-            extra["runtime_config"] = core.ModelRuntimeConfig(
-                tool_call_parser=argv[2], reasoning_parser=argv[3]
-            )
+            config = core.ModelRuntimeConfig()
+            config.tool_call_parser, config.reasoning_parser = argv[2], argv[3]
+            extra["runtime_config"] = config
         args = EntrypointArgs(
             EngineType.Dynamic, http_host="127.0.0.1", http_port=int(argv[1]), **extra
         )
