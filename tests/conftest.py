@@ -35,3 +35,23 @@ def nats_server():
     server.start()
     yield server
     server.close()
+
+
+@pytest.fixture(params=["tcp", "nats"])
+def event_plane(request, monkeypatch) -> str:
+    """Run the test on the brokerless TCP event plane, then over a real NATS server."""
+    monkeypatch.setenv("DYN_EVENT_PLANE", request.param)
+    if request.param == "nats":
+        monkeypatch.setenv("NATS_SERVER", request.getfixturevalue("nats_server").url)
+    return request.param
+
+
+@pytest.fixture
+def system_port(monkeypatch) -> int:
+    """A system status server (for ``/metrics``) on a free loopback port."""
+    from services import free_port
+
+    port = free_port()
+    monkeypatch.setenv("DYN_SYSTEM_PORT", str(port))
+    monkeypatch.setenv("DYN_SYSTEM_HOST", "127.0.0.1")
+    return port

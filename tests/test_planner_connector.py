@@ -213,15 +213,6 @@ async def test_multimodal_cache_publisher_needs_an_endpoint() -> None:
         p.publish_delta(["k1"], ["k1"])  # cancels out: nothing sent
 
 
-@pytest.fixture(params=["tcp", "nats"])
-def event_plane(request, monkeypatch) -> str:
-    """Run the test on the brokerless TCP event plane, then over a real NATS server."""
-    monkeypatch.setenv("DYN_EVENT_PLANE", request.param)
-    if request.param == "nats":
-        monkeypatch.setenv("NATS_SERVER", request.getfixturevalue("nats_server").url)
-    return request.param
-
-
 async def test_multimodal_cache_consumers_rebuild_who_holds_what(
     etcd_server, event_plane, monkeypatch
 ) -> None:

@@ -11,7 +11,6 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from runtime_util import collect, local_runtime, unique_ns, wait_until
-from services import free_port
 
 
 def _http(port: int, path: str, body: bytes | None = None) -> tuple[int, bytes]:
@@ -26,14 +25,6 @@ def _http(port: int, path: str, body: bytes | None = None) -> tuple[int, bytes]:
 async def http(port: int, path: str, body: bytes | None = None) -> tuple[int, bytes]:
     # In a thread: engine-route callbacks run on this loop, which must stay free.
     return await asyncio.to_thread(_http, port, path, body)
-
-
-@pytest.fixture
-def system_port(monkeypatch) -> int:
-    port = free_port()
-    monkeypatch.setenv("DYN_SYSTEM_PORT", str(port))
-    monkeypatch.setenv("DYN_SYSTEM_HOST", "127.0.0.1")
-    return port
 
 
 def samples(text: str, name: str) -> dict[tuple, float]:
