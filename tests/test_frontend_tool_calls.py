@@ -612,6 +612,19 @@ def test_streamed_usage_counts_every_token_of_a_tool_call_output(stack):
     assert [f for f in finishes if f] == ["tool_calls"]
 
 
+def calls_content_finish(stack, args: dict, stream: bool) -> tuple[list, str | None, str]:
+    """One chat completion, streamed or not: its calls as (name, parsed arguments), its
+    content and its finish reason."""
+    if stream:
+        s = streamed(stack.openai.chat.completions.create(**args, stream=True))
+        calls = [(c["name"], json.loads(c["arguments"])) for c in s["calls"]]
+        return calls, s["content"], s["finish"]
+    r = stack.openai.chat.completions.create(**args)
+    msg = r.choices[0].message
+    calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls]
+    return calls, msg.content, r.choices[0].finish_reason
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_tool_choice_keeps_only_that_function(stack, stream):
     args = {
@@ -620,15 +633,7 @@ def test_named_tool_choice_keeps_only_that_function(stack, stream):
         "tools": TOOLS,
         "tool_choice": {"type": "function", "function": {"name": "search"}},
     }
-    if stream:
-        s = streamed(stack.openai.chat.completions.create(**args, stream=True))
-        calls = [(c["name"], json.loads(c["arguments"])) for c in s["calls"]]
-        content, finish = s["content"], s["finish"]
-    else:
-        r = stack.openai.chat.completions.create(**args)
-        msg = r.choices[0].message
-        calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls]
-        content, finish = msg.content, r.choices[0].finish_reason
+    calls, content, finish = calls_content_finish(stack, args, stream)
     assert calls == [("search", SEARCH_ARGUMENTS)]
     # The other call is text, as OpenAI treats a named choice (finish_reason stays stop).
     assert '"name": "get_weather"' in content and "<tool_call>" in content
@@ -643,15 +648,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call(stack, stream):
         "tools": TOOLS,
         "parallel_tool_calls": False,
     }
-    if stream:
-        s = streamed(stack.openai.chat.completions.create(**args, stream=True))
-        calls = [(c["name"], json.loads(c["arguments"])) for c in s["calls"]]
-        content, finish = s["content"], s["finish"]
-    else:
-        r = stack.openai.chat.completions.create(**args)
-        msg = r.choices[0].message
-        calls = [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls]
-        content, finish = msg.content, r.choices[0].finish_reason
+    calls, content, finish = calls_content_finish(stack, args, stream)
     assert calls == [("get_weather", {"city": "Paris"})]
     assert '"name": "search"' in content
     assert finish == "tool_calls"
