@@ -127,6 +127,11 @@ impl KvRouterCore {
         })
     }
 
+    /// The scheduler (load tracking; replica sync applies peers' bookings to it).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
     /// The scheduler's busy thresholds.
     pub fn thresholds(&self) -> LoadThresholds {
         self.scheduler.thresholds()

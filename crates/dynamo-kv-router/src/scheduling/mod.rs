@@ -12,10 +12,13 @@
 //! same idle worker because neither saw the other).
 //!
 //! Configuration lives in [`config`]; the waiting queue used when every worker is saturated
-//! in [`queue`].
+//! in [`queue`]; the sharing of bookings between router replicas in [`replica_sync`] (peers'
+//! bookings live next to this scheduler's own, under keys that cannot collide with them, so
+//! shared prefixes still count once per worker).
 
 pub mod config;
 pub mod queue;
+pub mod replica_sync;
 pub mod selector;
 pub mod sequences;
 
@@ -29,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::hashing::SequenceHash;
 pub use crate::protocols::WorkerWithDpRank;
 use config::{KvRouterConfig, RouterConfigOverride};
+use replica_sync::{BookingRecord, SyncBody};
 use selector::{CandidateLoad, LoadThresholds, RoutingConstraints, TierOverlap, WorkerCapacity};
 use sequences::ActiveSequences;
 
@@ -88,9 +92,17 @@ struct WorkerState {
 /// An eligible worker rank with its cache overlap and cost for one request.
 type Candidate = (WorkerWithDpRank, TierOverlap, f64);
 
+/// Receives this scheduler's own booking changes, in order (see
+/// [`Scheduler::set_sync_observer`]).
+pub type SyncObserver = Box<dyn Fn(SyncBody) + Send + Sync>;
+
 struct State {
     workers: BTreeMap<WorkerWithDpRank, WorkerState>,
     owners: FxHashMap<String, WorkerWithDpRank>,
+    /// Peers' bookings ([`replica_sync::remote_key`]) and their worker ranks.
+    remote: FxHashMap<String, WorkerWithDpRank>,
+    /// Replica sync: told of every change of `owners`' bookings, under the lock.
+    observer: Option<SyncObserver>,
     rng: fastrand::Rng,
     /// Busy thresholds; here (not a plain field) so `POST /busy_threshold` can change them
     /// while requests are being routed.
@@ -137,6 +149,8 @@ impl Scheduler {
             state: Mutex::new(State {
                 workers: BTreeMap::new(),
                 owners: FxHashMap::default(),
+                remote: FxHashMap::default(),
+                observer: None,
                 rng,
                 thresholds,
             }),
@@ -199,8 +213,19 @@ impl Scheduler {
     /// Forget every rank of `worker_id` and the requests booked on them.
     pub fn remove_worker(&self, worker_id: u64) {
         let mut st = self.lock();
+        let st = &mut *st;
         st.workers.retain(|w, _| w.worker_id != worker_id);
-        st.owners.retain(|_, w| w.worker_id != worker_id);
+        st.remote.retain(|_, w| w.worker_id != worker_id);
+        let observer = st.observer.as_ref();
+        st.owners.retain(|id, w| {
+            let keep = w.worker_id != worker_id;
+            if !keep && let Some(o) = observer {
+                o(SyncBody::Freed {
+                    request_id: id.clone(),
+                });
+            }
+            keep
+        });
     }
 
     /// Registered worker ranks, in order.
@@ -363,13 +388,23 @@ impl Scheduler {
             .ok_or(Error::NoEligibleWorkers)?;
         let (worker, overlap, cost) = candidates[index];
         if let Some(id) = req.request_id {
+            let observed = st.observer.is_some();
             let prefill = self.prefill_tokens(&params, req.isl_tokens, overlap.device);
             let w = st.workers.get_mut(&worker).ok_or(Error::UnknownWorker {
                 worker_id: worker.worker_id,
                 dp_rank: worker.dp_rank,
             })?;
+            let shared = observed.then(|| blocks.clone());
             w.seqs.add_request(id, blocks, prefill)?;
             st.owners.insert(id.to_owned(), worker);
+            if let (Some(o), Some(blocks)) = (&st.observer, shared) {
+                o(SyncBody::Booked(BookingRecord {
+                    request_id: id.to_owned(),
+                    worker,
+                    blocks,
+                    prefill_tokens: prefill,
+                }));
+            }
         }
         Ok(Selection {
             worker,
@@ -404,6 +439,15 @@ impl Scheduler {
         request_id: &str,
         f: impl FnOnce(&mut ActiveSequences, &mut fastrand::Rng) -> Result<T>,
     ) -> Result<T> {
+        self.with_request_observed(request_id, |s, rng, _| f(s, rng))
+    }
+
+    /// As [`Self::with_request`], also handing `f` the replica-sync observer.
+    fn with_request_observed<T>(
+        &self,
+        request_id: &str,
+        f: impl FnOnce(&mut ActiveSequences, &mut fastrand::Rng, Option<&SyncObserver>) -> Result<T>,
+    ) -> Result<T> {
         let mut st = self.lock();
         let st = &mut *st;
         let worker = *st
@@ -414,7 +458,7 @@ impl Scheduler {
             .workers
             .get_mut(&worker)
             .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
-        f(&mut w.seqs, &mut st.rng)
+        f(&mut w.seqs, &mut st.rng, st.observer.as_ref())
     }
 
     /// The request produced its first token (its prompt stops counting as prefill load).
@@ -422,7 +466,15 @@ impl Scheduler {
     /// # Errors
     /// [`Error::UnknownRequest`].
     pub fn mark_prefill_completed(&self, request_id: &str) -> Result<()> {
-        self.with_request(request_id, |s, _| s.mark_prefill_completed(request_id))
+        self.with_request_observed(request_id, |s, _, observer| {
+            s.mark_prefill_completed(request_id)?;
+            if let Some(o) = observer {
+                o(SyncBody::PrefillCompleted {
+                    request_id: request_id.to_owned(),
+                });
+            }
+            Ok(())
+        })
     }
 
     /// The request generated another full block (only tracked with
@@ -434,8 +486,16 @@ impl Scheduler {
         if !self.config.router_track_output_blocks {
             return self.with_request(request_id, |_, _| Ok(()));
         }
-        self.with_request(request_id, |s, rng| {
-            s.add_output_block(request_id, SequenceHash(rng.u64(..)))
+        self.with_request_observed(request_id, |s, rng, observer| {
+            let block = SequenceHash(rng.u64(..));
+            s.add_output_block(request_id, block)?;
+            if let Some(o) = observer {
+                o(SyncBody::OutputBlock {
+                    request_id: request_id.to_owned(),
+                    block,
+                });
+            }
+            Ok(())
         })
     }
 
@@ -444,9 +504,119 @@ impl Scheduler {
     /// # Errors
     /// [`Error::UnknownRequest`].
     pub fn free(&self, request_id: &str) -> Result<()> {
-        self.with_request(request_id, |s, _| s.free(request_id))?;
+        self.with_request_observed(request_id, |s, _, observer| {
+            s.free(request_id)?;
+            if let Some(o) = observer {
+                o(SyncBody::Freed {
+                    request_id: request_id.to_owned(),
+                });
+            }
+            Ok(())
+        })?;
         self.lock().owners.remove(request_id);
         Ok(())
+    }
+
+    /// Tell `observer` of every later change of this scheduler's own bookings (booked,
+    /// prefill completed, output block, freed), in the order they happen: it is called
+    /// under the scheduler's lock, so it must be quick and must not call back (send to a
+    /// channel). Replaces any previous observer.
+    pub fn set_sync_observer(&self, observer: SyncObserver) {
+        self.lock().observer = Some(observer);
+    }
+
+    /// This scheduler's own bookings, as they stand.
+    pub fn local_bookings(&self) -> Vec<BookingRecord> {
+        let st = self.lock();
+        Self::bookings_of(&st)
+    }
+
+    fn bookings_of(st: &State) -> Vec<BookingRecord> {
+        st.owners
+            .iter()
+            .filter_map(|(id, worker)| {
+                let (blocks, prefill_tokens) = st.workers.get(worker)?.seqs.request(id)?;
+                Some(BookingRecord {
+                    request_id: id.clone(),
+                    worker: *worker,
+                    blocks: blocks.to_vec(),
+                    prefill_tokens,
+                })
+            })
+            .collect()
+    }
+
+    /// Hand the observer a [`SyncBody::Snapshot`] of this scheduler's own bookings, in
+    /// order with the changes it is told of (taken and sent under the lock, so no change
+    /// can slip between the snapshot and its delivery). Nothing happens without observer.
+    pub fn emit_snapshot(&self) {
+        let st = self.lock();
+        if let Some(o) = &st.observer {
+            o(SyncBody::Snapshot {
+                bookings: Self::bookings_of(&st),
+            });
+        }
+    }
+
+    /// Book a peer replica's request under `key` (see [`replica_sync::BookingTracker`]);
+    /// `false` when its worker rank is not registered here. A key already booked is
+    /// replaced.
+    pub fn book_remote(&self, key: &str, record: &BookingRecord) -> bool {
+        let mut st = self.lock();
+        let st = &mut *st;
+        if let Some(old) = st.remote.remove(key)
+            && let Some(w) = st.workers.get_mut(&old)
+        {
+            let _ = w.seqs.free(key);
+        }
+        let Some(w) = st.workers.get_mut(&record.worker) else {
+            return false;
+        };
+        if w.seqs
+            .add_request(key, record.blocks.clone(), record.prefill_tokens)
+            .is_err()
+        {
+            return false;
+        }
+        st.remote.insert(key.to_owned(), record.worker);
+        true
+    }
+
+    fn with_remote(&self, key: &str, f: impl FnOnce(&mut ActiveSequences)) {
+        let mut st = self.lock();
+        let st = &mut *st;
+        if let Some(worker) = st.remote.get(key)
+            && let Some(w) = st.workers.get_mut(worker)
+        {
+            f(&mut w.seqs);
+        }
+    }
+
+    /// A peer's request completed prefill (unknown keys are ignored).
+    pub fn remote_prefill_completed(&self, key: &str) {
+        self.with_remote(key, |s| {
+            let _ = s.mark_prefill_completed(key);
+        });
+    }
+
+    /// A peer's request holds another block (unknown keys are ignored).
+    pub fn remote_output_block(&self, key: &str, block: SequenceHash) {
+        self.with_remote(key, |s| {
+            let _ = s.add_output_block(key, block);
+        });
+    }
+
+    /// Release a peer's request (unknown keys are ignored).
+    pub fn free_remote(&self, key: &str) {
+        self.with_remote(key, |s| {
+            let _ = s.free(key);
+        });
+        self.lock().remote.remove(key);
+    }
+
+    /// Peers' bookings held here.
+    pub fn remote_bookings(&self) -> usize {
+        self.lock().remote.len()
     }
 
     /// Whether a request with these constraints must wait in the router queue: every

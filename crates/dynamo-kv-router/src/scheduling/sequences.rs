@@ -125,6 +125,13 @@ impl ActiveSequences {
         self.requests.len()
     }
 
+    /// The blocks and remaining prefill tokens of one active request.
+    pub fn request(&self, request_id: &str) -> Option<(&[SequenceHash], u64)> {
+        self.requests
+            .get(request_id)
+            .map(|r| (r.blocks.as_slice(), r.prefill_tokens))
+    }
+
     /// How many of `blocks` are not yet held by an in-flight request.
     pub fn new_blocks(&self, blocks: &[SequenceHash]) -> usize {
         blocks
