@@ -2,6 +2,7 @@
 //! layout and the invariants; this file implements them.
 
 mod dump;
+mod free_runs;
 mod invariants;
 
 use std::cell::RefCell;
@@ -13,6 +14,7 @@ use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use self::free_runs::FreeRuns;
 use super::OverlapScores;
 use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
@@ -150,7 +152,7 @@ thread_local! {
 #[derive(Debug)]
 pub struct RadixTree {
     nodes: Vec<Node>,
-    free_nodes: Vec<u32>,
+    free_nodes: FreeRuns,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
@@ -181,7 +183,7 @@ impl RadixTree {
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
             nodes: vec![Self::root()],
-            free_nodes: Vec::new(),
+            free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
             children: HashTable::new(),
@@ -247,7 +249,7 @@ impl RadixTree {
             }
         };
         self.nodes.capacity() * size_of::<Node>()
-            + self.free_nodes.capacity() * 4
+            + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
             + table(&self.children)
@@ -336,8 +338,21 @@ impl RadixTree {
             return Ok(());
         }
         let slot = self.slot_for(worker);
+        // Once a block is new, the rest of the chain is too: a node created by this call
+        // has no children yet, so its child is created without probing for one.
+        let mut fresh = false;
         for block in blocks {
-            let child = self.child_or_insert(parent, block.tokens_hash.0);
+            let child = if fresh {
+                self.insert_child(parent, block.tokens_hash.0)
+            } else {
+                match self.child(parent, block.tokens_hash.0) {
+                    Some(c) => c,
+                    None => {
+                        fresh = true;
+                        self.insert_child(parent, block.tokens_hash.0)
+                    }
+                }
+            };
             self.set_residency(slot, child, block.block_hash.0);
             parent = child;
         }
@@ -529,33 +544,28 @@ impl RadixTree {
             .copied()
     }
 
-    fn child_or_insert(&mut self, parent: u32, local: u64) -> u32 {
-        if let Some(c) = self.child(parent, local) {
-            return c;
-        }
+    /// Create the child `(parent, local)`, which must not exist.
+    fn insert_child(&mut self, parent: u32, local: u64) -> u32 {
         let node = Node {
             local,
             ext: 0,
             parent,
             slot: NIL,
         };
-        // A chain stored by one event is allocated at consecutive ids, so its blocks (all but
-        // the first) are implicit children and cost no child-table entry.
-        let append = parent as usize + 1 == self.nodes.len();
-        let id = match self.free_nodes.pop() {
-            Some(id) if !append => {
-                self.nodes[id as usize] = node;
-                id
-            }
-            popped => {
-                if let Some(id) = popped {
-                    self.free_nodes.push(id);
-                }
-                let id = self.nodes.len() as u32;
-                assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
-                self.nodes.push(node);
-                id
-            }
+        // The slot right after the parent makes the node an implicit child (no child-table
+        // entry): the end of the arena, or the next id of the free run the parent came
+        // from (a chain reuses a run of ids freed together). Otherwise any free id.
+        let next = parent + 1;
+        let id = if next as usize == self.nodes.len() {
+            self.push_node(node)
+        } else if self.free_nodes.take_at(next) {
+            self.nodes[next as usize] = node;
+            next
+        } else if let Some(id) = self.free_nodes.pop() {
+            self.nodes[id as usize] = node;
+            id
+        } else {
+            self.push_node(node)
         };
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
@@ -568,6 +578,13 @@ impl RadixTree {
                     child_hash(n.parent, n.local)
                 });
         }
+        id
+    }
+
+    fn push_node(&mut self, node: Node) -> u32 {
+        let id = self.nodes.len() as u32;
+        assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+        self.nodes.push(node);
         id
     }
 
@@ -809,7 +826,7 @@ impl RadixTree {
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = vec![Self::root()];
-        self.free_nodes = Vec::new();
+        self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = HashTable::new();
