@@ -259,6 +259,17 @@ class Instance:
     def __hash__(self) -> int: ...
 
 @final
+class ModelCardInstanceId:
+    """Identity of a worker instance (namespace, component, endpoint, instance id).
+
+    Handed to ``chat_engine_factory`` callbacks; it has no Python constructor and, as in
+    the reference, the instance id is not exposed.
+    """
+
+    def triple(self) -> Tuple[str, str, str]:
+        """``(namespace, component, endpoint)`` this worker is serving."""
+
+@final
 class Client:
     """A client of one endpoint; its instance list follows discovery live.
 
@@ -1201,9 +1212,96 @@ class ModelDeploymentCard:
         """Checksum of what must agree between workers serving the same model."""
     def __eq__(self, other: object, /) -> bool: ...
 
+class MediaDecoder:
+    """Which media the frontend decodes for a model (``register_model(media_decoder=)``).
+
+    Without one, image parts reach the chat template as they are. See
+    ``docs/multimodal.md``.
+    """
+
+    def __init__(self) -> None: ...
+    def enable_image(self, decoder_options: Dict[str, Any]) -> None:
+        """Decode PNG, JPEG, WebP and GIF (first frame) images to RGB8.
+
+        ``decoder_options``: ``{"limits": {"max_image_width": int, "max_image_height": int,
+        "max_alloc": int, "max_pixels": int}, "formats": ["png", "jpeg", "webp", "gif"]}``,
+        every key optional (defaults 16384, 16384, 512 MiB, 50 MP, all formats).
+
+        Raises:
+            ValueError: an unknown key, a bad value or an unsupported format.
+        """
+
+class MediaFetcher:
+    """How the frontend fetches image URLs for a model (``register_model(media_fetcher=)``).
+
+    Secure by default: IP-literal hosts, non-default ports and names resolving to private,
+    loopback, link-local, CGNAT, unique-local or metadata-service addresses are refused
+    (checked on the resolved addresses and again on every redirect); bodies are capped at
+    20 MiB, must be ``image/*`` and must arrive within 30 s. The setters return None.
+    """
+
+    def __init__(self) -> None: ...
+    def user_agent(self, user_agent: str) -> None: ...
+    def allow_direct_ip(self, allow: bool) -> None:
+        """Allow IP-literal hosts and addresses of every class."""
+    def allow_direct_port(self, allow: bool) -> None:
+        """Allow explicit non-default ports."""
+    def allow_private_ips(self, allow: bool) -> None:
+        """Allow names that resolve to private addresses (IP literals stay refused)."""
+    def allowed_media_domains(self, domains: List[str]) -> None:
+        """Only fetch from these domains and their subdomains."""
+    def timeout_ms(self, timeout_ms: int) -> None:
+        """Whole-fetch timeout (``ValueError`` for 0)."""
+    def max_bytes(self, max_bytes: int) -> None:
+        """Largest response or data-URL payload (``ValueError`` for 0)."""
+
+def resolve_routing_image_token_id(
+    model_id: str, model_dir: Optional[str] = None
+) -> Optional[int]:
+    """The image placeholder token id the frontend repeats for each image of a model
+    (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Llama-4, Gemma-3, InternVL), read from
+    ``config.json`` (``image_token_id`` / ``image_token_index``) or else the tokenizer;
+    None for other families or unreadable files. ``model_dir`` defaults to ``model_id``."""
+
 def lora_name_to_id(lora_name: str) -> int:
     """A deterministic positive 31-bit id for a LoRA adapter name (blake3-based; the
     reference's values)."""
+
+@final
+class LoRADownloader:
+    """Resolves LoRA adapter URIs to local directories through an on-disk cache.
+
+    Sources: ``file:///path`` (returned as is once it holds ``adapter_config.json`` plus
+    ``adapter_model.safetensors``, ``adapter_model.bin`` or ``model.lora_weights.npy``) and
+    ``s3://bucket/prefix`` (every object under the prefix, downloaded into the cache with
+    the standard ``AWS_*`` environment variables; see ``docs/lora.md``).
+
+    The cache root is ``cache_path``, else ``$DYN_LORA_PATH``, else
+    ``~/.cache/dynamo_loras`` (``RuntimeError`` when none can be determined).
+    """
+
+    def __init__(self, cache_path: Optional[str] = None) -> None: ...
+    def download_if_needed(self, lora_uri: str) -> Awaitable[str]:
+        """The adapter's local directory, downloading it first when it is not cached.
+
+        Raises:
+            ValueError: a scheme other than ``file://`` / ``s3://``, or a malformed URI.
+            RuntimeError: ``"Download failed: <uri>: <cause>"`` for everything else (a
+                missing path or object, refused credentials, a broken transfer, a
+                download that is not an adapter).
+        """
+    def get_cache_path(self, cache_key: str) -> str:
+        """The cache directory of ``cache_key`` (``ValueError`` for a key that would name
+        a path outside the cache: empty, ``.``, ``..`` or containing a separator)."""
+    def is_cached(self, lora_uri: str) -> bool:
+        """Whether a URI (or, without ``://``, a cache key) is available locally."""
+    def validate_cached(self, cache_key: str) -> bool:
+        """Whether the entry ``cache_key`` holds ``adapter_config.json`` plus weights
+        (``RuntimeError`` when it cannot be inspected, e.g. permission denied)."""
+    @staticmethod
+    def uri_to_cache_key(uri: str) -> str:
+        """The reference's cache key: ``://`` becomes ``__``, then ``/``, ``\\`` and ``.``
+        become ``_`` (``s3://b/a/x.y`` -> ``s3__b_a_x_y``)."""
 
 async def fetch_model(remote_name: str, ignore_weights: bool = False) -> str:
     """The local directory of a model.
@@ -1504,8 +1602,8 @@ async def register_model(
     tensor_model_config: Optional[Dict[str, Any]] = None,
     user_data: Optional[Dict[str, Any]] = None,
     custom_template_path: Optional[str] = None,
-    media_decoder: Optional[Any] = None,
-    media_fetcher: Optional[Any] = None,
+    media_decoder: Optional[MediaDecoder] = None,
+    media_fetcher: Optional[MediaFetcher] = None,
     forward_inline_media_in_messages: Optional[bool] = None,
     lora_name: Optional[str] = None,
     base_model_path: Optional[str] = None,
@@ -1604,6 +1702,8 @@ class EntrypointArgs:
         enable_streaming_tool_dispatch: Optional[bool] = None,
         enable_streaming_reasoning_dispatch: Optional[bool] = None,
         tokenizer_backend: Optional[str] = None,
+        media_decoder: Optional[MediaDecoder] = None,
+        media_fetcher: Optional[MediaFetcher] = None,
     ) -> EntrypointArgs: ...
 
 async def make_engine(

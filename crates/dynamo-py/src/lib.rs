@@ -11,6 +11,7 @@
 //! * [`kv_routing`]: KV event/metrics publishers, KV indexers and `KvRouter`.
 //! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
 //! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
+//! * [`instance_id`]: `ModelCardInstanceId`.
 //! * [`aio`]: Rust futures as asyncio futures (completed on the loop thread).
 //! * [`engine`]: the bridge between the request plane and Python handlers and streams.
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
@@ -44,6 +45,7 @@ mod errors;
 mod fpm;
 mod frontend_routes;
 mod grpc;
+mod instance_id;
 mod json;
 mod kv;
 mod kv_routing;
@@ -67,6 +69,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     router::register(m)?;
     kv_routing::register(m)?;
     runtime::register(m)?;
+    instance_id::register(m)?;
     logging::register(m)?;
     block_manager::register(m)?;
     llm::register(m)?;

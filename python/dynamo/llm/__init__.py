@@ -28,6 +28,10 @@ from dynamo._core import KvRouter as KvRouter
 from dynamo._core import KvRouterConfig as KvRouterConfig
 from dynamo._core import KvStoredEventInput as KvStoredEventInput
 from dynamo._core import Layer as Layer
+from dynamo._core import LoRADownloader as LoRADownloader
+from dynamo._core import MediaDecoder as MediaDecoder
+from dynamo._core import MediaFetcher as MediaFetcher
+from dynamo._core import ModelCardInstanceId as ModelCardInstanceId
 from dynamo._core import ModelInput as ModelInput
 from dynamo._core import ModelRuntimeConfig as ModelRuntimeConfig
 from dynamo._core import ModelType as ModelType
@@ -50,6 +54,9 @@ from dynamo._core import fetch_model as fetch_model
 from dynamo._core import lora_name_to_id as lora_name_to_id
 from dynamo._core import make_engine as make_engine
 from dynamo._core import register_model as register_model
+from dynamo._core import (
+    resolve_routing_image_token_id as resolve_routing_image_token_id,
+)
 from dynamo._core import run_input as run_input
 from dynamo._core import (
     run_mocker_synthetic_trace_replay as run_mocker_synthetic_trace_replay,
@@ -94,6 +101,9 @@ __all__ = [
     "KvbmRequest",
     "LLMUnaryClient",
     "Layer",
+    "LoRADownloader",
+    "MediaDecoder",
+    "MediaFetcher",
     "ModelInput",
     "ModelRuntimeConfig",
     "ModelType",
@@ -116,6 +126,7 @@ __all__ = [
     "make_engine",
     "register_llm",
     "register_model",
+    "resolve_routing_image_token_id",
     "run_input",
     "run_mocker_synthetic_trace_replay",
     "run_mocker_trace_replay",
