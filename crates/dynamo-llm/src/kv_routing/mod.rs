@@ -14,6 +14,7 @@
 //! |---|---|---|
 //! | `kv-events` | event plane, worker → routers | one JSON `RouterEvent` per event |
 //! | `kv_metrics` | event plane, worker → routers | JSON [`ActiveLoad`] |
+//! | `router-replicas.{endpoint}` | event plane, router ↔ routers (`router_replica_sync`) | JSON `SyncMessage` ([`replica_sync`]) |
 //! | `worker_kv_indexer_query_dp{rank}` | request plane (request/response) | `WorkerKvQueryRequest` → `WorkerKvQueryResponse` |
 //!
 //! The topics go through [`bus`], a thin synchronous front of the runtime's event plane
@@ -40,6 +41,7 @@
 mod block_events;
 pub mod bus;
 mod publisher;
+pub mod replica_sync;
 mod router;
 pub(crate) mod zmq;
 

@@ -87,6 +87,18 @@ struct Shared {
     queue: Mutex<RouterQueue<oneshot::Sender<()>>>,
     /// Epoch of the queue's arrival offsets.
     epoch: Instant,
+    /// Signalled (one permit) when a rank is registered, for replica sync.
+    rank_joined: Notify,
+}
+
+impl super::replica_sync::SyncedRouter for Shared {
+    fn scheduler(&self) -> &dynamo_kv_router::scheduling::Scheduler {
+        self.core.scheduler()
+    }
+
+    fn rank_joined(&self) -> &Notify {
+        &self.rank_joined
+    }
 }
 
 impl Shared {
@@ -97,6 +109,7 @@ impl Shared {
         if lock(&self.ranks).insert(worker) {
             self.register(worker);
             self.changed.notify_waiters();
+            self.rank_joined.notify_one();
         }
     }
 
@@ -149,7 +162,9 @@ impl Shared {
 /// * discovery of the endpoint's instances → `upsert_worker` / `remove_worker`;
 /// * the component's `kv_events` topic → the index, with gap detection and recovery from
 ///   the worker-local indexer (live events buffered meanwhile);
-/// * the `kv_metrics` topic → `set_kv_used_blocks`.
+/// * the `kv_metrics` topic → `set_kv_used_blocks`;
+/// * with `router_replica_sync`, the `router-replicas.{endpoint}` topic: bookings shared
+///   with the other routers of the endpoint (see [`super::replica_sync`]).
 pub struct KvRouter {
     shared: Arc<Shared>,
     runtime: DistributedRuntime,
@@ -213,6 +228,7 @@ impl KvRouter {
             capacity: Mutex::new(HashMap::new()),
             queue: Mutex::new(RouterQueue::new(policy)),
             epoch: Instant::now(),
+            rank_joined: Notify::new(),
         });
         let stop = CancellationToken::new();
         let ns = endpoint.namespace.clone();
@@ -293,6 +309,10 @@ impl KvRouter {
 
         if queued {
             tokio::spawn(dispatch_queue(Arc::clone(&shared), stop.clone()));
+        }
+
+        if shared.core.config().router_replica_sync {
+            super::replica_sync::spawn(runtime, endpoint, Arc::clone(&shared), stop.clone())?;
         }
 
         Ok(Arc::new(Self {
