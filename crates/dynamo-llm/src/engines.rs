@@ -174,7 +174,14 @@ impl TokenEngine for MockTokenEngine {
             }
             let id = format!("{}-{seq}", context.id());
             let rx = runner
-                .submit(MockRequest::new(id, request.token_ids.clone(), max))
+                .submit(MockRequest {
+                    block_mm_infos: request
+                        .mm_routing_info
+                        .as_ref()
+                        .map(|m| m.block_mm_infos.clone())
+                        .unwrap_or_default(),
+                    ..MockRequest::new(id, request.token_ids.clone(), max)
+                })
                 .await
                 .map_err(|e| Error::InvalidRequest {
                     message: e.to_string(),

@@ -46,6 +46,10 @@ pub struct LocalEngine {
     pub model_name: Option<String>,
     /// The engine.
     pub kind: LocalEngineKind,
+    /// Media decoding the card enables (images for multimodal tests of the mocker).
+    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
+    /// Media fetcher settings of the card.
+    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
 }
 
 /// `vocab_size` of a model directory's `config.json`.
@@ -77,6 +81,8 @@ impl LocalEngine {
             model_path: self.model_path.clone(),
             model_name: self.model_name.clone(),
             kv_cache_block_size: block_size,
+            media_decoder: self.media_decoder.clone(),
+            media_fetcher: self.media_fetcher.clone(),
             ..Default::default()
         }
         .build_card()

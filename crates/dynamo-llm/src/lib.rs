@@ -18,6 +18,8 @@
 //! * [`entrypoint`]: in-process engines behind an input (`dyn://`, `http`, `text`, `stdin`).
 //! * [`grpc`]: the KServe v2 gRPC ingress (text and tensor models).
 //! * [`parsers`]: tool-call and reasoning parsers of model output (streaming).
+//! * [`lora`]: LoRA adapter URIs (`file://`, `s3://`) resolved to local directories through
+//!   an on-disk cache (`LoRADownloader`).
 //!
 //! ```
 //! use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
@@ -41,13 +43,16 @@ pub mod fpm;
 pub mod grpc;
 pub mod http;
 pub mod kv_routing;
+pub mod lora;
 pub mod mm_cache;
 pub mod mocker;
 pub mod model_card;
+pub mod multimodal;
 pub mod parsers;
 pub mod planner;
 pub mod preprocessor;
 #[cfg(feature = "replay")]
 pub mod replay;
+pub mod selection;
 
 pub use error::{Error, Result};

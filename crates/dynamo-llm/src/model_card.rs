@@ -196,6 +196,13 @@ pub struct ModelDeploymentCard {
     /// Other names the model answers to.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub model_aliases: Vec<String>,
+    /// How the frontend fetches media URLs for this model (`register_model(media_fetcher=)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
+    /// Which media the frontend decodes for this model (`register_model(media_decoder=)`);
+    /// `None`: image parts are passed to the template as they are, undecoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
 }
 
 /// A URL- and path-safe form of a model name: lowercase ASCII letters, digits, `-`, `_`
@@ -283,6 +290,8 @@ impl ModelDeploymentCard {
             tensor_model_config: None,
             lora: None,
             model_aliases: Vec::new(),
+            media_fetcher: None,
+            media_decoder: None,
         }
     }
 

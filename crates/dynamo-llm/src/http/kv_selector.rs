@@ -120,6 +120,22 @@ fn routing_error(model: &ModelEntry, e: &kv_routing::Error) -> HttpError {
     }
 }
 
+/// The endpoint's live instances that do not serve `model` (for a LoRA adapter: those
+/// that did not register it). The router avoids them; the frontend's
+/// [`ModelEntry::restrict_route`] enforces it.
+fn not_serving(model: &ModelEntry) -> Vec<u64> {
+    if model.adapter.is_none() {
+        return Vec::new();
+    }
+    let serving = model.serving_instances();
+    model
+        .client
+        .instance_ids()
+        .into_iter()
+        .filter(|id| !serving.contains(id))
+        .collect()
+}
+
 impl WorkerSelector for KvSelector {
     fn select(&self, model: &ModelEntry, _client: &Client, request: &RoutedRequest<'_>) -> Route {
         // Query only (no booking): callers that do not report completion.
@@ -129,12 +145,16 @@ impl WorkerSelector for KvSelector {
         let Some(router) = self.router(model) else {
             return Route::RoundRobin;
         };
-        let down = model.client.down_instance_ids();
+        let mut avoid = model.client.down_instance_ids();
+        avoid.extend(not_serving(model));
         match router
             .core()
             .best_worker(&dynamo_kv_router::kv_router::RouteRequest {
                 tokens: &req.token_ids,
-                avoid: &down,
+                lora_name: model.lora_name(),
+                // Blocks covering an image hash with its mm_hash, as the engine's events do.
+                block_mm_infos: req.mm_routing_info.as_ref().map(|m| &m.block_mm_infos[..]),
+                avoid: &avoid,
                 ..Default::default()
             }) {
             Ok(sel) => Route::Direct(sel.worker.worker_id),
@@ -158,7 +178,7 @@ impl WorkerSelector for KvSelector {
             let RoutedRequest::Tokens(req) = request else {
                 return Ok(plain(Route::RoundRobin));
             };
-            if model.client.instance_ids().is_empty() {
+            if model.serving_instances().is_empty() {
                 return Err(HttpError::unavailable(format!(
                     "no workers available for {}: no instances found for endpoint {}",
                     model.name, model.endpoint
@@ -170,9 +190,18 @@ impl WorkerSelector for KvSelector {
             // A migrated or retried attempt must not go back to a worker that failed it
             // (its cached prefix would otherwise draw it there); workers known down are
             // avoided by the router itself.
+            // An adapter's blocks hash with its name (so they never match the base
+            // model's), and only the instances that registered it are candidates.
+            let mut avoid = avoid.to_vec();
+            avoid.extend(not_serving(model));
             let opts = RouteOptions {
                 request_id: Some(attempt_id.to_owned()),
-                avoid: avoid.to_vec(),
+                avoid,
+                lora_name: model.lora_name().map(str::to_owned),
+                block_mm_infos: req
+                    .mm_routing_info
+                    .as_ref()
+                    .map(|m| m.block_mm_infos.clone()),
                 ..Default::default()
             };
             let (selection, booking) = router

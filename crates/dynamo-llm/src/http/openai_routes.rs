@@ -245,6 +245,14 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
         },
     };
     let (preq, include_usage) = match &parsed {
+        // Image parts are fetched and decoded first (models that enable images only).
+        Parsed::Chat(r) if pre.accepts_images() => (
+            match pre.load_media(r).await {
+                Ok(images) => pre.preprocess_chat_with_media(r, images),
+                Err(e) => Err(e),
+            },
+            r.include_usage(),
+        ),
         Parsed::Chat(r) => (pre.preprocess_chat(r), r.include_usage()),
         Parsed::Completion(r) => (pre.preprocess_completion(r), r.include_usage()),
     };
@@ -978,6 +986,14 @@ async fn text_request(
     let route = shared
         .selector
         .select(&entry, &entry.client, &RoutedRequest::Text(&body));
+    let route = match entry.restrict_route(route, &[]) {
+        Ok(r) => r,
+        Err(m) => {
+            let e = HttpError::unavailable(m);
+            shared.metrics.error(&model, e.kind());
+            return e.into_response();
+        }
+    };
     let mut guard = Inflight::start(
         Arc::clone(&shared),
         model.clone(),
@@ -1082,18 +1098,29 @@ async fn text_request(
 pub(super) async fn list_models(State(shared): State<Arc<Shared>>) -> Response {
     // Static models first; a discovered model of the same name is shadowed by them.
     let mut models = shared.statics.names();
+    let mut parents = std::collections::HashMap::new();
     for m in shared.models.list() {
+        if !models.contains_key(&m.name)
+            && let Some(p) = m.parent()
+        {
+            parents.insert(m.name.clone(), p);
+        }
         models.entry(m.name.clone()).or_insert(m.created);
     }
     let data: Vec<serde_json::Value> = models
         .iter()
         .map(|(name, created)| {
-            serde_json::json!({
+            let mut entry = serde_json::json!({
                 "id": name,
                 "object": "model",
                 "created": created,
                 "owned_by": "nvidia",
-            })
+            });
+            // A LoRA adapter names the base model it runs on (vLLM's field).
+            if let Some(p) = parents.get(name) {
+                entry["parent"] = p.clone().into();
+            }
+            entry
         })
         .collect();
     json_response(&serde_json::json!({"object": "list", "data": data}))

@@ -40,6 +40,9 @@ pub struct MockRequest {
     pub tokens: Vec<u32>,
     /// Output tokens to generate.
     pub max_output_tokens: usize,
+    /// Per-block image hashes (`mm_routing_info.block_mm_infos`): blocks covering an image
+    /// hash with it, so the KV events match the router's hashes.
+    pub block_mm_infos: Vec<Option<dynamo_kv_router::hashing::BlockExtraInfo>>,
 }
 
 impl MockRequest {
@@ -49,6 +52,7 @@ impl MockRequest {
             request_id: request_id.into(),
             tokens,
             max_output_tokens,
+            block_mm_infos: Vec::new(),
         }
     }
 }
@@ -121,6 +125,7 @@ struct Seq {
     tail: bool,
     seed: u64,
     cached_tokens: usize,
+    block_mm_infos: Vec<Option<dynamo_kv_router::hashing::BlockExtraInfo>>,
 }
 
 impl Seq {
@@ -139,6 +144,7 @@ impl Seq {
             tail: false,
             seed,
             cached_tokens: 0,
+            block_mm_infos: req.block_mm_infos,
         }
     }
 
@@ -160,8 +166,9 @@ impl Seq {
     fn ensure_hashes(&mut self, full_blocks: usize, block_size: usize) {
         while self.local.len() < full_blocks {
             let i = self.local.len();
-            let local = hash_token_block(
+            let local = dynamo_kv_router::hashing::hash_token_block_with_mm(
                 &self.tokens[i * block_size..(i + 1) * block_size],
+                self.block_mm_infos.get(i).and_then(Option::as_ref),
                 XXH3_SEED,
             );
             let seq = match self.seq.last() {

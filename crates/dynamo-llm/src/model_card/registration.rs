@@ -55,6 +55,10 @@ pub struct RegisterModelArgs {
     pub model_aliases: Vec<String>,
     /// Re-dispatches allowed when a stream breaks.
     pub migration_limit: u32,
+    /// Media fetcher settings for the frontend.
+    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
+    /// Media decoder settings for the frontend.
+    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
 }
 
 impl RegisterModelArgs {
@@ -177,6 +181,8 @@ impl RegisterModelArgs {
             card.context_length = ctx;
         }
         card.user_data.clone_from(&self.user_data);
+        card.media_fetcher.clone_from(&self.media_fetcher);
+        card.media_decoder.clone_from(&self.media_decoder);
         card.tensor_model_config
             .clone_from(&self.tensor_model_config);
         if let Some(p) = &self.custom_template_path {

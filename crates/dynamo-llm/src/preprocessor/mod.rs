@@ -42,8 +42,8 @@ use tokenizers::Tokenizer;
 pub use backend::{BackendOutput, OutputProcessor};
 pub use length::{COUNT_CHUNK_BYTES, UNKNOWN_CONTEXT_TOKEN_CAP};
 pub use protocols::{
-    FinishReason, LLMEngineOutput, OutputOptions, PreprocessedRequest, SamplingOptions,
-    StopConditions,
+    FinishReason, ImageData, LLMEngineOutput, MmRoutingInfo, MultiModalData, OutputOptions,
+    PreprocessedRequest, SamplingOptions, StopConditions,
 };
 pub use template::ChatTemplate;
 
@@ -51,6 +51,8 @@ use crate::error::{Error, Result};
 use crate::model_card::{
     GenerationConfig, ModelDeploymentCard, ModelInfo, PromptFormatterArtifact, TokenizerKind,
 };
+use crate::multimodal::placeholder::{ImagePlaceholder, block_mm_infos};
+use crate::multimodal::{LoadedImage, MediaPipeline};
 use length::TokenBudget;
 use openai::{
     ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, Prompt,
@@ -72,7 +74,17 @@ pub struct Preprocessor {
     /// The card's `exclude_tools_when_tool_choice_none`: `tool_choice: none` keeps `tools`
     /// out of the template.
     exclude_tools_when_none: bool,
+    /// Fetcher and decoder of image parts, when the card enables images.
+    media: Option<MediaPipeline>,
+    /// The model family's image placeholder, when known and images are enabled.
+    image_placeholder: Option<ImagePlaceholder>,
+    /// The card's KV block size (for the per-block image hashes).
+    kv_block_size: u32,
 }
+
+/// Most images one chat request may carry: each is fetched and decoded, so this bounds
+/// the work one request can cause (OpenAI does not document a lower limit).
+pub const MAX_IMAGES_PER_REQUEST: usize = 32;
 
 fn parse_json(bytes: &[u8], path: &Path) -> Result<Json> {
     serde_json::from_slice(bytes).map_err(|e| Error::ModelFile {
@@ -150,6 +162,7 @@ impl Preprocessor {
             None => ChatTemplate::from_tokenizer_config(&tok_config)?,
         };
         let mut eos = Vec::new();
+        let mut hf_config = None;
         if let Some(GenerationConfig::HfGenerationConfigJson(f)) = &card.gen_config {
             eos.extend(ids_of(
                 parse_json(&f.read_verified()?, &f.path)?.get("eos_token_id"),
@@ -163,7 +176,21 @@ impl Preprocessor {
                     .get("text_config")
                     .and_then(|t| t.get("eos_token_id")),
             ));
+            hf_config = Some(config);
         }
+        let media = MediaPipeline::new(card.media_fetcher.as_ref(), card.media_decoder.as_ref())
+            .map_err(|e| Error::config("media_fetcher", e.to_string()))?;
+        // `preprocessor_config.json` is not a card artefact: read it where the card's files
+        // are, if they are on this machine; the family defaults apply otherwise.
+        let image_placeholder = match (&media, &hf_config) {
+            (Some(_), Some(config)) => {
+                let pre = std::fs::read(card.local_dir().join("preprocessor_config.json"))
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<Json>(&b).ok());
+                ImagePlaceholder::from_model(config, &tokenizer, pre.as_ref())
+            }
+            _ => None,
+        };
         if let Some(t) = template.as_ref().and_then(|t| t.special_token("eos_token"))
             && let Some(id) = tokenizer.token_to_id(t)
         {
@@ -179,6 +206,9 @@ impl Preprocessor {
             context_length: card.context_length,
             mdcsum: card.mdcsum(),
             exclude_tools_when_none: card.runtime_config.exclude_tools_when_tool_choice_none,
+            media,
+            image_placeholder,
+            kv_block_size: card.kv_cache_block_size,
         })
     }
 
@@ -302,6 +332,14 @@ impl Preprocessor {
     /// [`Error::Template`] (HTTP 400) when the model has no template or the template
     /// rejects the conversation.
     pub fn render_chat(&self, req: &ChatCompletionRequest) -> Result<String> {
+        self.render_chat_with(req, false)
+    }
+
+    /// [`Self::render_chat`]; with `images`, image parts reach the template as HF's
+    /// `{"type": "image"}` (image-aware templates write their marker for it), or, for a
+    /// model with no known placeholder, content is flattened to its text.
+    fn render_chat_with(&self, req: &ChatCompletionRequest, images: bool) -> Result<String> {
+        let flatten_media = images && self.image_placeholder.is_none();
         let template = self.template.as_ref().ok_or_else(|| {
             Error::Template(format!(
                 "model {:?} has no chat template; use /v1/completions or register a custom template",
@@ -313,10 +351,16 @@ impl Preprocessor {
             .iter()
             .map(|m| {
                 let mut v = serde_json::to_value(m).unwrap_or(Json::Null);
-                if let (Some(c), Some(obj)) = (&m.content, v.as_object_mut())
-                    && c.is_text_only()
-                {
-                    obj.insert("content".to_owned(), Json::String(c.text()));
+                if let (Some(c), Some(obj)) = (&m.content, v.as_object_mut()) {
+                    if c.is_text_only() || flatten_media {
+                        obj.insert("content".to_owned(), Json::String(c.text()));
+                    } else if images && let Some(Json::Array(parts)) = obj.get_mut("content") {
+                        for part in parts.iter_mut() {
+                            if part.get("type").and_then(Json::as_str) == Some("image_url") {
+                                *part = serde_json::json!({"type": "image"});
+                            }
+                        }
+                    }
                 }
                 arguments_as_objects(&mut v);
                 v
@@ -358,10 +402,91 @@ impl Preprocessor {
     /// [`Error::Template`] / [`Error::InvalidRequest`] (HTTP 400) for conversations the
     /// template rejects and prompts that do not fit the context; [`Error::Tokenizer`].
     pub fn preprocess_chat(&self, req: &ChatCompletionRequest) -> Result<PreprocessedRequest> {
+        self.preprocess_chat_with_media(req, Vec::new())
+    }
+
+    /// Whether the model decodes image parts (its card enables images).
+    pub fn accepts_images(&self) -> bool {
+        self.media.is_some()
+    }
+
+    /// Fetch, decode and hash the `image_url` parts of `req`, in prompt order (nothing when
+    /// the model does not enable images: its parts then reach the template unchanged).
+    ///
+    /// # Errors
+    /// [`Error::InvalidRequest`] (HTTP 400, `messages`) naming the image and the rule that
+    /// refused it.
+    pub async fn load_media(&self, req: &ChatCompletionRequest) -> Result<Vec<LoadedImage>> {
+        let Some(media) = &self.media else {
+            return Ok(Vec::new());
+        };
+        let mut urls = Vec::new();
+        for part in req
+            .messages
+            .iter()
+            .filter_map(|m| match &m.content {
+                Some(MessageContent::Parts(p)) => Some(p),
+                _ => None,
+            })
+            .flatten()
+        {
+            if let ContentPart::ImageUrl { image_url } = part {
+                let url = image_url
+                    .get("url")
+                    .and_then(Json::as_str)
+                    .or_else(|| image_url.as_str())
+                    .ok_or_else(|| {
+                        Error::request("an image_url part needs a `url` string", Some("messages"))
+                    })?;
+                urls.push(url);
+            }
+        }
+        if urls.len() > MAX_IMAGES_PER_REQUEST {
+            return Err(Error::request(
+                format!(
+                    "the request has {} images, more than {MAX_IMAGES_PER_REQUEST}",
+                    urls.len()
+                ),
+                Some("messages"),
+            ));
+        }
+        let loads = urls.iter().map(|u| media.load_image(u));
+        futures_util::future::join_all(loads)
+            .await
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.map_err(|e| Error::request(format!("image {i}: {e}"), Some("messages")))
+            })
+            .collect()
+    }
+
+    /// Preprocess a chat request whose images were loaded by [`Self::load_media`]: the
+    /// prompt gets the family's placeholder tokens for them, and the request carries the
+    /// pixels (`multi_modal_data`) and per-block image hashes (`mm_routing_info`).
+    ///
+    /// # Errors
+    /// As [`Self::preprocess_chat`]; [`Error::InvalidRequest`] when the template wrote a
+    /// different number of image markers than there are images.
+    pub fn preprocess_chat_with_media(
+        &self,
+        req: &ChatCompletionRequest,
+        images: Vec<LoadedImage>,
+    ) -> Result<PreprocessedRequest> {
         // Refuse conversations whose text alone cannot fit before the template copies it.
         let counted = self.check_messages_fit(req)?;
-        let prompt = self.render_chat(req)?;
-        let token_ids = self.encode_bounded(&prompt, false, "messages", counted)?;
+        let prompt = self.render_chat_with(req, !images.is_empty())?;
+        let mut token_ids = self.encode_bounded(&prompt, false, "messages", counted)?;
+        let mut ranges = vec![None; images.len()];
+        if let (Some(ph), false) = (&self.image_placeholder, images.is_empty()) {
+            let sizes: Vec<(u32, u32)> = images
+                .iter()
+                .map(|i| (i.image.width, i.image.height))
+                .collect();
+            (token_ids, ranges) = ph
+                .expand(&token_ids, &sizes)
+                .map_err(|m| Error::request(m, Some("messages")))?;
+        }
         let mut out = self.build(
             token_ids,
             req.max_output_tokens(),
@@ -382,6 +507,30 @@ impl Preprocessor {
             .logprobs
             .filter(|l| *l)
             .map(|_| req.top_logprobs.unwrap_or(0));
+        if !images.is_empty() {
+            let hashed: Vec<(u64, Option<(usize, usize)>)> = images
+                .iter()
+                .map(|i| i.mm_hash)
+                .zip(ranges.iter().copied())
+                .collect();
+            out.mm_routing_info =
+                block_mm_infos(&hashed, self.kv_block_size as usize, out.token_ids.len())
+                    .map(|block_mm_infos| MmRoutingInfo { block_mm_infos });
+            out.multi_modal_data = Some(MultiModalData {
+                images: images
+                    .into_iter()
+                    .zip(ranges)
+                    .map(|(i, token_range)| ImageData {
+                        mm_hash: i.mm_hash,
+                        shape: i.image.shape(),
+                        dtype: "uint8".to_owned(),
+                        format: i.image.format.to_owned(),
+                        data: i.image.data,
+                        token_range,
+                    })
+                    .collect(),
+            });
+        }
         Ok(out)
     }
 
@@ -499,6 +648,8 @@ impl Preprocessor {
             mdc_sum: Some(self.mdcsum.clone()),
             annotations,
             routing: None,
+            multi_modal_data: None,
+            mm_routing_info: None,
         })
     }
 

@@ -129,6 +129,49 @@ pub struct PreprocessedRequest {
     /// Routing hints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingHints>,
+    /// Decoded images of a multimodal chat request (`docs/multimodal.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub multi_modal_data: Option<MultiModalData>,
+    /// Per-block image hashes: what the KV router and the engine's KV events hash with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mm_routing_info: Option<MmRoutingInfo>,
+}
+
+/// Decoded media of one request, in prompt order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MultiModalData {
+    /// Images.
+    #[serde(default)]
+    pub images: Vec<ImageData>,
+}
+
+/// One decoded image as a worker receives it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageData {
+    /// Content hash of the pixels (`dynamo_llm::multimodal::mm_hash_of`).
+    pub mm_hash: u64,
+    /// `[height, width, channels]`.
+    pub shape: [u32; 3],
+    /// Element type of `data` (always `"uint8"`).
+    pub dtype: String,
+    /// The pixels, row-major, channels last (msgpack `bin`, Python `bytes`).
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Format of the source file (`png`, `jpeg`, `webp`, `gif`).
+    pub format: String,
+    /// `[start, end)` of the image's placeholder tokens in `token_ids`, when the prompt
+    /// has them.
+    #[serde(default)]
+    pub token_range: Option<(usize, usize)>,
+}
+
+/// Routing information of a multimodal request.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MmRoutingInfo {
+    /// Per-block image hashes (index = block number), as `compute_block_hash_for_seq`
+    /// takes them.
+    #[serde(default)]
+    pub block_mm_infos: Vec<Option<dynamo_kv_router::hashing::BlockExtraInfo>>,
 }
 
 impl PreprocessedRequest {
