@@ -7,7 +7,12 @@ chat completion and reads it to ``data: [DONE]``.
 
 * sequential p50/p99 latency of one streaming request (max_tokens 16);
 * at 128 concurrent streams: requests/s, and server CPU per request (user + system time of
-  the frontend and worker processes, from /proc, over the phase, divided by requests).
+  the frontend and worker processes, from /proc, over the phase, divided by requests);
+* footprint (issue 19): cold start to ready (both processes spawned until the frontend
+  lists the model), idle RSS of each process once ready, and the peak RSS of each during
+  the 128-stream phase (sampled from /proc every 20 ms);
+* with ``--native`` (needs ``wrk`` on PATH, Debian package ``wrk``): the same two phases
+  driven by ``wrk`` instead of the Python client, so the client is not the bottleneck.
 
 Usage: ``python benches/bench_frontend.py [--requests N] [--out docs/benchmarks/frontend.md]``
 (``REF_PYTHON`` selects the reference interpreter, see ``_common.py``).
@@ -67,6 +72,93 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+class _RssPeak:
+    """Samples the RSS of some processes every 20 ms on a thread; ``peak[i]`` in MiB."""
+
+    def __init__(self, pids: list[int]) -> None:
+        import threading
+
+        self.pids = pids
+        self.peak = [0.0 for _ in pids]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i, pid in enumerate(self.pids):
+                try:
+                    self.peak[i] = max(self.peak[i], _rss_mb(pid))
+                except OSError:
+                    pass
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> _RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+#: wrk script: POST the chat body; one response = one request (wrk reads the chunked
+#: stream to its end).
+_WRK_LUA = """
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = [[%s]]
+local shown = false
+response = function(status, headers, body)
+  if status ~= 200 and not shown then
+    shown = true
+    io.write("FAILED " .. status .. " " .. body .. "\\n")
+  end
+end
+done = function(summary, latency, requests)
+  io.write(string.format('JSON {"requests": %%d, "seconds": %%f, "p50_us": %%d, "p99_us": %%d, "errors": %%d}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50), latency:percentile(99),
+    summary.errors.status + summary.errors.read + summary.errors.connect + summary.errors.timeout))
+end
+"""
+
+
+def _wrk(port: int, body: bytes, conns: int, seconds: float, tmp: str) -> dict:
+    """Drive ``conns`` keep-alive connections with wrk for ``seconds``; its JSON summary."""
+    script = Path(tmp) / "chat.lua"
+    script.write_text(_WRK_LUA % body.decode())
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{min(conns, 2)}",
+            f"-c{conns}",
+            f"-d{seconds}s",
+            "--timeout",
+            "30s",
+            "-s",
+            str(script),
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    out = out.stdout + out.stderr
+    line = next((x for x in out.splitlines() if x.startswith("JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no summary: {out}")
+    r = json.loads(line[5:])
+    if r["errors"] or not r["requests"]:
+        raise RuntimeError(f"wrk saw errors: {out}")
+    return r
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -156,9 +248,11 @@ def measure(
     requests: int,
     parsers: tuple[str, str] | None = None,
     tools: bool = False,
+    native: bool = False,
 ) -> dict:
     """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend
-    (this project only); ``tools``: the requests declare a tool."""
+    (this project only); ``tools``: the requests declare a tool; ``native``: also drive both
+    phases with wrk."""
     body = BODY_TOOLS if tools else BODY
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
@@ -166,6 +260,7 @@ def measure(
         env.pop("PYTHONPATH", None)
         port = _free_port()
         logs = open(Path(tmp) / "servers.log", "wb")
+        started = time.monotonic()
         procs = [
             subprocess.Popen(
                 [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
@@ -194,13 +289,28 @@ def measure(
                 if time.monotonic() > deadline:
                     logs.flush()
                     raise SystemExit((Path(tmp) / "servers.log").read_text()[-3000:])
-                time.sleep(0.2)
+                time.sleep(0.02)
+            ready_s = time.monotonic() - started
             time.sleep(1.0)  # let the frontend's client see the worker instance
+            idle_rss = [_rss_mb(p.pid) for p in procs]
             lat, shape = asyncio.run(_sequential(port, requests, body))
             total = requests * 4
             cpu0 = [_cpu_seconds(p.pid) for p in procs]
-            wall = asyncio.run(_concurrent(port, total, body))
+            with _RssPeak([p.pid for p in procs]) as peak:
+                wall = asyncio.run(_concurrent(port, total, body))
             cpu_fe, cpu_worker = (_cpu_seconds(p.pid) - c for p, c in zip(procs, cpu0, strict=True))
+            extra = {}
+            if native:
+                seq = _wrk(port, body, 1, 5, tmp)
+                cpu0 = [_cpu_seconds(p.pid) for p in procs]
+                conc = _wrk(port, body, CONCURRENCY, 5, tmp)
+                cpu = sum(_cpu_seconds(p.pid) - c for p, c in zip(procs, cpu0, strict=True))
+                extra = {
+                    "wrk_p50_ms": seq["p50_us"] / 1e3,
+                    "wrk_rps": conc["requests"] / conc["seconds"],
+                    "wrk_p99_ms_c128": conc["p99_us"] / 1e3,
+                    "wrk_cpu_ms_per_req": cpu / conc["requests"] * 1e3,
+                }
         finally:
             for p in procs:
                 p.send_signal(signal.SIGTERM)
@@ -217,7 +327,13 @@ def measure(
         "cpu_ms_per_req": (cpu_fe + cpu_worker) / total * 1e3,
         "frontend_cpu_ms_per_req": cpu_fe / total * 1e3,
         "worker_cpu_ms_per_req": cpu_worker / total * 1e3,
+        "ready_s": ready_s,
+        "idle_rss_frontend_mb": idle_rss[0],
+        "idle_rss_worker_mb": idle_rss[1],
+        "load_rss_frontend_mb": peak.peak[0],
+        "load_rss_worker_mb": peak.peak[1],
         "requests": total,
+        **extra,
         **shape,
     }
 
@@ -230,6 +346,18 @@ ROWS = [
     (f"server CPU per request at {CONCURRENCY} streams (ms)", "cpu_ms_per_req", 0.33, "<="),
     ("- of which the frontend process (ms)", "frontend_cpu_ms_per_req", None, None),
     ("- of which the mocker worker process (ms)", "worker_cpu_ms_per_req", None, None),
+    ("cold start to ready, frontend + worker (s)", "ready_s", 0.5, "<="),
+    ("idle RSS, frontend (MiB)", "idle_rss_frontend_mb", 0.5, "<="),
+    ("idle RSS, mocker worker (MiB)", "idle_rss_worker_mb", 0.5, "<="),
+    (f"peak RSS at {CONCURRENCY} streams, frontend (MiB)", "load_rss_frontend_mb", 0.5, "<="),
+    (f"peak RSS at {CONCURRENCY} streams, mocker worker (MiB)", "load_rss_worker_mb", 0.5, "<="),
+]
+#: Rows of the wrk phases (``--native``), with issue 19's targets.
+NATIVE_ROWS = [
+    ("wrk sequential p50 latency (ms)", "wrk_p50_ms", 0.25, "<="),
+    (f"wrk requests/s at {CONCURRENCY} connections", "wrk_rps", 1.0, ">="),
+    (f"wrk p99 latency at {CONCURRENCY} connections (ms)", "wrk_p99_ms_c128", None, None),
+    (f"wrk server CPU per request at {CONCURRENCY} (ms)", "wrk_cpu_ms_per_req", 0.15, "<="),
 ]
 SHAPE = [
     ("SSE `data:` events per response", "sse_events"),
@@ -304,7 +432,7 @@ def _table(ours: dict, ref: dict) -> str:
         "| metric | dynamo-rs | reference 1.6.1 | ours / ref | issue 7 target | met |",
         "|---|---:|---:|---:|---:|:---:|",
     ]
-    for label, key, bound, op in ROWS:
+    for label, key, bound, op in ROWS + (NATIVE_ROWS if "wrk_rps" in ours else []):
         ratio = ours[key] / ref[key]
         if bound is None:
             target, met = "-", "-"
@@ -357,6 +485,11 @@ def main() -> None:
     p.add_argument("--out", default=None)
     p.add_argument("--ours-only", action="store_true", help="skip the reference")
     p.add_argument(
+        "--native",
+        action="store_true",
+        help="also drive both phases with wrk (5 s each; needs `wrk` on PATH)",
+    )
+    p.add_argument(
         "--parsers",
         default=None,
         metavar="TOOL,REASONING",
@@ -386,7 +519,7 @@ def main() -> None:
             if i % 2:
                 sides.reverse()
             for name, python, sink in sides:
-                r = measure(python, model, a.requests)
+                r = measure(python, model, a.requests, native=a.native)
                 print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
                 sink.append(r)
     load_after = _loadavg()
@@ -401,10 +534,17 @@ def main() -> None:
             f" | {o['cpu_ms_per_req']:.3f} / {r['cpu_ms_per_req']:.3f} |"
             for i, (o, r) in enumerate(zip(ours_rounds, ref_rounds, strict=True))
         )
-        Path(a.out).write_text(
+        out = Path(a.out)
+        # Earlier runs stay in the file below the new one (their figures are the baseline).
+        earlier = out.read_text() if out.exists() else ""
+        if earlier.startswith("# Frontend benchmark\n\n"):
+            earlier = earlier[len("# Frontend benchmark\n\n") :]
+        native = " --native" if a.native else ""
+        out.write_text(
             "# Frontend benchmark\n\n"
-            f"`python benches/bench_frontend.py --requests {a.requests} --rounds {a.rounds} "
-            "--out docs/benchmarks/frontend.md`: frontend + 1 mocker worker (speedup 1000, "
+            f"## Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
+            f"`python benches/bench_frontend.py --requests {a.requests} --rounds {a.rounds}"
+            f"{native} --out docs/benchmarks/frontend.md`: frontend + 1 mocker worker (speedup 1000, "
             "block size 16, max_tokens 16, streaming chat on the generated tiny model), both "
             "started through `EntrypointArgs` -> `make_engine` -> `run_input` "
             "(`benches/serve_launcher.py`, file discovery in a fresh `DYN_FILE_KV` directory, "
@@ -422,6 +562,7 @@ def main() -> None:
             "Per round (ours / reference):\n\n"
             "| round | p50 ms | requests/s | server CPU ms/request |\n"
             f"|---|---:|---:|---:|\n{per_round}\n\n{NOTES}"
+            + (f"\n## Earlier run\n\n{earlier}" if earlier else "")
         )
 
 
