@@ -11,11 +11,19 @@
 //! with its last one. Invariant: every name in the manager has at least one live card; the
 //! first card seen for a name fixes its endpoint and preprocessing (later cards of other
 //! endpoints under the same name are counted but routed to the first endpoint's workers).
+//!
+//! LoRA adapters: an adapter card (`register_model(..., lora_name=...)`) is served under
+//! the adapter's name, and its [`ModelEntry::adapter`] lists the instances whose adapter
+//! card is live, refreshed on every discovery round, plus the served name of their base
+//! model (`parent` in `/v1/models`). Requests for an adapter go only to those instances
+//! ([`ModelEntry::restrict_route`]), carry `routing.lora_name`, and are KV-routed with
+//! the adapter mixed into the block hashes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use dynamo_runtime::{Client, DistributedRuntime, EndpointId};
+use dynamo_runtime::{Client, DistributedRuntime, EndpointId, Route};
 
 use crate::error::{Error, Result};
 use crate::model_card::{ModelDeploymentCard, ModelInput, slugify};
@@ -205,12 +213,119 @@ pub struct ModelEntry {
     pub preprocessor: Option<Preprocessor>,
     /// Unix seconds when the model appeared.
     pub created: u64,
+    /// For a LoRA adapter: which instances serve it (the endpoint's other instances do
+    /// not have it loaded).
+    pub adapter: Option<AdapterServing>,
+}
+
+/// The instances serving one LoRA adapter, as of the last discovery round.
+#[derive(Debug, Default)]
+pub struct AdapterServing {
+    state: RwLock<AdapterState>,
+    /// Round-robin cursor over the serving instances.
+    next: AtomicUsize,
+}
+
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+struct AdapterState {
+    parent: Option<String>,
+    instances: BTreeSet<u64>,
+}
+
+impl AdapterServing {
+    /// Serving `instances`, on top of the base model served as `parent`.
+    pub fn new(parent: Option<String>, instances: BTreeSet<u64>) -> Self {
+        Self {
+            state: RwLock::new(AdapterState { parent, instances }),
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    fn set(&self, parent: Option<String>, instances: BTreeSet<u64>) {
+        *self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            AdapterState { parent, instances };
+    }
+
+    fn get(&self) -> AdapterState {
+        self.state
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl ModelEntry {
     /// Whether the frontend tokenizes for this model.
     pub fn is_tokens(&self) -> bool {
         self.card.model_input == ModelInput::Tokens
+    }
+
+    /// The adapter name, for a LoRA adapter.
+    pub fn lora_name(&self) -> Option<&str> {
+        self.adapter.as_ref()?;
+        self.card.lora.as_ref().map(|l| l.name.as_str())
+    }
+
+    /// For a LoRA adapter: the served name of the base model it is loaded on.
+    pub fn parent(&self) -> Option<String> {
+        self.adapter.as_ref()?.get().parent
+    }
+
+    /// The live instances that may serve this model: for an adapter, those that
+    /// registered it; otherwise every live instance of the endpoint.
+    pub fn serving_instances(&self) -> Vec<u64> {
+        let live = self.client.instance_ids();
+        match &self.adapter {
+            None => live,
+            Some(a) => {
+                let serving = a.get().instances;
+                live.into_iter().filter(|id| serving.contains(id)).collect()
+            }
+        }
+    }
+
+    /// `route` (a selector's answer) narrowed to the instances serving this model: kept
+    /// when it already names one; otherwise a serving instance, round-robin, preferring
+    /// those not in `avoid` (instances the request failed on) and not known down.
+    ///
+    /// # Errors
+    /// A message for the client when no live instance serves the model.
+    pub fn restrict_route(
+        &self,
+        route: Route,
+        avoid: &[u64],
+    ) -> std::result::Result<Route, String> {
+        let Some(adapter) = &self.adapter else {
+            return Ok(route);
+        };
+        let serving = self.serving_instances();
+        if let Route::Direct(id) = route
+            && serving.contains(&id)
+        {
+            return Ok(route);
+        }
+        let down = self.client.down_instance_ids();
+        let preferred: Vec<u64> = serving
+            .iter()
+            .copied()
+            .filter(|id| !avoid.contains(id) && !down.contains(id))
+            .collect();
+        let pool = if preferred.is_empty() {
+            &serving
+        } else {
+            &preferred
+        };
+        if pool.is_empty() {
+            return Err(format!(
+                "no live worker has LoRA adapter {:?} loaded",
+                self.lora_name().unwrap_or(&self.name)
+            ));
+        }
+        let i = adapter.next.fetch_add(1, Ordering::Relaxed) % pool.len();
+        Ok(Route::Direct(pool[i]))
     }
 }
 
@@ -263,6 +378,12 @@ fn endpoint_of_key(key: &str) -> Option<EndpointId> {
     let mut parts = rest.split('/');
     let (ns, comp, ep) = (parts.next()?, parts.next()?, parts.next()?);
     EndpointId::parse(&format!("{ns}.{comp}.{ep}")).ok()
+}
+
+/// The instance id of a card key (`.../{endpoint}/{instance_id:x}[/{lora_slug}]`).
+fn instance_of_key(key: &str) -> Option<u64> {
+    let hex = key.strip_prefix(MDC_ROOT)?.split('/').nth(3)?;
+    u64::from_str_radix(hex, 16).ok()
 }
 
 fn now_secs() -> u64 {
@@ -336,12 +457,25 @@ impl WatchState {
         }
         // Cards still live, grouped by model name.
         let mut live: HashMap<String, Vec<(EndpointId, ModelDeploymentCard)>> = HashMap::new();
+        // Per model name and endpoint: the instances with a card (adapters' serving sets).
+        let mut instances: HashMap<(String, EndpointId), BTreeSet<u64>> = HashMap::new();
+        // The served name of each instance's base model (adapters' `parent`).
+        let mut base_names: HashMap<(EndpointId, u64), String> = HashMap::new();
         for (key, json) in &listed {
             let Some(ep) = endpoint_of_key(key) else {
                 continue;
             };
             match ModelDeploymentCard::from_json_str(json) {
                 Ok(card) if card.model_type.has_openai_surface() => {
+                    if let Some(id) = instance_of_key(key) {
+                        instances
+                            .entry((card.display_name.clone(), ep.clone()))
+                            .or_default()
+                            .insert(id);
+                        if card.lora.is_none() {
+                            base_names.insert((ep.clone(), id), card.display_name.clone());
+                        }
+                    }
                     live.entry(card.display_name.clone())
                         .or_default()
                         .push((ep, card));
@@ -350,11 +484,26 @@ impl WatchState {
                 Err(e) => tracing::warn!(%key, error = %e, "ignoring malformed model card"),
             }
         }
+        // An adapter's serving instances on `endpoint` and the base model on the first.
+        let serving = |name: &str, endpoint: &EndpointId| {
+            let ids = instances
+                .get(&(name.to_owned(), endpoint.clone()))
+                .cloned()
+                .unwrap_or_default();
+            let parent = ids
+                .iter()
+                .find_map(|id| base_names.get(&(endpoint.clone(), *id)).cloned());
+            (parent, ids)
+        };
         let mut models = HashMap::new();
         for (name, cards) in live {
             if let Some(existing) = self.models.get(&name)
                 && cards.iter().any(|(ep, _)| *ep == existing.endpoint)
             {
+                if let Some(a) = &existing.adapter {
+                    let (parent, ids) = serving(&name, &existing.endpoint);
+                    a.set(parent, ids);
+                }
                 models.insert(name, Arc::clone(existing));
                 continue;
             }
@@ -371,6 +520,10 @@ impl WatchState {
                 None
             };
             tracing::info!(model = %name, endpoint = %endpoint, "model added");
+            let adapter = card.lora.is_some().then(|| {
+                let (parent, ids) = serving(&name, &endpoint);
+                AdapterServing::new(parent, ids)
+            });
             let client = runtime.client(&endpoint);
             models.insert(
                 name.clone(),
@@ -381,6 +534,7 @@ impl WatchState {
                     client,
                     preprocessor,
                     created: now_secs(),
+                    adapter,
                 }),
             );
         }

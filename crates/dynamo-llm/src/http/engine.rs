@@ -260,6 +260,11 @@ impl WorkerStream {
         context: Context,
         migration_limit: u32,
     ) -> Result<Self, HttpError> {
+        let mut request = request;
+        // The worker loads the adapter the request names (the reference sends it so too).
+        if let Some(lora) = model.lora_name() {
+            request.routing.get_or_insert_default().lora_name = Some(lora.to_owned());
+        }
         let mut s = Self {
             model,
             selector,
@@ -308,7 +313,12 @@ impl WorkerStream {
             if self.attempts == 1 {
                 self.router_cached_tokens = selected.cached_tokens;
             }
-            self.instance = match selected.route {
+            // An adapter is served only by the instances that registered it.
+            let route = self
+                .model
+                .restrict_route(selected.route, &self.failed)
+                .map_err(HttpError::unavailable)?;
+            self.instance = match route {
                 Route::Direct(id) => Some(id),
                 Route::RoundRobin | Route::Random => None,
             };
@@ -317,7 +327,7 @@ impl WorkerStream {
             match self
                 .model
                 .client
-                .generate(Bytes::from(body), selected.route, ctx, None)
+                .generate(Bytes::from(body), route, ctx, None)
                 .await
             {
                 Ok(s) => {
@@ -379,7 +389,7 @@ impl WorkerStream {
             return false;
         }
         let tried = |id: &u64| self.failed.contains(id) || self.instance == Some(*id);
-        self.model.client.instance_ids().iter().any(|id| !tried(id))
+        self.model.serving_instances().iter().any(|id| !tried(id))
     }
 
     /// The next worker item; `None` at the end.

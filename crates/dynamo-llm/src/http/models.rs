@@ -93,21 +93,29 @@ impl ModelView {
         Some(Readiness {
             model: entry.name.clone(),
             namespace: entry.endpoint.namespace.clone(),
-            workers: entry.client.instance_ids().len(),
+            workers: entry.serving_instances().len(),
         })
     }
 
     fn card(&self, model: &str) -> Option<serde_json::Value> {
-        let created = match self.statics.names().get(model) {
-            Some(c) => *c,
-            None => self.models.get(model)?.created,
+        let (created, parent) = match self.statics.names().get(model) {
+            Some(c) => (*c, None),
+            None => {
+                let m = self.models.get(model)?;
+                (m.created, m.parent())
+            }
         };
-        Some(serde_json::json!({
+        let mut card = serde_json::json!({
             "id": model,
             "object": "model",
             "created": created,
             "owned_by": "nvidia",
-        }))
+        });
+        // A LoRA adapter names its base model, as in `/v1/models`.
+        if let Some(p) = parent {
+            card["parent"] = p.into();
+        }
+        Some(card)
     }
 }
 

@@ -105,6 +105,9 @@ pub(super) async fn open_worker(
     let route = shared
         .selector
         .select(entry, &entry.client, &RoutedRequest::Text(&body));
+    let route = entry
+        .restrict_route(route, &[])
+        .map_err(HttpError::unavailable)?;
     entry
         .client
         .generate(Bytes::from(body), route, Context::default(), None)

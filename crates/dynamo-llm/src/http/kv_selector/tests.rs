@@ -203,6 +203,7 @@ impl Cluster {
             client: frontend.client(&ep),
             preprocessor: None,
             created: 0,
+            adapter: None,
         });
         let selector = Arc::new(KvSelector::new(frontend.clone(), config, thresholds));
         let router = selector.router(&model).unwrap();
