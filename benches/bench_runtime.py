@@ -6,7 +6,11 @@ One process, discovery ``mem``, request plane ``tcp``: a Python handler yielding
 per request is served and called through a client on the same event loop. Measured:
 
 * sequential round-trip latency (send, receive all 4 items), median and p99;
-* throughput with 64 requests in flight.
+* throughput with 64 requests in flight;
+* floors (this project's interpreter only, issue 19): the same sequential round trip with
+  an empty handler (no items: the request plane's fixed cost), and a raw asyncio TCP echo
+  on the same event loop (client and server in one process, one 4-line reply per request:
+  what any asyncio program pays for a loopback round trip).
 
 Both implementations run the same code in one run; the reference runs in its own venv
 (``REF_PYTHON``, see benches/_common.py).
@@ -27,6 +31,72 @@ CONCURRENCY = 64
 #: Wall time per measurement; long enough for stable medians on a noisy 2-core machine.
 SECONDS = 3.0
 WARMUP = 200
+
+
+def _sequential_ms(samples: list[float]) -> tuple[float, float]:
+    samples.sort()
+    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3
+
+
+async def _time_sequential(one) -> list[float]:
+    for _ in range(WARMUP):
+        await one()
+    samples = []
+    deadline = time.perf_counter() + SECONDS
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        await one()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+async def _floors() -> dict[str, float]:
+    """Empty-handler round trip through the runtime and a raw asyncio TCP echo."""
+    from dynamo._core import DistributedRuntime
+
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "mem", "tcp")
+    endpoint = runtime.endpoint("bench.backend.empty")
+
+    async def empty(request):
+        return
+        yield  # an async generator that yields nothing
+
+    served = asyncio.ensure_future(endpoint.serve_endpoint(empty))
+    client = await endpoint.client()
+    await client.wait_for_instances()
+
+    async def one_empty() -> None:
+        async for _ in await client.round_robin({"prompt": "hello"}, annotated=False):
+            pass
+
+    empty_p50, _ = _sequential_ms(await _time_sequential(one_empty))
+    runtime.shutdown()
+    try:
+        await asyncio.wait_for(served, 10)
+    except Exception:
+        pass
+
+    reply = b"".join(b'{"i": %d, "text": "token"}\n' % i for i in range(ITEMS))
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline():
+            writer.write(reply)
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+    async def one_echo() -> None:
+        writer.write(b'{"prompt": "hello"}\n')
+        for _ in range(ITEMS):
+            await reader.readline()
+
+    echo_p50, _ = _sequential_ms(await _time_sequential(one_echo))
+    writer.close()
+    server.close()
+    return {"empty_handler_median_ms": empty_p50, "asyncio_echo_median_ms": echo_p50}
 
 
 async def _measure() -> dict[str, float]:
@@ -104,6 +174,7 @@ def main() -> None:
         return
 
     ours = measure()
+    floors = asyncio.run(_floors())
     ref = run_under_reference(__file__)
     lat_ratio = ours["latency_median_ms"] / ref["latency_median_ms"]
     tput_ratio = ours["throughput_rps"] / ref["throughput_rps"]
@@ -126,7 +197,17 @@ def main() -> None:
         f"| throughput @{CONCURRENCY} (req/s) | {ours['throughput_rps']:,.0f} | "
         f"{ref['throughput_rps']:,.0f} | {tput_ratio:.2f}x |",
         "",
-        "Targets (issue 4): latency <= 0.2x the reference, throughput >= 5x.",
+        "Targets (issue 4): latency <= 0.2x the reference, throughput >= 5x; issue 19: "
+        "sequential latency <= 0.1 ms.",
+        "",
+        "Floors (this project's interpreter, same process layout, sequential medians):",
+        "",
+        "| floor | median (ms) |",
+        "|---|---:|",
+        f"| runtime round trip, empty handler (no items) | "
+        f"{floors['empty_handler_median_ms']:.3f} |",
+        f"| raw asyncio TCP echo, {ITEMS} lines per request | "
+        f"{floors['asyncio_echo_median_ms']:.3f} |",
     ]
     report = "\n".join(lines) + "\n"
     print(report)
