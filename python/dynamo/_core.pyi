@@ -1280,7 +1280,7 @@ class LoRADownloader:
     ``~/.cache/dynamo_loras`` (``RuntimeError`` when none can be determined).
     """
 
-    def __init__(self, cache_path: Optional[str] = None) -> None: ...
+    def __new__(cls, cache_path: Optional[str] = None) -> LoRADownloader: ...
     def download_if_needed(self, lora_uri: str) -> Awaitable[str]:
         """The adapter's local directory, downloading it first when it is not cached.
 

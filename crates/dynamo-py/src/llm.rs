@@ -1,10 +1,12 @@
 //! LLM / model bindings: `ModelInput`, `ModelType`, `WorkerType`, `ModelRuntimeConfig`,
 //! `ModelDeploymentCard`, `lora_name_to_id`, `fetch_model`, and (in [`mocker_args`])
-//! `MockEngineArgs` with `ReasoningConfig`, `SglangArgs`, `TrtllmArgs`.
+//! `MockEngineArgs` with `ReasoningConfig`, `SglangArgs`, `TrtllmArgs`; and (in [`lora`])
+//! `LoRADownloader`.
 //!
 //! The types, their validation and the card logic live in `dynamo_llm::model_card`; these
 //! classes convert arguments and delegate.
 
+pub(crate) mod lora;
 pub(crate) mod mocker_args;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -708,5 +710,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(lora_name_to_id, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_model, m)?)?;
     mocker_args::register(m)?;
+    lora::register(m)?;
     Ok(())
 }
