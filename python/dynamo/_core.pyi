@@ -269,6 +269,214 @@ class ModelCardInstanceId:
     def triple(self) -> Tuple[str, str, str]:
         """``(namespace, component, endpoint)`` this worker is serving."""
 
+class backend:
+    """The ``dynamo._core.backend`` submodule (in ``sys.modules``): a worker around a
+    Python engine object.
+
+    ``Worker(engine, config, event_loop).run()`` awaits ``engine.start(instance_id)`` (it
+    returns an :class:`backend.EngineConfig`), registers the model it describes on
+    ``{namespace}.{component}.{endpoint}``, awaits ``engine.on_endpoint_ready(endpoint)``
+    when the engine defines it, serves ``engine.generate`` (called as
+    ``generate(request, context=Context)`` when it declares ``context``) until the
+    runtime shuts down (SIGTERM/SIGINT), then awaits ``engine.cleanup()``.
+    """
+
+    @final
+    class DisaggregationMode:
+        """The worker's role (an int-backed enum: 1, 2, 3, 4)."""
+
+        Aggregated: backend.DisaggregationMode
+        Prefill: backend.DisaggregationMode
+        Decode: backend.DisaggregationMode
+        Encode: backend.DisaggregationMode
+        @property
+        def name(self) -> str: ...
+        def __int__(self) -> int: ...
+        def __eq__(self, other: object, /) -> bool: ...
+
+    @final
+    class LlmRegistration:
+        """The engine's model and capacity (read-only)."""
+
+        def __new__(
+            cls,
+            context_length: Optional[int] = None,
+            kv_cache_block_size: Optional[int] = None,
+            total_kv_blocks: Optional[int] = None,
+            max_num_seqs: Optional[int] = None,
+            max_num_batched_tokens: Optional[int] = None,
+            data_parallel_size: Optional[int] = None,
+            data_parallel_start_rank: Optional[int] = None,
+            bootstrap_host: Optional[str] = None,
+            bootstrap_port: Optional[int] = None,
+            enable_eagle: bool = False,
+            max_gpu_lora_count: Optional[int] = None,
+        ) -> backend.LlmRegistration:
+            """Raises ValueError for ``kv_cache_block_size=0``."""
+
+        @property
+        def context_length(self) -> Optional[int]: ...
+        @property
+        def kv_cache_block_size(self) -> Optional[int]: ...
+        @property
+        def total_kv_blocks(self) -> Optional[int]: ...
+        @property
+        def max_num_seqs(self) -> Optional[int]: ...
+        @property
+        def max_num_batched_tokens(self) -> Optional[int]: ...
+        @property
+        def data_parallel_size(self) -> Optional[int]: ...
+        @property
+        def data_parallel_start_rank(self) -> Optional[int]: ...
+        @property
+        def bootstrap_host(self) -> Optional[str]: ...
+        @property
+        def bootstrap_port(self) -> Optional[int]: ...
+        @property
+        def enable_eagle(self) -> bool: ...
+        @property
+        def max_gpu_lora_count(self) -> Optional[int]: ...
+
+    @final
+    class EngineConfig:
+        """What ``engine.start()`` returns (read-only)."""
+
+        def __new__(
+            cls,
+            model: str,
+            served_model_name: Optional[str] = None,
+            runtime_data: Optional[Dict[str, Any]] = None,
+            llm: Optional[backend.LlmRegistration] = None,
+            model_aliases: Optional[List[str]] = None,
+        ) -> backend.EngineConfig: ...
+        @property
+        def model(self) -> str:
+            """The model directory (or offline Hugging Face cache id) to register."""
+
+        @property
+        def served_model_name(self) -> Optional[str]: ...
+        @property
+        def runtime_data(self) -> Dict[str, Any]:
+            """Engine-specific values for the card's runtime config (default ``{}``)."""
+
+        @property
+        def llm(self) -> Optional[backend.LlmRegistration]: ...
+        @property
+        def model_aliases(self) -> List[str]: ...
+
+    @final
+    class RuntimeConfig:
+        """Transports of the worker's runtime; ``None`` keeps the environment's default."""
+
+        def __new__(
+            cls,
+            discovery_backend: Optional[str] = None,
+            request_plane: Optional[str] = None,
+            event_plane: Optional[str] = None,
+            *,
+            response_plane: Optional[str] = None,
+        ) -> backend.RuntimeConfig: ...
+        @property
+        def discovery_backend(self) -> Optional[str]: ...
+        @property
+        def request_plane(self) -> Optional[str]: ...
+        @property
+        def event_plane(self) -> Optional[str]: ...
+        @property
+        def response_plane(self) -> Optional[str]:
+            """Accepted; responses travel on the request plane's connection."""
+
+    @final
+    class WorkerConfig:
+        """Where and how the worker serves (read-only properties of the same names)."""
+
+        def __new__(
+            cls,
+            namespace: str,
+            component: str = "backend",
+            endpoint: str = "generate",
+            model_name: str = "",
+            served_model_name: Optional[str] = None,
+            model_input: ModelInput = ...,
+            endpoint_types: str = "chat,completions",
+            custom_jinja_template: Optional[str] = None,
+            tool_call_parser: Optional[str] = None,
+            reasoning_parser: Optional[str] = None,
+            exclude_tools_when_tool_choice_none: bool = True,
+            enable_local_indexer: bool = True,
+            enable_kv_routing: bool = True,
+            metrics_labels: List[Tuple[str, str]] = ...,
+            runtime: Optional[backend.RuntimeConfig] = None,
+            disaggregation_mode: backend.DisaggregationMode = ...,
+            health_check_payload: Optional[Dict[str, Any]] = None,
+            structural_tag: Optional[Any] = None,
+            route_to_encoder: bool = False,
+            media_decoder: Optional[MediaDecoder] = None,
+            media_fetcher: Optional[MediaFetcher] = None,
+            kv_state_endpoint: Optional[str] = None,
+            default_thinking_mode: Optional[Any] = None,
+        ) -> backend.WorkerConfig:
+            """Raises ValueError for an invalid endpoint name part or an unknown
+            ``endpoint_types`` entry (chat, completions, embedding, classify, pooling,
+            images, audios, videos, tensor, prefill)."""
+
+        @property
+        def namespace(self) -> str: ...
+        @property
+        def component(self) -> str: ...
+        @property
+        def endpoint(self) -> str: ...
+        @property
+        def model_name(self) -> str: ...
+        @property
+        def served_model_name(self) -> Optional[str]: ...
+        @property
+        def model_input(self) -> ModelInput: ...
+        @property
+        def endpoint_types(self) -> str: ...
+        @property
+        def custom_jinja_template(self) -> Optional[str]: ...
+        @property
+        def tool_call_parser(self) -> Optional[str]: ...
+        @property
+        def reasoning_parser(self) -> Optional[str]: ...
+        @property
+        def exclude_tools_when_tool_choice_none(self) -> bool: ...
+        @property
+        def enable_local_indexer(self) -> bool: ...
+        @property
+        def enable_kv_routing(self) -> bool: ...
+        @property
+        def metrics_labels(self) -> List[Tuple[str, str]]: ...
+        @property
+        def runtime(self) -> Optional[backend.RuntimeConfig]: ...
+        @property
+        def disaggregation_mode(self) -> backend.DisaggregationMode: ...
+        @property
+        def health_check_payload(self) -> Optional[Any]: ...
+        @property
+        def structural_tag(self) -> Optional[Any]: ...
+        @property
+        def route_to_encoder(self) -> bool: ...
+        @property
+        def media_decoder(self) -> Optional[Any]: ...
+        @property
+        def media_fetcher(self) -> Optional[Any]: ...
+        @property
+        def kv_state_endpoint(self) -> Optional[str]: ...
+        @property
+        def default_thinking_mode(self) -> Optional[Any]: ...
+
+    @final
+    class Worker:
+        """Serves a Python engine object (see the class docstring of ``backend``)."""
+
+        def __new__(
+            cls, engine: Any, config: backend.WorkerConfig, event_loop: Any, raw: bool = False
+        ) -> backend.Worker: ...
+        def run(self) -> Awaitable[None]:
+            """Start, register, serve until shutdown, clean up."""
+
 @final
 class Client:
     """A client of one endpoint; its instance list follows discovery live.
@@ -2307,4 +2515,102 @@ def get_tool_parser_names() -> List[str]:
 
 def get_reasoning_parser_names() -> List[str]:
     """Every reasoning parser name the frontend accepts (aliases included), sorted."""
+    ...
+
+# ---------------------------------------------------------------------------------------
+# Runtime-free selection (crates/dynamo-py/src/llm/selection.rs)
+# ---------------------------------------------------------------------------------------
+
+@final
+class SelectionCacheConfig:
+    """Bounds of the pending-selection cache; an omitted field keeps the service default
+    (TTL 60 s, 100000 entries, 268435456 bytes). A negative TTL raises ValueError."""
+
+    def __init__(
+        self,
+        *,
+        ttl_secs: Optional[float] = None,
+        max_entries: Optional[int] = None,
+        max_bytes: Optional[int] = None,
+    ) -> None: ...
+
+@final
+class SelectionService:
+    """In-process, runtime-free worker selection: a catalog of workers, a KV index fed by
+    each worker's ZMQ KV-event publisher, and load accounting. Requests and answers are
+    dicts; malformed ones raise ValueError naming the field, selector failures raise
+    SelectionServiceError with ``kind`` and ``status_code``. Peer recovery, replica sync and
+    session affinity are not supported yet (ValueError when requested)."""
+
+    def __init__(
+        self,
+        *,
+        indexer_threads: int = 4,
+        indexer_peers: Optional[List[str]] = None,
+        replica_sync_port: Optional[int] = None,
+        replica_sync_peers: Optional[List[str]] = None,
+        selection_cache: Optional[SelectionCacheConfig] = None,
+        session_affinity_ttl_secs: Optional[float] = None,
+    ) -> None: ...
+    def shutdown(self) -> None:
+        """Stop listeners; further selections fail with ``not_ready``. Idempotent."""
+        ...
+    def upsert_worker(self, worker: Dict[str, Any]) -> Awaitable[Dict[str, Any]]:
+        """Register or replace a worker and subscribe to its KV events; its record."""
+        ...
+    def delete_worker(self, worker_id: int) -> Awaitable[Dict[str, Any]]:
+        """Remove a worker and its listeners; its last record."""
+        ...
+    def list_workers(
+        self, *, model_name: Optional[str] = None, routing_group: Optional[str] = None
+    ) -> List[Dict[str, Any]]:
+        """Catalog records, optionally filtered."""
+        ...
+    def ready(self) -> Dict[str, Any]:
+        """``{ready, schedulable_workers, workers}``."""
+        ...
+    def overlap_scores(self, request: Dict[str, Any]) -> Awaitable[Dict[str, Any]]:
+        """Per-rank cached prefix of a prompt."""
+        ...
+    def select(self, request: Dict[str, Any]) -> Awaitable[Dict[str, Any]]:
+        """Choose a worker without booking (cached under ``selection_id`` when given)."""
+        ...
+    def select_and_reserve(self, request: Dict[str, Any]) -> Awaitable[Dict[str, Any]]:
+        """Choose a worker and book the request's load."""
+        ...
+    def create_reservation(self, request: Dict[str, Any]) -> Awaitable[Dict[str, Any]]:
+        """Book under ``selection_id``: replay its cached selection, or book on
+        ``worker_id`` with the prompt."""
+        ...
+    def prefill_complete(self, selection_id: str) -> Awaitable[None]:
+        """The reservation's prefill is done."""
+        ...
+    def add_output_block(
+        self, selection_id: str, *, decay_fraction: Optional[float] = None
+    ) -> None:
+        """One more decode output block for the reservation."""
+        ...
+    def free_reservation(self, selection_id: str) -> Awaitable[None]:
+        """Free a finished reservation."""
+        ...
+    def loads(
+        self, *, model_name: Optional[str] = None, routing_group: Optional[str] = None
+    ) -> List[Dict[str, Any]]:
+        """Current load per model and routing group."""
+        ...
+    def potential_loads(self, request: Dict[str, Any]) -> Awaitable[List[Dict[str, Any]]]:
+        """Per-rank load with this prompt, without booking."""
+        ...
+
+def run_select_service(args: Optional[List[str]] = None) -> None:
+    """Run the selection service (``--port`` 8092) until SIGINT/SIGTERM; the GIL is
+    released while it runs. A parse error prints clap's message and raises SystemExit."""
+    ...
+
+def run_kv_indexer(args: Optional[List[str]] = None) -> None:
+    """Run the standalone KV indexer (``--port`` 8090) until SIGINT/SIGTERM."""
+    ...
+
+def run_slot_tracker(args: Optional[List[str]] = None) -> None:
+    """Run the standalone slot tracker (``--port`` 8091) until SIGINT/SIGTERM."""
     ...

@@ -11,7 +11,8 @@
 //! * [`kv_routing`]: KV event/metrics publishers, KV indexers and `KvRouter`.
 //! * [`runtime`]: `DistributedRuntime`, `Endpoint`, `Client`, `Instance`, `TransportType`.
 //! * [`context`]: `Context`, `ContextMetadata`, `SpanProxy`.
-//! * [`instance_id`]: `ModelCardInstanceId`.
+//! * [`instance_id`]: the `ModelCardInstanceId` class.
+//! * [`backend`]: the `dynamo._core.backend` submodule (`Worker` over a Python engine).
 //! * [`aio`]: Rust futures as asyncio futures (completed on the loop thread).
 //! * [`engine`]: the bridge between the request plane and Python handlers and streams.
 //! * [`json`]: payload conversion; [`logging`]: `log_message` and the tracing subscriber.
@@ -36,6 +37,7 @@
 use pyo3::prelude::*;
 
 mod aio;
+mod backend;
 mod block_manager;
 mod context;
 mod convert;
@@ -70,6 +72,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     kv_routing::register(m)?;
     runtime::register(m)?;
     instance_id::register(m)?;
+    backend::register(m)?;
     logging::register(m)?;
     block_manager::register(m)?;
     llm::register(m)?;
