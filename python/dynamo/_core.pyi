@@ -750,6 +750,11 @@ class KvRouterConfig:
     ``overlap_score_credit`` per device-cached block (decayed by
     ``overlap_score_credit_decay`` on workers with excess prefill load) plus the host, disk
     and shared-cache credits. Invalid values raise ``ValueError`` naming the field.
+
+    ``router_replica_sync=True``: routers of the same endpoint (frontends, ``KvRouter``s)
+    share their booked load over the event plane, and a late starter catches up from its
+    peers' snapshots; a silent peer's bookings expire after
+    ``DYN_ROUTER_REPLICA_SYNC_TTL_SECS`` (default 6). See ``docs/kv_routing.md``.
     """
 
     def __new__(

@@ -109,7 +109,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
     )
-    p.add_argument("--router-replica-sync", action="store_true")
+    p.add_argument(
+        "--router-replica-sync",
+        action="store_true",
+        help="share booked load with the other KV routers of the same workers (event plane)",
+    )
     p.add_argument("--router-reset-states", action="store_true")
     p.add_argument(
         "--router-track-output-blocks",
