@@ -2531,13 +2531,13 @@ class SelectionCacheConfig:
     """Bounds of the pending-selection cache; an omitted field keeps the service default
     (TTL 60 s, 100000 entries, 268435456 bytes). A negative TTL raises ValueError."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         ttl_secs: Optional[float] = None,
         max_entries: Optional[int] = None,
         max_bytes: Optional[int] = None,
-    ) -> None: ...
+    ) -> "SelectionCacheConfig": ...
 
 @final
 class SelectionService:
@@ -2547,8 +2547,8 @@ class SelectionService:
     SelectionServiceError with ``kind`` and ``status_code``. Peer recovery, replica sync and
     session affinity are not supported yet (ValueError when requested)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         *,
         indexer_threads: int = 4,
         indexer_peers: Optional[List[str]] = None,
@@ -2556,7 +2556,7 @@ class SelectionService:
         replica_sync_peers: Optional[List[str]] = None,
         selection_cache: Optional[SelectionCacheConfig] = None,
         session_affinity_ttl_secs: Optional[float] = None,
-    ) -> None: ...
+    ) -> "SelectionService": ...
     def shutdown(self) -> None:
         """Stop listeners; further selections fail with ``not_ready``. Idempotent."""
         ...

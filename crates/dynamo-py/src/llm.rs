@@ -7,7 +7,9 @@
 //! classes convert arguments and delegate.
 
 pub(crate) mod lora;
+pub(crate) mod media;
 pub(crate) mod mocker_args;
+pub(crate) mod selection;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -711,5 +713,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fetch_model, m)?)?;
     mocker_args::register(m)?;
     lora::register(m)?;
+    media::register(m)?;
+    selection::register(m)?;
     Ok(())
 }

@@ -47,6 +47,8 @@ from dynamo._core import RadixTree as RadixTree
 from dynamo._core import RouterConfig as RouterConfig
 from dynamo._core import RouterMode as RouterMode
 from dynamo._core import RoutingConstraints as RoutingConstraints
+from dynamo._core import SelectionCacheConfig as SelectionCacheConfig
+from dynamo._core import SelectionService as SelectionService
 from dynamo._core import WorkerMetricsPublisher as WorkerMetricsPublisher
 from dynamo._core import WorkerType as WorkerType
 from dynamo._core import compute_block_hash_for_seq as compute_block_hash_for_seq
@@ -58,10 +60,13 @@ from dynamo._core import (
     resolve_routing_image_token_id as resolve_routing_image_token_id,
 )
 from dynamo._core import run_input as run_input
+from dynamo._core import run_kv_indexer as run_kv_indexer
 from dynamo._core import (
     run_mocker_synthetic_trace_replay as run_mocker_synthetic_trace_replay,
 )
 from dynamo._core import run_mocker_trace_replay as run_mocker_trace_replay
+from dynamo._core import run_select_service as run_select_service
+from dynamo._core import run_slot_tracker as run_slot_tracker
 from dynamo._core import unregister_model as unregister_model
 from dynamo._core import update_model_taints as update_model_taints
 from dynamo.llm._unary import LLMUnaryClient as LLMUnaryClient
@@ -116,6 +121,8 @@ __all__ = [
     "RouterMode",
     "RouterQueueLimitExceeded",
     "RoutingConstraints",
+    "SelectionCacheConfig",
+    "SelectionService",
     "UnaryChatModel",
     "WorkerMetricsPublisher",
     "WorkerType",
@@ -128,8 +135,11 @@ __all__ = [
     "register_model",
     "resolve_routing_image_token_id",
     "run_input",
+    "run_kv_indexer",
     "run_mocker_synthetic_trace_replay",
     "run_mocker_trace_replay",
+    "run_select_service",
+    "run_slot_tracker",
     "unregister_llm",
     "unregister_model",
     "update_model_taints",

@@ -191,10 +191,37 @@ pub(crate) async fn subscribe_loop<A, F>(
     topic: Vec<u8>,
     stop: CancellationToken,
     alive: A,
-    mut on_message: F,
+    on_message: F,
 ) where
     A: Fn() -> bool,
     F: FnMut(Vec<Vec<u8>>) -> bool,
+{
+    subscribe_loop_observed(endpoint, topic, stop, alive, on_message, |_| {}).await;
+}
+
+/// The state of a subscriber's connection, as reported to [`subscribe_loop_observed`]'s
+/// `on_link` (the selection service shows it in a worker's catalog record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum LinkState {
+    /// Handshake done and subscribed.
+    Connected,
+    /// A connection attempt failed or an established connection broke (the reason).
+    Down(String),
+}
+
+/// [`subscribe_loop`], also reporting each connect, failed attempt and lost connection
+/// to `on_link`.
+pub(crate) async fn subscribe_loop_observed<A, F, L>(
+    endpoint: String,
+    topic: Vec<u8>,
+    stop: CancellationToken,
+    alive: A,
+    mut on_message: F,
+    mut on_link: L,
+) where
+    A: Fn() -> bool,
+    F: FnMut(Vec<Vec<u8>>) -> bool,
+    L: FnMut(LinkState),
 {
     let address = endpoint
         .strip_prefix("tcp://")
@@ -209,12 +236,18 @@ pub(crate) async fn subscribe_loop<A, F>(
         match attempt {
             Ok(mut s) => {
                 backoff = Duration::from_millis(100);
-                if let Err(e) = pump(&mut s, &mut on_message, &stop).await {
-                    tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connection lost");
+                on_link(LinkState::Connected);
+                match pump(&mut s, &mut on_message, &stop).await {
+                    Err(e) => {
+                        tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connection lost");
+                        on_link(LinkState::Down(format!("connection lost: {e}")));
+                    }
+                    Ok(()) => on_link(LinkState::Down("subscriber stopped".to_owned())),
                 }
             }
             Err(e) => {
-                tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connect failed")
+                tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connect failed");
+                on_link(LinkState::Down(format!("connect failed: {e}")));
             }
         }
         tokio::select! {

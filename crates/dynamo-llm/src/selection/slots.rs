@@ -1,0 +1,404 @@
+//! The standalone slot tracker (`run_slot_tracker`, port 8091): active-load bookkeeping
+//! only, for callers that pick workers themselves. Workers are registered with their
+//! block size and data-parallel ranks; requests are added on a chosen rank, marked
+//! prefill-complete and freed; `potential_loads` answers what each rank's load would be
+//! with a new request. One `dynamo_kv_router` scheduler per (model, routing group).
+//!
+//! | route | body |
+//! |---|---|
+//! | `POST /register` | `{worker_id, model_name, routing_group?, block_size, dp_start, dp_size}` |
+//! | `POST /unregister` | `{worker_id, model_name, routing_group?}` |
+//! | `GET /workers`, `GET /loads` | |
+//! | `POST /add` | `{model_name, routing_group?, request_id, worker_id, dp_rank, sequence_hashes?, isl_tokens?, overlap_blocks?}` |
+//! | `POST /prefill_complete`, `POST /free` | `{model_name, routing_group?, request_id}` |
+//! | `POST /potential_loads` | `{model_name, routing_group?, sequence_hashes, isl_tokens?}` |
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use dynamo_kv_router::hashing::SequenceHash;
+use dynamo_kv_router::protocols::WorkerWithDpRank;
+use dynamo_kv_router::scheduling::config::KvRouterConfig;
+use dynamo_kv_router::scheduling::selector::{LoadThresholds, TierOverlap, WorkerCapacity};
+use dynamo_kv_router::scheduling::{Scheduler, SchedulingRequest};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use super::catalog::DEFAULT_GROUP;
+use super::http::{body, error_response};
+use super::requests::{Hash64, LoadEntry};
+use super::service::lock;
+
+type Key = (String, String);
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Registration {
+    worker_id: u64,
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    block_size: u32,
+    dp_start: u32,
+    dp_size: u32,
+}
+
+fn default_group() -> String {
+    DEFAULT_GROUP.to_owned()
+}
+
+struct Tracked {
+    scheduler: Scheduler,
+}
+
+/// The tracker's state.
+#[derive(Default)]
+pub struct SlotTracker {
+    groups: Mutex<BTreeMap<Key, Arc<Tracked>>>,
+    registrations: Mutex<BTreeMap<Key, BTreeMap<u64, Registration>>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Unregister {
+    worker_id: u64,
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Add {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    request_id: String,
+    worker_id: u64,
+    dp_rank: u32,
+    #[serde(default)]
+    sequence_hashes: Vec<Hash64>,
+    #[serde(default)]
+    isl_tokens: usize,
+    #[serde(default)]
+    overlap_blocks: u32,
+}
+
+#[derive(Debug, Deserialize)]
+struct RequestRef {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    request_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Potential {
+    model_name: String,
+    #[serde(default = "default_group")]
+    routing_group: String,
+    sequence_hashes: Vec<Hash64>,
+    #[serde(default)]
+    isl_tokens: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct FlatLoad {
+    model_name: String,
+    routing_group: String,
+    worker_id: u64,
+    dp_rank: u32,
+    active_prefill_tokens: u64,
+    active_decode_blocks: u64,
+}
+
+type St = State<Arc<SlotTracker>>;
+
+fn json<T: Serialize>(status: StatusCode, v: &T) -> Response {
+    match serde_json::to_vec(v) {
+        Ok(b) => (
+            status,
+            [(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            b,
+        )
+            .into_response(),
+        Err(e) => error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+fn ok(status: StatusCode) -> Response {
+    json(status, &serde_json::json!({"status": "ok"}))
+}
+
+impl SlotTracker {
+    fn group(&self, key: &Key) -> Option<Arc<Tracked>> {
+        lock(&self.groups).get(key).cloned()
+    }
+
+    /// Rebuild-free upsert: the group's scheduler is created with the first worker's block
+    /// size; a worker with another block size is refused.
+    fn register(&self, r: Registration) -> Result<(), (StatusCode, String)> {
+        if r.block_size == 0 || r.dp_size == 0 {
+            return Err((
+                StatusCode::BAD_REQUEST,
+                "block_size and dp_size must be greater than 0".to_owned(),
+            ));
+        }
+        let key = (r.model_name.clone(), r.routing_group.clone());
+        let mut groups = lock(&self.groups);
+        let g = if let Some(g) = groups.get(&key) {
+            g.clone()
+        } else {
+            let scheduler = Scheduler::new(
+                r.block_size,
+                KvRouterConfig::default(),
+                LoadThresholds::default(),
+            )
+            .map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))?;
+            let g = Arc::new(Tracked { scheduler });
+            groups.insert(key.clone(), g.clone());
+            g
+        };
+        if g.scheduler.block_size() != r.block_size {
+            return Err((
+                StatusCode::CONFLICT,
+                format!(
+                    "block_size {} differs from block_size {} of model={} routing_group={}",
+                    r.block_size,
+                    g.scheduler.block_size(),
+                    key.0,
+                    key.1
+                ),
+            ));
+        }
+        for rank in r.dp_start..r.dp_start.saturating_add(r.dp_size) {
+            g.scheduler.upsert_worker(
+                WorkerWithDpRank::new(r.worker_id, rank),
+                BTreeSet::new(),
+                WorkerCapacity::default(),
+            );
+        }
+        lock(&self.registrations)
+            .entry(key)
+            .or_default()
+            .insert(r.worker_id, r);
+        Ok(())
+    }
+}
+
+async fn register(State(t): St, bytes: Bytes) -> Response {
+    match body::<Registration>(&bytes) {
+        Ok(r) => match t.register(r) {
+            Ok(()) => ok(StatusCode::CREATED),
+            Err((s, m)) => error_response(s, &m),
+        },
+        Err(r) => r,
+    }
+}
+
+async fn unregister(State(t): St, bytes: Bytes) -> Response {
+    let r: Unregister = match body(&bytes) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let key = (r.model_name.clone(), r.routing_group.clone());
+    let removed = lock(&t.registrations)
+        .get_mut(&key)
+        .and_then(|m| m.remove(&r.worker_id));
+    match (removed, t.group(&key)) {
+        (Some(_), Some(g)) => {
+            g.scheduler.remove_worker(r.worker_id);
+            ok(StatusCode::OK)
+        }
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "worker {} not found for model={} routing_group={}",
+                r.worker_id, r.model_name, r.routing_group
+            ),
+        ),
+    }
+}
+
+async fn workers(State(t): St) -> Response {
+    let all: Vec<Registration> = lock(&t.registrations)
+        .values()
+        .flat_map(|m| m.values().cloned())
+        .collect();
+    json(StatusCode::OK, &all)
+}
+
+async fn loads(State(t): St) -> Response {
+    let groups: Vec<(Key, Arc<Tracked>)> = lock(&t.groups)
+        .iter()
+        .map(|(k, g)| (k.clone(), g.clone()))
+        .collect();
+    let mut out = Vec::new();
+    for (k, g) in groups {
+        for l in g.scheduler.potential_loads(&SchedulingRequest::default()) {
+            out.push(FlatLoad {
+                model_name: k.0.clone(),
+                routing_group: k.1.clone(),
+                worker_id: l.worker.worker_id,
+                dp_rank: l.worker.dp_rank,
+                active_prefill_tokens: l.potential_prefill_tokens,
+                active_decode_blocks: l.potential_decode_blocks,
+            });
+        }
+    }
+    json(StatusCode::OK, &out)
+}
+
+fn missing_group(model: &str, group: &str) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        &format!("no workers registered for model={model} routing_group={group}"),
+    )
+}
+
+async fn add(State(t): St, bytes: Bytes) -> Response {
+    let a: Add = match body(&bytes) {
+        Ok(a) => a,
+        Err(r) => return r,
+    };
+    let Some(g) = t.group(&(a.model_name.clone(), a.routing_group.clone())) else {
+        return missing_group(&a.model_name, &a.routing_group);
+    };
+    let worker = WorkerWithDpRank::new(a.worker_id, a.dp_rank);
+    let seq: Vec<SequenceHash> = a
+        .sequence_hashes
+        .iter()
+        .map(|h| SequenceHash(h.0))
+        .collect();
+    let mut overlaps = FxHashMap::default();
+    overlaps.insert(
+        worker,
+        TierOverlap {
+            device: a.overlap_blocks,
+            ..Default::default()
+        },
+    );
+    match g.scheduler.select(&SchedulingRequest {
+        request_id: Some(&a.request_id),
+        isl_tokens: a.isl_tokens,
+        seq_hashes: &seq,
+        overlaps: Some(&overlaps),
+        pinned: Some(worker),
+        ..Default::default()
+    }) {
+        Ok(_) => ok(StatusCode::OK),
+        Err(e) => {
+            let err = super::error::SelectionError::from_router(e, &a.model_name, &a.routing_group);
+            error_response(
+                StatusCode::from_u16(err.kind.status_code()).unwrap_or(StatusCode::BAD_REQUEST),
+                &err.message,
+            )
+        }
+    }
+}
+
+async fn prefill_complete(State(t): St, bytes: Bytes) -> Response {
+    let r: RequestRef = match body(&bytes) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match t.group(&(r.model_name.clone(), r.routing_group.clone())) {
+        Some(g) if g.scheduler.mark_prefill_completed(&r.request_id).is_ok() => ok(StatusCode::OK),
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            &format!("Request {} not found", r.request_id),
+        ),
+    }
+}
+
+async fn free(State(t): St, bytes: Bytes) -> Response {
+    let r: RequestRef = match body(&bytes) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    // Freeing an unknown request is a no-op (as in the reference): frees are retried.
+    if let Some(g) = t.group(&(r.model_name.clone(), r.routing_group.clone())) {
+        let _ = g.scheduler.free(&r.request_id);
+    }
+    ok(StatusCode::OK)
+}
+
+async fn potential_loads(State(t): St, bytes: Bytes) -> Response {
+    let p: Potential = match body(&bytes) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let Some(g) = t.group(&(p.model_name.clone(), p.routing_group.clone())) else {
+        return json(StatusCode::OK, &Vec::<LoadEntry>::new());
+    };
+    let seq: Vec<SequenceHash> = p
+        .sequence_hashes
+        .iter()
+        .map(|h| SequenceHash(h.0))
+        .collect();
+    let loads: Vec<LoadEntry> = g
+        .scheduler
+        .potential_loads(&SchedulingRequest {
+            isl_tokens: p.isl_tokens,
+            seq_hashes: &seq,
+            ..Default::default()
+        })
+        .into_iter()
+        .map(|l| LoadEntry {
+            worker_id: l.worker.worker_id,
+            dp_rank: l.worker.dp_rank,
+            potential_prefill_tokens: l.potential_prefill_tokens,
+            potential_decode_blocks: l.potential_decode_blocks,
+            active_requests: l.active_requests,
+        })
+        .collect();
+    json(StatusCode::OK, &loads)
+}
+
+async fn health() -> Response {
+    ok(StatusCode::OK)
+}
+
+async fn metrics(State(t): St) -> Response {
+    let groups = lock(&t.groups).len();
+    let workers: usize = lock(&t.registrations).values().map(BTreeMap::len).sum();
+    let text = format!(
+        "# HELP dynamo_slot_tracker_models Model + routing-group trackers\n# TYPE dynamo_slot_tracker_models gauge\ndynamo_slot_tracker_models {groups}\n# HELP dynamo_slot_tracker_workers Registered workers\n# TYPE dynamo_slot_tracker_workers gauge\ndynamo_slot_tracker_workers {workers}\n"
+    );
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error_response(StatusCode::NOT_FOUND, "route not found")
+}
+
+/// The slot tracker's routes.
+pub fn router(state: Arc<SlotTracker>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/register", post(register))
+        .route("/unregister", post(unregister))
+        .route("/workers", get(workers))
+        .route("/loads", get(loads))
+        .route("/add", post(add))
+        .route("/prefill_complete", post(prefill_complete))
+        .route("/free", post(free))
+        .route("/potential_loads", post(potential_loads))
+        .fallback(not_found)
+        .with_state(state)
+}

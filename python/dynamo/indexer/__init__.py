@@ -1,0 +1,1 @@
+"""``python -m dynamo.indexer``: the standalone KV cache indexer service."""

@@ -1,0 +1,1 @@
+"""``python -m dynamo.select_service``: the runtime-free worker selection service."""

@@ -1,0 +1,1 @@
+"""``python -m dynamo.slot_tracker``: the standalone KV router slot tracker."""
