@@ -1425,6 +1425,7 @@ class ModelDeploymentCard:
         """Checksum of what must agree between workers serving the same model."""
     def __eq__(self, other: object, /) -> bool: ...
 
+@final
 class MediaDecoder:
     """Which media the frontend decodes for a model (``register_model(media_decoder=)``).
 
@@ -1444,6 +1445,7 @@ class MediaDecoder:
             ValueError: an unknown key, a bad value or an unsupported format.
         """
 
+@final
 class MediaFetcher:
     """How the frontend fetches image URLs for a model (``register_model(media_fetcher=)``).
 

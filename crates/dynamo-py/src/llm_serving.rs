@@ -124,6 +124,8 @@ fn register_model<'py>(
         max_gpu_lora_count,
         model_aliases: model_aliases.unwrap_or_default(),
         migration_limit,
+        media_fetcher: crate::llm::media::fetcher_config(media_fetcher)?,
+        media_decoder: crate::llm::media::decoder_config(media_decoder)?,
     };
     let (runtime, id) = endpoint.parts();
     let (runtime, id) = (runtime.clone(), id.clone());
@@ -230,6 +232,9 @@ pub(crate) struct EntrypointArgs {
     parsers: dynamo_llm::parsers::ParserNames,
     /// Serve the Anthropic Messages API (`None`: `DYN_ENABLE_ANTHROPIC_API`).
     enable_anthropic_api: Option<bool>,
+    /// Media settings of a local engine's card (`media_decoder=` / `media_fetcher=`).
+    media_decoder: Option<dynamo_llm::multimodal::MediaDecoderConfig>,
+    media_fetcher: Option<dynamo_llm::multimodal::MediaFetcherConfig>,
 }
 
 #[pymethods]
@@ -245,7 +250,8 @@ impl EntrypointArgs {
         migration_limit = 0, migration_max_seq_len = None, chat_engine_factory = None,
         aic_perf_config = None, *, metrics_prefix = None, enable_anthropic_api = None,
         strip_anthropic_preamble = None, enable_streaming_tool_dispatch = None,
-        enable_streaming_reasoning_dispatch = None, tokenizer_backend = None
+        enable_streaming_reasoning_dispatch = None, tokenizer_backend = None,
+        media_decoder = None, media_fetcher = None
     ))]
     #[expect(
         clippy::too_many_arguments,
@@ -283,6 +289,8 @@ impl EntrypointArgs {
         enable_streaming_tool_dispatch: Option<bool>,
         enable_streaming_reasoning_dispatch: Option<bool>,
         tokenizer_backend: Option<String>,
+        media_decoder: Option<&Bound<'_, PyAny>>,
+        media_fetcher: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         if tls_cert_path.is_some() != tls_key_path.is_some() {
             return Err(PyValueError::new_err(
@@ -325,6 +333,8 @@ impl EntrypointArgs {
             migration_limit,
             parsers,
             enable_anthropic_api,
+            media_decoder: crate::llm::media::decoder_config(media_decoder)?,
+            media_fetcher: crate::llm::media::fetcher_config(media_fetcher)?,
         })
     }
 }
@@ -380,6 +390,8 @@ fn make_engine<'py>(
             })?,
             model_name: args.model_name.clone(),
             kind,
+            media_decoder: args.media_decoder.clone(),
+            media_fetcher: args.media_fetcher.clone(),
         }),
     };
     // Fail here, not at `run_input`, on a model directory that cannot serve.

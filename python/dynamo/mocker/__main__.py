@@ -18,6 +18,7 @@ from dynamo._core import (
     DistributedRuntime,
     EngineType,
     EntrypointArgs,
+    MediaDecoder,
     MockEngineArgs,
     make_engine,
     run_input,
@@ -51,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--extra-engine-args",
         default=None,
         help="JSON object (or a path to a JSON file) of MockEngineArgs fields",
+    )
+    p.add_argument(
+        "--enable-image",
+        action="store_true",
+        help="register the model with a MediaDecoder that decodes images (default limits), "
+        "so the frontend fetches, decodes and hashes image parts for these workers",
     )
     p.add_argument("--discovery-backend", default=None, help="file (default) or mem")
     p.add_argument(
@@ -98,11 +105,16 @@ async def main(args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, lambda: [rt.shutdown() for rt in runtimes])
     tasks = []
     for runtime in runtimes:
+        decoder = None
+        if args.enable_image:
+            decoder = MediaDecoder()
+            decoder.enable_image({})
         entry = EntrypointArgs(
             EngineType.Mocker,
             model_path=args.model_path,
             model_name=args.model_name,
             mocker_engine_args=mock,
+            media_decoder=decoder,
         )
         engine = await make_engine(runtime, entry)
         tasks.append(run_input(runtime, args.endpoint, engine))
