@@ -13,7 +13,8 @@ ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" 
   "pyzmq>=25" "msgpack>=1" "openai>=1.40" "websockets>=12" \
   "tritonclient[grpc]>=2.40" \
   "matplotlib>=3.7" "anthropic>=0.40" \
-  "moto[server]>=5" "boto3>=1.34"
+  "moto[server]>=5" "boto3>=1.34" \
+  "pillow>=10"
 
 echo "==> build dynamo._core (release)"
 build_extension
