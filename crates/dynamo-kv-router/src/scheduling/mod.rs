@@ -434,6 +434,30 @@ impl Scheduler {
             .collect()
     }
 
+    /// [`Self::potential_loads`] of one rank (`None` when it is not registered): what the
+    /// selection service reports for the rank it chose, without a pass over every rank.
+    pub fn potential_load_of(
+        &self,
+        worker: WorkerWithDpRank,
+        req: &SchedulingRequest<'_>,
+    ) -> Option<PotentialLoad> {
+        let mut st = self.lock();
+        let params = self.config.effective(req.overrides);
+        let blocks = Self::tracked_blocks(&params, req.seq_hashes, &mut st.rng);
+        let w = st.workers.get(&worker)?;
+        let overlap = req
+            .overlaps
+            .and_then(|m| m.get(&worker))
+            .map_or(0, |o| o.device);
+        Some(PotentialLoad {
+            worker,
+            potential_prefill_tokens: w.seqs.active_prefill_tokens()
+                + self.prefill_tokens(&params, req.isl_tokens, overlap),
+            potential_decode_blocks: (w.seqs.active_blocks() + w.seqs.new_blocks(&blocks)) as u64,
+            active_requests: w.seqs.active_requests() as u64,
+        })
+    }
+
     fn with_request<T>(
         &self,
         request_id: &str,

@@ -43,6 +43,44 @@ fn to_py<T: Serialize>(py: Python<'_>, v: &T) -> PyResult<Py<PyAny>> {
     Ok(from_json(py, &bytes)?.unbind())
 }
 
+/// A prompt request: `token_ids` (the bulk of a request) goes through the fast token
+/// conversion, the rest through JSON.
+fn prompt_request(obj: &Bound<'_, PyAny>) -> PyResult<PromptRequest> {
+    let (rest, tokens) = split_tokens(obj)?;
+    let mut req: PromptRequest = request(&rest)?;
+    if tokens.is_some() {
+        req.token_ids = tokens;
+    }
+    Ok(req)
+}
+
+/// [`prompt_request`] for `create_reservation`.
+fn reservation_request(obj: &Bound<'_, PyAny>) -> PyResult<ReservationRequest> {
+    let (rest, tokens) = split_tokens(obj)?;
+    let mut req: ReservationRequest = request(&rest)?;
+    if tokens.is_some() {
+        req.prompt.token_ids = tokens;
+    }
+    Ok(req)
+}
+
+/// The dict without `token_ids`, and the token ids converted.
+fn split_tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<(Bound<'py, PyAny>, Option<Vec<u32>>)> {
+    let Ok(dict) = obj.cast::<pyo3::types::PyDict>() else {
+        return Ok((obj.clone(), None));
+    };
+    match dict.get_item("token_ids")? {
+        Some(t) if !t.is_none() => {
+            let tokens = crate::convert::tokens(&t)
+                .map_err(|e| PyValueError::new_err(format!("token_ids: {}", e.value(obj.py()))))?;
+            let rest = dict.copy()?;
+            rest.del_item("token_ids")?;
+            Ok((rest.into_any(), Some(tokens)))
+        }
+        _ => Ok((obj.clone(), None)),
+    }
+}
+
 fn request<T: serde::de::DeserializeOwned>(obj: &Bound<'_, PyAny>) -> PyResult<T> {
     if !obj.is_instance_of::<pyo3::types::PyDict>() {
         return Err(PyValueError::new_err(format!(
@@ -241,7 +279,7 @@ impl PySelectionService {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req: PromptRequest = self::request(request)?;
+        let req = prompt_request(request)?;
         answer(py, || self.svc.overlap_scores(&req))
     }
 
@@ -252,7 +290,7 @@ impl PySelectionService {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req: PromptRequest = self::request(request)?;
+        let req = prompt_request(request)?;
         answer(py, || self.svc.select(&req))
     }
 
@@ -263,7 +301,7 @@ impl PySelectionService {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req: PromptRequest = self::request(request)?;
+        let req = prompt_request(request)?;
         answer(py, || self.svc.select_and_reserve(&req))
     }
 
@@ -274,7 +312,7 @@ impl PySelectionService {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req: ReservationRequest = self::request(request)?;
+        let req = reservation_request(request)?;
         answer(py, || self.svc.create_reservation(&req))
     }
 
@@ -329,7 +367,7 @@ impl PySelectionService {
         py: Python<'py>,
         request: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let req: PromptRequest = self::request(request)?;
+        let req = prompt_request(request)?;
         answer(py, || self.svc.potential_loads(&req))
     }
 }

@@ -512,8 +512,6 @@ impl SelectionService {
             pinned,
             avoid: &p.down,
         };
-        // The chosen rank's load with this request, before it is booked.
-        let potential = p.group.scheduler.potential_loads(&sreq);
         let sel = p
             .group
             .scheduler
@@ -525,9 +523,18 @@ impl SelectionService {
             }
             return Err(not_ready(&p.key.0, &p.key.1));
         }
-        let decode = potential
-            .iter()
-            .find(|l| l.worker == sel.worker)
+        // The chosen rank's load with this request (before it is booked, when it is).
+        let decode = p
+            .group
+            .scheduler
+            .potential_load_of(
+                sel.worker,
+                &SchedulingRequest {
+                    request_id: None,
+                    ..sreq
+                },
+            )
+            // After booking, the request's blocks are active and none is new: the same sum.
             .map_or(p.seq.len() as u64, |l| l.potential_decode_blocks);
         // Overlaps are reported in tokens (blocks x block size), as the reference does.
         let bs = p.group.block_size;
