@@ -336,7 +336,8 @@ async def test_a_killed_downloader_leaves_only_a_partial_that_is_not_cached(
         d = LoRADownloader(str(tmp_path))
         assert not d.is_cached(uri) and not d.validate_cached(key)
         assert not (tmp_path / key).exists()
-        assert [n for n in entries(tmp_path) if not n.startswith(".partial.")] == []
+        # Only the dead process's partial directory and lock file (both dot names).
+        assert [n for n in entries(tmp_path) if not n.startswith(".")] == []
     finally:
         slow.close()
     # The next download (a healthy server) completes and sweeps the dead process's partial.
@@ -350,3 +351,29 @@ async def test_a_killed_downloader_leaves_only_a_partial_that_is_not_cached(
         ]
     finally:
         fast.close()
+
+
+async def test_processes_downloading_one_uri_fetch_it_once(tmp_path) -> None:
+    objects = adapter_objects("shared", 1 << 20)
+    server = FakeS3(BUCKET, objects, chunk_delay=0.01)  # ~0.16 s per body
+    uri = f"s3://{BUCKET}/shared"
+    script = CRASHING_DOWNLOAD + "print(LoRADownloader.uri_to_cache_key(sys.argv[2]))\n"
+    try:
+        env = dict(os.environ, **server.env())
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(tmp_path), uri],
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(3)
+        ]
+        outs = [p.communicate(timeout=60)[0].strip() for p in procs]
+        assert [p.returncode for p in procs] == [0, 0, 0]
+        key = LoRADownloader.uri_to_cache_key(uri)
+        assert outs == [key] * 3
+        assert server.gets == {k: 1 for k in objects}, "one process downloaded, two waited"
+        assert entries(tmp_path) == [key]
+    finally:
+        server.close()

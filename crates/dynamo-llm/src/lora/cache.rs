@@ -10,6 +10,7 @@
 //!     adapter_model.safetensors
 //!     .dynamo-lora-source                the URI it was downloaded from
 //!   .partial.s3__bucket_x.<pid>.<n>/     a download in progress (or left by a crash)
+//!   .lock.s3__bucket_x                   the pid of the process downloading that key
 //! ```
 //!
 //! Invariant: a directory named by a cache key is only ever created by one `rename(2)` of
@@ -44,6 +45,7 @@ pub const ADAPTER_WEIGHTS: [&str; 3] = [
 pub const SOURCE_MARKER: &str = ".dynamo-lora-source";
 
 const PARTIAL_PREFIX: &str = ".partial.";
+const LOCK_PREFIX: &str = ".lock.";
 
 /// The cache key of a LoRA URI, in the reference's format: `://` becomes `__`, then every
 /// `/`, `\` and `.` becomes `_` (`s3://bucket/a/b` -> `s3__bucket_a_b`). The result never
@@ -202,6 +204,53 @@ impl LoraCache {
         )))
     }
 
+    /// Take the cross-process download lock of `cache_key`: the file `.lock.<key>` in the
+    /// root, created exclusively and holding the owner's pid. `None` while a live process
+    /// holds it; a lock left by a process that no longer runs is taken over.
+    ///
+    /// # Errors
+    /// [`LoraError::CacheDir`] when the root or the lock file cannot be created.
+    pub fn try_lock(&self, cache_key: &str) -> Result<Option<KeyLock>> {
+        std::fs::create_dir_all(&self.root).map_err(|e| {
+            LoraError::CacheDir(format!("cannot create {}: {e}", self.root.display()))
+        })?;
+        let path = self.root.join(format!("{LOCK_PREFIX}{cache_key}"));
+        for _ in 0..2 {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(mut f) => {
+                    use std::io::Write as _;
+                    // Written after creation: a reader that sees an empty file treats the
+                    // lock as held (its owner is alive: it is still writing).
+                    let _ = write!(f, "{}", std::process::id());
+                    return Ok(Some(KeyLock { path }));
+                }
+                Err(e) if e.kind() == ErrorKind::AlreadyExists => {
+                    let owner = std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
+                    match owner {
+                        Some(pid) if pid != std::process::id() && !process_alive(pid) => {
+                            tracing::warn!(path = %path.display(), pid, "taking over the LoRA download lock of a dead process");
+                            let _ = std::fs::remove_file(&path);
+                        }
+                        _ => return Ok(None),
+                    }
+                }
+                Err(e) => {
+                    return Err(LoraError::CacheDir(format!(
+                        "cannot create {}: {e}",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// Best effort: partial directories of `cache_key` left by processes that no longer
     /// run (crashes). Others' live downloads are left alone.
     fn remove_stale_partials(&self, cache_key: &str) {
@@ -266,6 +315,18 @@ impl LoraCache {
             "{} keeps changing under us",
             dest.display()
         )))
+    }
+}
+
+/// A held download lock ([`LoraCache::try_lock`]); dropping it releases the lock.
+#[derive(Debug)]
+pub struct KeyLock {
+    path: PathBuf,
+}
+
+impl Drop for KeyLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -9,8 +9,10 @@
 //!   An entry already in the cache is returned without contacting the server.
 //!
 //! Concurrency: calls for the same URI in one process are single-flight (the second
-//! waits for the first and then finds the entry); separate processes may both download,
-//! and the atomic rename makes the first complete copy win while the others discard
+//! waits for the first and then finds the entry). Across processes a lock file per key
+//! (`.lock.<key>`, holding the owner's pid; taken over when that process is gone) makes
+//! the others wait and then use the entry. Even without it (a holder wedged past the wait
+//! limit) the atomic rename makes the first complete copy win and the others discard
 //! theirs, so the cache is never torn.
 //!
 //! ```
@@ -172,15 +174,28 @@ impl LoraDownloader {
     {
         let failed = |e: LoraError| LoraError::Download(format!("{uri}: {e}"));
         if self.cache.validate(key).map_err(failed)? {
-            return match self.cache.source_of(key) {
-                Some(src) if src != uri => Err(LoraError::Download(format!(
-                    "{uri}: cache entry {key} holds {src} (the two URIs share a cache key)"
-                ))),
-                _ => {
-                    tracing::debug!(%uri, "LoRA found in cache");
-                    self.cache.entry_path(key)
-                }
-            };
+            return self.hit(uri, key);
+        }
+        // Across processes: wait while another live process downloads this key, then
+        // use its entry (or download ourselves if it failed). Past the wait limit we
+        // download anyway; the atomic install keeps the cache whole either way.
+        let started = tokio::time::Instant::now();
+        let _lock = loop {
+            if let Some(lock) = self.cache.try_lock(key).map_err(failed)? {
+                break Some(lock);
+            }
+            if started.elapsed() >= CROSS_PROCESS_WAIT {
+                tracing::warn!(%uri, "another process holds the LoRA download lock too long; downloading anyway");
+                break None;
+            }
+            tokio::time::sleep(LOCK_POLL).await;
+            if self.cache.validate(key).map_err(failed)? {
+                return self.hit(uri, key);
+            }
+        };
+        // The previous holder may have finished between our check and our lock.
+        if self.cache.validate(key).map_err(failed)? {
+            return self.hit(uri, key);
         }
         tracing::info!(%uri, "downloading LoRA");
         let partial = PartialDir(self.cache.new_partial(key).map_err(failed)?);
@@ -195,6 +210,29 @@ impl LoraDownloader {
         .map_err(failed)
     }
 }
+
+impl LoraDownloader {
+    /// The complete entry `key`, unless it was downloaded from another URI.
+    fn hit(&self, uri: &str, key: &str) -> Result<PathBuf> {
+        match self.cache.source_of(key) {
+            Some(src) if src != uri => Err(LoraError::Download(format!(
+                "{uri}: cache entry {key} holds {src} (the two URIs share a cache key)"
+            ))),
+            _ => {
+                tracing::debug!(%uri, "LoRA found in cache");
+                self.cache.entry_path(key)
+            }
+        }
+    }
+}
+
+/// How long a download waits for another process downloading the same key: long enough
+/// for a multi-gigabyte adapter on a slow link, short enough that a wedged (but live)
+/// holder cannot block a worker forever.
+const CROSS_PROCESS_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// How often a waiting download re-checks the lock and the entry.
+const LOCK_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Removes a partial download directory when the download fails or is cancelled (the
 /// future dropped mid-way); after a successful install the path no longer exists.

@@ -263,3 +263,54 @@ async fn file_uris_are_checked_and_returned_as_is() {
         assert!(matches!(err, LoraError::InvalidUri(_)), "{bad}: {err}");
     }
 }
+
+#[test]
+fn the_download_lock_is_exclusive_and_taken_over_from_dead_processes() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let cache = LoraCache::new(tmp.path());
+    let held = cache.try_lock("k").expect("lock").expect("free");
+    assert!(
+        cache.try_lock("k").expect("lock").is_none(),
+        "held by a live process"
+    );
+    assert!(cache.try_lock("other").expect("lock").is_some(), "per key");
+    drop(held);
+    assert!(!tmp.path().join(".lock.k").exists(), "released on drop");
+    // A lock left by a process that no longer runs (pid 0 is never one) is taken over.
+    std::fs::write(tmp.path().join(".lock.k"), "0").expect("stale");
+    let lock = cache.try_lock("k").expect("lock").expect("taken over");
+    drop(lock);
+    assert!(entries(tmp.path()).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_download_waits_for_another_process_and_uses_its_entry() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dl = Arc::new(LoraDownloader::new(Some(tmp.path().into())).expect("downloader"));
+    let key = uri_to_cache_key("s3://b/x");
+    // "Another process" (the lock file names a live pid: ours) is downloading.
+    let other = dl.cache().try_lock(&key).expect("lock").expect("free");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let waiting = {
+        let (dl, fetches) = (Arc::clone(&dl), Arc::clone(&fetches));
+        tokio::spawn(async move {
+            dl.cached_or("s3://b/x", |p| async move {
+                fetches.fetch_add(1, Ordering::SeqCst);
+                write_adapter(&p);
+                Ok(())
+            })
+            .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "waits while the lock is held");
+    write_adapter(&tmp.path().join(&key));
+    drop(other);
+    let path = waiting.await.expect("join").expect("entry");
+    assert_eq!(path, tmp.path().join(&key));
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        0,
+        "used the other process's entry"
+    );
+}
