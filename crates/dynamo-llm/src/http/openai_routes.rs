@@ -932,39 +932,62 @@ pub(super) fn sse_headers(body: Body) -> Response {
 }
 
 fn sse_response(run: TokenRun) -> Response {
-    use futures_util::StreamExt as _;
+    use futures_util::{FutureExt as _, StreamExt as _};
     // The body owns the run: a client that disconnects drops it, and with it the worker
     // streams, which stops the request on the workers.
     let stream = futures_util::stream::unfold(Some(run.merge()), |state| async move {
         let mut m = state?;
-        let Some(event) = m.events.next().await else {
-            let e = HttpError::internal("the response ended early");
-            return Some((Ok::<_, Infallible>(Bytes::from(sse_error(&e))), None));
-        };
-        let index = event.index;
-        let (bytes, next) = match m.note(event) {
-            Step::Delta(t, None, _) => (m.chunks(index, t, None), Some(m)),
-            Step::Delta(t, Some(reason), _) => {
-                let mut out = m.chunks(index, t, Some(reason));
-                if m.open > 0 {
-                    (out, Some(m))
-                } else {
-                    if m.include_usage {
-                        out.extend_from_slice(&m.usage_chunk());
-                    }
-                    out.extend_from_slice(DONE);
-                    m.guard.status = "success";
-                    (out, None)
-                }
+        let mut out = Vec::new();
+        let first = m.events.next().await;
+        let mut going = m.emit(first, &mut out);
+        // Events already waiting go into the same body frame: one HTTP chunk and one socket
+        // write for several tokens when the workers are ahead of this task (under load),
+        // instead of one each. Nothing waits for more: a pending stream ends the frame.
+        while going {
+            match m.events.next().now_or_never() {
+                Some(event) => going = m.emit(event, &mut out),
+                None => break,
             }
-            Step::Error(e) => {
-                m.guard.shared.metrics.error(&m.guard.model, e.kind());
-                (sse_error(&e), None)
-            }
-        };
-        Some((Ok::<_, Infallible>(Bytes::from(bytes)), next))
+        }
+        Some((Ok::<_, Infallible>(Bytes::from(out)), going.then_some(m)))
     });
     sse_headers(Body::from_stream(stream))
+}
+
+impl Merged {
+    /// Appends the SSE bytes for one event of the merged choice streams (`None`: they all
+    /// ended) and says whether the response goes on.
+    fn emit(&mut self, event: Option<Event>, out: &mut Vec<u8>) -> bool {
+        let Some(event) = event else {
+            let e = HttpError::internal("the response ended early");
+            out.extend_from_slice(&sse_error(&e));
+            return false;
+        };
+        let index = event.index;
+        match self.note(event) {
+            Step::Delta(t, None, _) => {
+                out.extend_from_slice(&self.chunks(index, t, None));
+                true
+            }
+            Step::Delta(t, Some(reason), _) => {
+                out.extend_from_slice(&self.chunks(index, t, Some(reason)));
+                if self.open > 0 {
+                    return true;
+                }
+                if self.include_usage {
+                    out.extend_from_slice(&self.usage_chunk());
+                }
+                out.extend_from_slice(DONE);
+                self.guard.status = "success";
+                false
+            }
+            Step::Error(e) => {
+                self.guard.shared.metrics.error(&self.guard.model, e.kind());
+                out.extend_from_slice(&sse_error(&e));
+                false
+            }
+        }
+    }
 }
 
 /// `ModelInput::Text` models: forward the raw body; the worker streams OpenAI chunks.
