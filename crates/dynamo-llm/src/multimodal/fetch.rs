@@ -538,6 +538,37 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(rule_of(&open, "http://127.0.0.1:9/a.png"), None);
+        // Other spellings of an IP literal are normalised by the URL parser first.
+        for url in [
+            "http://0x7f000001/",
+            "http://2130706433/",
+            "http://127.1/",
+            "http://[::ffff:7f00:1]/",
+        ] {
+            assert_eq!(rule_of(&strict, url), Some("direct_ip"), "{url}");
+        }
+    }
+
+    #[tokio::test]
+    async fn names_resolving_to_loopback_are_refused_before_connecting() {
+        let strict = fetcher(MediaFetcherConfig::default());
+        let e = strict
+            .fetch("http://localhost/a.png")
+            .await
+            .expect_err("refused");
+        assert_eq!(e.rule, "private_address", "{e}");
+        assert!(e.detail.contains("loopback"), "{e}");
+        let names = fetcher(MediaFetcherConfig {
+            allow_private_ips: true,
+            allow_direct_port: true,
+            ..Default::default()
+        });
+        // Allowed to resolve: the connection itself fails (nothing listens on port 1).
+        let e = names
+            .fetch("http://localhost:1/a.png")
+            .await
+            .expect_err("no server");
+        assert_eq!(e.rule, "fetch", "{e}");
     }
 
     #[test]
