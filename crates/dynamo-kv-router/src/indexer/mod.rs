@@ -43,6 +43,15 @@
 //!   child: it is found by checking the next arena slot and has no table entry. This halves
 //!   the per-block index cost and saves a hash probe per matched block.
 //! * per rank, `lookup`: a hash table of `u32` residency handles hashed by external hash.
+//! * `meta` (4 bytes per node, beside the arena): the node's residency count and two flags,
+//!   `BROKEN` (a rank released the node while it may still hold a child: children's holders
+//!   may not all hold it) and `DUPS` (a rank may hold the node under two external hashes).
+//!   Without them, a child whose count equals its parent's has exactly the parent's
+//!   holders, so a query walks a chain checking counts and reads holder lists only where
+//!   the set of holders changes. Flags are set conservatively (a flag only costs a scan)
+//!   and cleared when the node is freed; `DUPS` also when at most one holder is left.
+//! * free node ids are kept as runs of consecutive ids, so that a chain stored after
+//!   evictions reuses consecutive ids and stays implicit.
 //!
 //! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
 //! a node is freed the moment it has no residency and no children (its ancestors are
@@ -58,6 +67,8 @@
 //! 2. a live node has a residency or a child; a node with extras has a primary residency;
 //! 3. each residency has exactly one lookup entry, in its own rank's table;
 //! 4. `len()` equals the number of residencies and of lookup entries.
+//! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node
+//!    twice; without `BROKEN` every rank holding a child holds the node.
 //!
 //! # Concurrency
 //!

@@ -326,6 +326,24 @@ impl<'a> Stream<'a> {
     }
 }
 
+/// Run the stream until 98 % of `target` blocks are live, or until the live count has not
+/// reached a new maximum for a while (with many workers and small capacities a worker's
+/// LRU often holds fewer blocks than its capacity, so the target may be out of reach).
+fn fill(stream: &mut Stream<'_>, target: usize, mut apply: impl FnMut(&Request)) {
+    let patience = 5_000 + 4 * stream.workers.len() as u64;
+    let (mut best, mut since) = (0, 0u64);
+    while stream.live < target * 98 / 100 && since < patience {
+        let r = stream.next_request();
+        apply(&r);
+        if stream.live > best {
+            best = stream.live;
+            since = 0;
+        } else {
+            since += 1;
+        }
+    }
+}
+
 // ----- single-threaded scale pass ----------------------------------------------------------
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -365,10 +383,7 @@ fn run_single(
         }
         ops += r.block_ops;
     };
-    while stream.live < live_target * 98 / 100 {
-        let r = stream.next_request();
-        apply_req(&mut index, &r);
-    }
+    fill(&mut stream, live_target, |r| apply_req(&mut index, r));
     let steady_ops = (live_target / 4).max(1);
     let mut steady = 0;
     let mut lat = Vec::new();
@@ -525,12 +540,11 @@ fn rw_once(
 ) -> (f64, f64, f64, f64) {
     let index = make();
     let mut stream = Stream::new(trace, span, workers, live);
-    while stream.live < live * 98 / 100 {
-        let r = stream.next_request();
+    fill(&mut stream, live, |r| {
         for (w, ev) in &r.events {
             index.apply(*w, ev);
         }
-    }
+    });
     index.sync();
     // The writer's events and the readers' queries, generated before the clock starts.
     let secs = opts.rw_secs;

@@ -1,6 +1,6 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
-use super::{EXTRA_BIT, NIL, RadixTree, node_of};
+use super::{BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, node_of};
 
 impl RadixTree {
     /// Check every structural invariant (tests and debugging).
@@ -57,6 +57,44 @@ impl RadixTree {
             );
         }
         assert_eq!(count, self.residencies, "residency count");
+        // Holder counts and flags: the count is exact; without `DUPS` no rank holds a node
+        // twice; without `BROKEN` every holder of a child holds its parent.
+        assert_eq!(self.meta.len(), self.nodes.len(), "meta beside every node");
+        for (id, &is_live) in live.iter().enumerate().skip(1) {
+            if !is_live {
+                assert_eq!(self.meta[id], 0, "freed node keeps meta");
+                continue;
+            }
+            let mut holders = Vec::new();
+            self.for_each_residency(id as u32, |s| holders.push(s));
+            let m = self.meta[id];
+            assert_eq!(
+                (m & COUNT_MASK) as usize,
+                holders.len(),
+                "holder count of {id}"
+            );
+            let mut distinct = holders.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            if m & DUPS == 0 {
+                assert_eq!(
+                    distinct.len(),
+                    holders.len(),
+                    "{id} has duplicates unflagged"
+                );
+            }
+            let parent = self.nodes[id].parent;
+            if parent != super::ROOT && self.meta[parent as usize] & BROKEN == 0 {
+                let mut up = Vec::new();
+                self.for_each_residency(parent, |s| up.push(s));
+                for h in &distinct {
+                    assert!(
+                        up.contains(h),
+                        "holder {h} of {id} misses parent {parent} unflagged"
+                    );
+                }
+            }
+        }
         let explicit = (1..self.nodes.len())
             .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
             .count();

@@ -34,6 +34,18 @@ const EXTRA_BIT: u32 = 1 << 31;
 /// head is in `RadixTree::extra_heads`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
+/// `meta` bits: number of residencies of the node (low bits) and two flags.
+const COUNT_MASK: u32 = (1 << 29) - 1;
+/// Some child of the node may be held by a rank that does not hold the node (a rank
+/// released it while holding a deeper block); see [`RadixTree::find_matches_at`].
+const BROKEN: u32 = 1 << 31;
+/// Some rank may hold the node under two external hashes (its count exceeds its ranks).
+const DUPS: u32 = 1 << 30;
+/// Holder lists up to this long are scanned to keep `DUPS` / `BROKEN` exact; longer ones
+/// set the flag conservatively (bounds the scan on the apply path; a flag only disables
+/// the fast path of queries through that node).
+const SCAN_LIMIT: u32 = 128;
+
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
 /// 24 bytes. The first worker rank that holds the block (its *primary residency*) is stored
@@ -143,15 +155,30 @@ fn node_of(extras: &[Extra], handle: u32) -> u32 {
     }
 }
 
+/// Per-thread query scratch, reused so that a query allocates only its result.
+#[derive(Default)]
+struct Scratch {
+    /// A stamp per worker slot: slots marked with `stamp` hold the node being checked.
+    stamps: Vec<u32>,
+    stamp: u32,
+    /// Score per worker slot while the result is assembled; all zero between queries.
+    by_slot: Vec<u32>,
+    /// Ranks still matching; ranks that left with their score; the first block's ranks.
+    active: Vec<u32>,
+    left: Vec<(u32, u32)>,
+    first: Vec<u32>,
+}
+
 thread_local! {
-    /// Per-query scratch: matched depth per worker slot. All zero between queries.
-    static DEPTHS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
 }
 
 /// The radix tree indexer (not synchronized; see [`super::SharedRadixTree`]).
 #[derive(Debug)]
 pub struct RadixTree {
     nodes: Vec<Node>,
+    /// Per node (parallel to `nodes`): residency count and the `BROKEN` / `DUPS` flags.
+    meta: Vec<u32>,
     free_nodes: FreeRuns,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
@@ -183,6 +210,7 @@ impl RadixTree {
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
             nodes: vec![Self::root()],
+            meta: vec![0],
             free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
@@ -249,6 +277,7 @@ impl RadixTree {
             }
         };
         self.nodes.capacity() * size_of::<Node>()
+            + self.meta.capacity() * 4
             + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
@@ -341,6 +370,10 @@ impl RadixTree {
         // Once a block is new, the rest of the chain is too: a node created by this call
         // has no children yet, so its child is created without probing for one.
         let mut fresh = false;
+        // Whether the rank is known not to hold `parent`'s children: it did not hold
+        // `parent` before this call, and `parent` is not `BROKEN` (children's holders hold
+        // it). Spares the duplicate scan of `add_residency` along the chain.
+        let mut absent = false;
         for block in blocks {
             let child = if fresh {
                 self.insert_child(parent, block.tokens_hash.0)
@@ -353,7 +386,8 @@ impl RadixTree {
                     }
                 }
             };
-            self.set_residency(slot, child, block.block_hash.0);
+            let known_absent = absent && self.meta[parent as usize] & BROKEN == 0;
+            absent = self.set_residency(slot, child, block.block_hash.0, known_absent);
             parent = child;
         }
         Ok(())
@@ -374,6 +408,7 @@ impl RadixTree {
             };
         };
         let mut missing = Vec::new();
+        let mut released = NIL;
         for &h in hashes {
             let Self {
                 nodes,
@@ -391,7 +426,13 @@ impl RadixTree {
             {
                 Ok(entry) => {
                     let (handle, _) = entry.remove();
-                    self.release(handle);
+                    let node = node_of(&self.extras, handle);
+                    // Without `DUPS` the rank held `node` once: after this it holds it no
+                    // more, which the release of its parent (evictions go deepest first)
+                    // uses instead of scanning.
+                    let once = self.meta[node as usize] & DUPS == 0;
+                    self.release_marking(handle, true, released);
+                    released = if once { node } else { NIL };
                 }
                 Err(_) => missing.push(h),
             }
@@ -415,11 +456,12 @@ impl RadixTree {
         let handles: Vec<u32> = std::mem::take(&mut s.lookup).into_iter().collect();
         // Extras first: releasing a primary residency promotes one of the node's extras, and
         // that must never be one of this slot's (whose lookup table is already gone).
+        // The rank keeps no block, so no child can be held without its parent by it.
         for &h in handles.iter().filter(|&&h| h & EXTRA_BIT != 0) {
-            self.release(h);
+            self.release_marking(h, false, NIL);
         }
         for &h in handles.iter().filter(|&&h| h & EXTRA_BIT == 0) {
-            self.release(h);
+            self.release_marking(h, false, NIL);
         }
         self.free_slot_if_empty(slot);
     }
@@ -465,33 +507,60 @@ impl RadixTree {
     ) -> OverlapScores {
         let mut out = OverlapScores::default();
         let mut recent = self.recent.as_ref().map(|r| (r.window, r.uses.lock()));
-        DEPTHS.with(|cell| {
-            let mut depths = cell.borrow_mut();
-            if depths.len() < self.slots.len() {
-                depths.resize(self.slots.len(), 0);
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let Scratch {
+                stamps,
+                stamp,
+                by_slot,
+                active,
+                left,
+                first,
+            } = &mut *scratch;
+            active.clear();
+            left.clear();
+            first.clear();
+            if stamps.len() < self.slots.len() {
+                stamps.resize(self.slots.len(), 0);
+                by_slot.resize(self.slots.len(), 0);
             }
-            let mut active: Vec<u32> = Vec::new();
+            // Every rank in `active` matches the first `depth` blocks.
+            let mut depth = 0u32;
             let mut node = ROOT;
-            for (i, local) in query.iter().enumerate() {
+            for local in query {
                 let Some(child) = self.child(node, local.0) else {
                     break;
                 };
-                node = child;
-                let depth = i as u32 + 1;
-                let mut advanced = 0usize;
-                self.for_each_residency(node, |slot| {
-                    let d = &mut depths[slot as usize];
-                    if *d == depth - 1 {
-                        if depth == 1 {
-                            active.push(slot);
-                        }
-                        *d = depth;
-                        advanced += 1;
+                if depth == 0 {
+                    self.for_each_residency(child, |slot| active.push(slot));
+                    // A rank holding the block under two hashes is one rank.
+                    if self.meta[child as usize] & DUPS != 0 {
+                        let mut seen = rustc_hash::FxHashSet::default();
+                        active.retain(|&s| seen.insert(s));
                     }
-                });
-                if advanced == 0 {
+                    first.extend_from_slice(active);
+                } else if !self.same_holders(node, child) {
+                    // Ranks that hold `child` go on; the others score `depth`.
+                    *stamp = stamp.wrapping_add(1);
+                    if *stamp == 0 {
+                        stamps.fill(0);
+                        *stamp = 1;
+                    }
+                    let s = *stamp;
+                    self.for_each_residency(child, |slot| stamps[slot as usize] = s);
+                    active.retain(|&slot| {
+                        let keep = stamps[slot as usize] == s;
+                        if !keep {
+                            left.push((slot, depth));
+                        }
+                        keep
+                    });
+                }
+                if active.is_empty() {
                     break;
                 }
+                node = child;
+                depth += 1;
                 if let Some((window, uses)) = recent.as_mut() {
                     let q = uses.entry(node).or_default();
                     while q.front().is_some_and(|&t| now.duration_since(t) > *window) {
@@ -502,19 +571,43 @@ impl RadixTree {
                     }
                     q.push_back(now);
                 }
-                if early_exit && advanced == 1 {
+                if early_exit && active.len() == 1 {
                     break;
                 }
             }
-            out.scores.reserve(active.len());
-            for slot in active {
-                let d = std::mem::take(&mut depths[slot as usize]);
-                if let Some(s) = &self.slots[slot as usize] {
+            if depth == 0 {
+                return;
+            }
+            // In the order of the first block's holders, as before the walk was lazy.
+            for &(slot, d) in left.iter() {
+                by_slot[slot as usize] = d;
+            }
+            for &slot in active.iter() {
+                by_slot[slot as usize] = depth;
+            }
+            out.scores.reserve(first.len());
+            for &slot in first.iter() {
+                let d = std::mem::take(&mut by_slot[slot as usize]);
+                if d > 0
+                    && let Some(s) = &self.slots[slot as usize]
+                {
                     out.scores.push((s.worker, d));
                 }
             }
         });
         out
+    }
+
+    /// Whether `child` (of `parent`, not the root) is held by exactly the ranks that hold
+    /// `parent`, known without looking at the holders: unless `parent` is `BROKEN`, every
+    /// holder of a child holds the parent (a rank stores a block only under one it holds),
+    /// so equal counts mean equal sets when no rank holds `child` twice (`DUPS`). This is
+    /// the common case along a chain, and it makes a query cost one check per block plus
+    /// one holder scan per block where the set of holders changes.
+    #[inline]
+    fn same_holders(&self, parent: u32, child: u32) -> bool {
+        let (p, c) = (self.meta[parent as usize], self.meta[child as usize]);
+        p & BROKEN == 0 && c & DUPS == 0 && c & COUNT_MASK == p & COUNT_MASK
     }
 
     // ----- internals ---------------------------------------------------------------------
@@ -560,9 +653,11 @@ impl RadixTree {
             self.push_node(node)
         } else if self.free_nodes.take_at(next) {
             self.nodes[next as usize] = node;
+            self.meta[next as usize] = 0;
             next
         } else if let Some(id) = self.free_nodes.pop() {
             self.nodes[id as usize] = node;
+            self.meta[id as usize] = 0;
             id
         } else {
             self.push_node(node)
@@ -585,6 +680,7 @@ impl RadixTree {
         let id = self.nodes.len() as u32;
         assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
         self.nodes.push(node);
+        self.meta.push(0);
         id
     }
 
@@ -640,7 +736,10 @@ impl RadixTree {
 
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
     /// hash elsewhere is released (the newest store of a hash wins).
-    fn set_residency(&mut self, slot: u32, node: u32, ext: u64) {
+    ///
+    /// Returns whether the rank did not hold `node` before (as far as is known cheaply);
+    /// `known_absent` says the caller already knows it did not.
+    fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         // The handle `add_residency` will return, so that a vacant lookup entry can be
         // filled in the same probe that found it vacant.
         let predicted = if self.nodes[node as usize].slot == NIL {
@@ -659,7 +758,7 @@ impl RadixTree {
             ..
         } = self;
         let Some(s) = slots[slot as usize].as_mut() else {
-            return;
+            return false;
         };
         // `entry` grows the table before returning, while every stored handle is valid;
         // the predicted handle is only hashed at a later growth, after it became valid.
@@ -674,17 +773,18 @@ impl RadixTree {
             }
             Entry::Occupied(o) => Some(*o.get()),
         };
+        let absent = known_absent || self.lacks(node, slot);
         let Some(old) = old else {
-            let new = self.add_residency(slot, node, ext);
+            let new = self.add_residency(slot, node, ext, !absent);
             debug_assert_eq!(new, predicted);
-            return;
+            return absent;
         };
         if node_of(&self.extras, old) == node {
-            return;
+            return false;
         }
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
-        let new = self.add_residency(slot, node, ext);
+        let new = self.add_residency(slot, node, ext, !absent);
         let Self {
             nodes,
             extras,
@@ -699,11 +799,29 @@ impl RadixTree {
             *entry = new;
         }
         self.release(old);
+        // The release may have changed `node`'s parent chain; claim nothing below.
+        false
+    }
+
+    /// Whether `slot` is known not to hold `node`: no holders, or a short holder list
+    /// without it.
+    fn lacks(&self, node: u32, slot: u32) -> bool {
+        let count = self.meta[node as usize] & COUNT_MASK;
+        count == 0 || (count <= SCAN_LIMIT && !self.holds(node, slot))
     }
 
     /// Attach a residency to `node`; returns its handle. Does not touch lookups.
-    fn add_residency(&mut self, slot: u32, node: u32, ext: u64) -> u32 {
+    /// `maybe_dup`: the rank may already hold `node` (under another external hash).
+    fn add_residency(&mut self, slot: u32, node: u32, ext: u64, maybe_dup: bool) -> u32 {
         self.residencies += 1;
+        let m = self.meta[node as usize];
+        let count = m & COUNT_MASK;
+        assert!(count < COUNT_MASK, "radix tree holders per node exceeded");
+        let mut flags = m & !COUNT_MASK;
+        if count > 0 && maybe_dup {
+            flags |= DUPS;
+        }
+        self.meta[node as usize] = flags | (count + 1);
         let n = &mut self.nodes[node as usize];
         if n.slot == NIL {
             n.slot = slot;
@@ -739,6 +857,66 @@ impl RadixTree {
     /// Detach a residency from its node (the caller has already dropped or replaced its
     /// lookup entry) and free the node and any ancestors left empty and childless.
     fn release(&mut self, handle: u32) {
+        self.release_marking(handle, true, NIL);
+    }
+
+    /// [`Self::release`]; with `mark`, flag the node `BROKEN` when the releasing rank may
+    /// still hold one of its children (not needed when the rank's every block goes).
+    /// `gone`: a node the rank is known not to hold (or `NIL`).
+    fn release_marking(&mut self, handle: u32, mark: bool, gone: u32) {
+        let (node, slot) = if handle & EXTRA_BIT != 0 {
+            let e = &self.extras[(handle & !EXTRA_BIT) as usize];
+            (e.node, e.slot)
+        } else {
+            (handle, self.nodes[handle as usize].primary())
+        };
+        {
+            let m = &mut self.meta[node as usize];
+            *m -= 1;
+            if *m & COUNT_MASK <= 1 {
+                *m &= !DUPS;
+            }
+        }
+        self.detach(handle);
+        // A node that is still live keeps its parent (freed ones have none).
+        if mark
+            && node != ROOT
+            && self
+                .nodes
+                .get(node as usize)
+                .is_some_and(|n| n.parent != NIL)
+        {
+            self.mark_if_orphaning(node, slot, gone);
+        }
+    }
+
+    /// After `slot` left `node`: if `slot` may still hold a child of `node`, the child's
+    /// holders are no longer a subset of the node's; flag the node.
+    fn mark_if_orphaning(&mut self, node: u32, slot: u32, gone: u32) {
+        if self.meta[node as usize] & BROKEN != 0 {
+            return;
+        }
+        let broken = if self.explicit_children.contains_key(&node) {
+            true
+        } else {
+            let c = node + 1;
+            self.nodes.get(c as usize).is_some_and(|n| n.parent == node)
+                && c != gone
+                && (self.meta[c as usize] & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
+        };
+        if broken {
+            self.meta[node as usize] |= BROKEN;
+        }
+    }
+
+    /// Whether `slot` holds `node` (scans its holders).
+    fn holds(&self, node: u32, slot: u32) -> bool {
+        let mut found = false;
+        self.for_each_residency(node, |s| found |= s == slot);
+        found
+    }
+
+    fn detach(&mut self, handle: u32) {
         self.residencies -= 1;
         if handle & EXTRA_BIT != 0 {
             let id = handle & !EXTRA_BIT;
@@ -812,6 +990,7 @@ impl RadixTree {
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
+            self.meta[node as usize] = 0;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
@@ -826,6 +1005,7 @@ impl RadixTree {
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = vec![Self::root()];
+        self.meta = vec![0];
         self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
