@@ -38,7 +38,7 @@ use axum::routing::{delete, get, post};
 use serde::Serialize;
 
 use super::error::SelectionError;
-use super::requests::{OutputBlockRequest, PromptRequest, ReservationRequest, parse};
+use super::requests::{OutputBlockRequest, PromptRequest, ReservationRequest, parse_classified};
 use super::service::{SelectionService, lock};
 
 /// Where access-log lines go, and which header carries the trace id.
@@ -120,20 +120,21 @@ fn fail(e: &SelectionError) -> Response {
     reason = "the error is the finished response, returned straight from the handler"
 )]
 pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(bytes) {
-        return Err(error_response(
-            StatusCode::BAD_REQUEST,
-            &format!("Failed to parse the request body as JSON: {e}"),
-        ));
-    }
-    parse(bytes).map_err(|e| {
-        error_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &format!(
-                "Failed to deserialize the JSON body into the target type: {}",
-                e.message
-            ),
-        )
+    parse_classified(bytes).map_err(|(syntax, e)| {
+        if syntax {
+            error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("Failed to parse the request body as JSON: {}", e.message),
+            )
+        } else {
+            error_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &format!(
+                    "Failed to deserialize the JSON body into the target type: {}",
+                    e.message
+                ),
+            )
+        }
     })
 }
 

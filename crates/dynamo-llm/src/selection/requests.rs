@@ -19,16 +19,38 @@ use super::error::{Result, SelectionError};
 /// # Errors
 /// [`SelectionError::invalid`] with `field: reason`.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
+    parse_classified(bytes).map_err(|(_, e)| e)
+}
+
+/// [`parse`], also telling whether the bytes are not JSON at all (`true`) or JSON of the
+/// wrong shape (`false`). The fast path is a plain parse; only a failing body is parsed
+/// again with path tracking, to name the field.
+///
+/// # Errors
+/// As [`parse`].
+pub fn parse_classified<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, (bool, SelectionError)> {
+    let first = match serde_json::from_slice(bytes) {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let syntax = matches!(
+        first.classify(),
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof
+    );
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path.is_empty() || path == "." {
-            SelectionError::invalid(inner.to_string())
-        } else {
-            SelectionError::invalid(format!("{path}: {inner}"))
+    let err = match serde_path_to_error::deserialize::<_, T>(&mut de) {
+        Ok(_) => SelectionError::invalid(first.to_string()),
+        Err(e) => {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path.is_empty() || path == "." {
+                SelectionError::invalid(inner.to_string())
+            } else {
+                SelectionError::invalid(format!("{path}: {inner}"))
+            }
         }
-    })
+    };
+    Err((syntax, err))
 }
 
 /// A 64-bit hash given as a signed or unsigned JSON integer.
