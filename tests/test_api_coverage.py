@@ -29,7 +29,12 @@ def test_seed_api_coverage(data_dir: Path, capsys) -> None:
     present = {n: k for n, k in seed.items() if hasattr(core, n)}
     for name, kind in present.items():
         obj = getattr(core, name)
-        if kind == "class":
+        if name == "backend":
+            # A submodule (`dynamo._core.backend` in sys.modules) that the stub declares as
+            # a namespace class (API_CONTRACT.md); its nested classes are checked in
+            # tests/test_backend_worker.py.
+            assert inspect.ismodule(obj), "backend should be a submodule"
+        elif kind == "class":
             assert inspect.isclass(obj), f"{name} should be a class"
         else:
             assert callable(obj) and not inspect.isclass(obj), f"{name} should be a function"
