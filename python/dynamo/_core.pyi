@@ -1470,9 +1470,7 @@ class MediaFetcher:
     def max_bytes(self, max_bytes: int) -> None:
         """Largest response or data-URL payload (``ValueError`` for 0)."""
 
-def resolve_routing_image_token_id(
-    model_id: str, model_dir: Optional[str] = None
-) -> Optional[int]:
+def resolve_routing_image_token_id(model_id: str, model_dir: Optional[str] = None) -> Optional[int]:
     """The image placeholder token id the frontend repeats for each image of a model
     (Qwen2-VL, Qwen2.5-VL, Qwen3-VL, LLaVA, Llama-4, Gemma-3, InternVL), read from
     ``config.json`` (``image_token_id`` / ``image_token_index``) or else the tokenizer;
@@ -2539,7 +2537,7 @@ class SelectionCacheConfig:
         ttl_secs: Optional[float] = None,
         max_entries: Optional[int] = None,
         max_bytes: Optional[int] = None,
-    ) -> "SelectionCacheConfig": ...
+    ) -> SelectionCacheConfig: ...
 
 @final
 class SelectionService:
@@ -2558,7 +2556,7 @@ class SelectionService:
         replica_sync_peers: Optional[List[str]] = None,
         selection_cache: Optional[SelectionCacheConfig] = None,
         session_affinity_ttl_secs: Optional[float] = None,
-    ) -> "SelectionService": ...
+    ) -> SelectionService: ...
     def shutdown(self) -> None:
         """Stop listeners; further selections fail with ``not_ready``. Idempotent."""
         ...
