@@ -208,15 +208,7 @@ async fn ready(State(s): St) -> Response {
 async fn metrics(State(s): St) -> Response {
     let mut text = s.svc.metrics_text(&s.prefix);
     text.push_str(&http_metrics_text(&s));
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        text,
-    )
-        .into_response()
+    prometheus_response(text)
 }
 
 pub(crate) fn http_metrics_text(s: &HttpState) -> String {
@@ -327,8 +319,21 @@ async fn dump(State(s): St) -> Response {
     json(StatusCode::OK, &s.svc.dump())
 }
 
-async fn not_found() -> Response {
+pub(crate) async fn not_found() -> Response {
     error_response(StatusCode::NOT_FOUND, "route not found")
+}
+
+/// A `/metrics` answer: Prometheus text exposition format 0.0.4.
+pub(crate) fn prometheus_response(text: String) -> Response {
+    (
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Format a UNIX time as RFC 3339 UTC with microseconds (no date library needed).

@@ -28,7 +28,9 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use super::catalog::WorkerRequest;
-use super::http::{HttpState, body, error_response, http_metrics_text, observe};
+use super::http::{
+    HttpState, body, error_response, http_metrics_text, not_found, observe, prometheus_response,
+};
 use super::requests::{Hash64, PromptRequest};
 
 /// Give an index-only registration what the catalog needs to index it: the KV-event
@@ -321,19 +323,7 @@ async fn health() -> Response {
 async fn metrics(State(s): St) -> Response {
     let mut text = s.svc.metrics_text(&s.prefix);
     text.push_str(&http_metrics_text(&s));
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        text,
-    )
-        .into_response()
-}
-
-async fn not_found() -> Response {
-    error_response(StatusCode::NOT_FOUND, "route not found")
+    prometheus_response(text)
 }
 
 /// The indexer's routes.

@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::DEFAULT_GROUP;
-use super::http::{body, error_response};
+use super::http::{body, error_response, not_found, prometheus_response};
 use super::requests::{Hash64, LoadEntry};
 use super::service::lock;
 
@@ -371,19 +371,7 @@ async fn metrics(State(t): St) -> Response {
     let text = format!(
         "# HELP dynamo_slot_tracker_models Model + routing-group trackers\n# TYPE dynamo_slot_tracker_models gauge\ndynamo_slot_tracker_models {groups}\n# HELP dynamo_slot_tracker_workers Registered workers\n# TYPE dynamo_slot_tracker_workers gauge\ndynamo_slot_tracker_workers {workers}\n"
     );
-    (
-        StatusCode::OK,
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        text,
-    )
-        .into_response()
-}
-
-async fn not_found() -> Response {
-    error_response(StatusCode::NOT_FOUND, "route not found")
+    prometheus_response(text)
 }
 
 /// The slot tracker's routes.
