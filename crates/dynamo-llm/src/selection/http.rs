@@ -85,7 +85,7 @@ impl HttpState {
 
 type St = State<Arc<HttpState>>;
 
-fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
+pub(crate) fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
         Ok(bytes) => (
             status,
@@ -104,8 +104,13 @@ pub(crate) fn error_response(status: StatusCode, message: &str) -> Response {
     json(status, &serde_json::json!({ "error": message }))
 }
 
-fn ok() -> Response {
-    json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+pub(crate) fn ok() -> Response {
+    ok_with(StatusCode::OK)
+}
+
+/// `{"status": "ok"}` with `status` (the indexer and slot tracker answer 201 to a register).
+pub(crate) fn ok_with(status: StatusCode) -> Response {
+    json(status, &serde_json::json!({"status": "ok"}))
 }
 
 fn fail(e: &SelectionError) -> Response {

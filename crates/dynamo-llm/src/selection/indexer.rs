@@ -21,15 +21,16 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::StatusCode;
 use axum::middleware;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
 use super::catalog::WorkerRequest;
 use super::http::{
-    HttpState, body, error_response, http_metrics_text, not_found, observe, prometheus_response,
+    HttpState, body, error_response, http_metrics_text, json, not_found, observe, ok, ok_with,
+    prometheus_response,
 };
 use super::requests::{Hash64, PromptRequest};
 
@@ -125,25 +126,6 @@ struct WorkerView {
 
 type St = State<Arc<HttpState>>;
 
-fn json<T: Serialize>(status: StatusCode, v: &T) -> Response {
-    match serde_json::to_vec(v) {
-        Ok(b) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            b,
-        )
-            .into_response(),
-        Err(e) => error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
-}
-
-fn ok(status: StatusCode) -> Response {
-    json(status, &serde_json::json!({"status": "ok"}))
-}
-
 async fn register(State(s): St, bytes: Bytes) -> Response {
     let r: Register = match body(&bytes) {
         Ok(r) => r,
@@ -178,7 +160,7 @@ async fn register(State(s): St, bytes: Bytes) -> Response {
     }
     complete_for_indexing(&mut w);
     match s.svc.upsert_worker_settled(w).await {
-        Ok(_) => ok(StatusCode::CREATED),
+        Ok(_) => ok_with(StatusCode::CREATED),
         Err(e) => error_response(
             StatusCode::from_u16(e.kind.status_code()).unwrap_or(StatusCode::BAD_REQUEST),
             &e.message,
@@ -205,7 +187,7 @@ async fn unregister(State(s): St, bytes: Bytes) -> Response {
             &format!("instance {} not found", r.instance_id),
         );
     }
-    ok(StatusCode::OK)
+    ok()
 }
 
 fn scores(s: &HttpState, req: &PromptRequest) -> Response {
@@ -317,7 +299,7 @@ async fn dump(State(s): St) -> Response {
 }
 
 async fn health() -> Response {
-    ok(StatusCode::OK)
+    ok()
 }
 
 async fn metrics(State(s): St) -> Response {

@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::{get, post};
 use dynamo_kv_router::hashing::SequenceHash;
 use dynamo_kv_router::protocols::WorkerWithDpRank;
@@ -31,7 +31,7 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::DEFAULT_GROUP;
-use super::http::{body, error_response, not_found, prometheus_response};
+use super::http::{body, error_response, json, not_found, ok, ok_with, prometheus_response};
 use super::requests::{Hash64, LoadEntry};
 use super::service::lock;
 
@@ -117,25 +117,6 @@ struct FlatLoad {
 
 type St = State<Arc<SlotTracker>>;
 
-fn json<T: Serialize>(status: StatusCode, v: &T) -> Response {
-    match serde_json::to_vec(v) {
-        Ok(b) => (
-            status,
-            [(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            b,
-        )
-            .into_response(),
-        Err(e) => error_response(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
-}
-
-fn ok(status: StatusCode) -> Response {
-    json(status, &serde_json::json!({"status": "ok"}))
-}
-
 impl SlotTracker {
     fn group(&self, key: &Key) -> Option<Arc<Tracked>> {
         lock(&self.groups).get(key).cloned()
@@ -195,7 +176,7 @@ impl SlotTracker {
 async fn register(State(t): St, bytes: Bytes) -> Response {
     match body::<Registration>(&bytes) {
         Ok(r) => match t.register(r) {
-            Ok(()) => ok(StatusCode::CREATED),
+            Ok(()) => ok_with(StatusCode::CREATED),
             Err((s, m)) => error_response(s, &m),
         },
         Err(r) => r,
@@ -214,7 +195,7 @@ async fn unregister(State(t): St, bytes: Bytes) -> Response {
     match (removed, t.group(&key)) {
         (Some(_), Some(g)) => {
             g.scheduler.remove_worker(r.worker_id);
-            ok(StatusCode::OK)
+            ok()
         }
         _ => error_response(
             StatusCode::NOT_FOUND,
@@ -292,7 +273,7 @@ async fn add(State(t): St, bytes: Bytes) -> Response {
         pinned: Some(worker),
         ..Default::default()
     }) {
-        Ok(_) => ok(StatusCode::OK),
+        Ok(_) => ok(),
         Err(e) => {
             let err = super::error::SelectionError::from_router(e, &a.model_name, &a.routing_group);
             error_response(
@@ -309,7 +290,7 @@ async fn prefill_complete(State(t): St, bytes: Bytes) -> Response {
         Err(resp) => return resp,
     };
     match t.group(&(r.model_name.clone(), r.routing_group.clone())) {
-        Some(g) if g.scheduler.mark_prefill_completed(&r.request_id).is_ok() => ok(StatusCode::OK),
+        Some(g) if g.scheduler.mark_prefill_completed(&r.request_id).is_ok() => ok(),
         _ => error_response(
             StatusCode::NOT_FOUND,
             &format!("Request {} not found", r.request_id),
@@ -326,7 +307,7 @@ async fn free(State(t): St, bytes: Bytes) -> Response {
     if let Some(g) = t.group(&(r.model_name.clone(), r.routing_group.clone())) {
         let _ = g.scheduler.free(&r.request_id);
     }
-    ok(StatusCode::OK)
+    ok()
 }
 
 async fn potential_loads(State(t): St, bytes: Bytes) -> Response {
@@ -362,7 +343,7 @@ async fn potential_loads(State(t): St, bytes: Bytes) -> Response {
 }
 
 async fn health() -> Response {
-    ok(StatusCode::OK)
+    ok()
 }
 
 async fn metrics(State(t): St) -> Response {
