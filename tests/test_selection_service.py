@@ -439,8 +439,8 @@ def test_constructor_options() -> None:
         SelectionService(replica_sync_peers=["tcp://127.0.0.1:1"])
     with pytest.raises(ValueError, match="has no port"):
         SelectionService(indexer_peers=["http://h"])
-    with pytest.raises(ValueError, match="not supported yet"):
-        SelectionService(indexer_peers=["http://127.0.0.1:8090"])
-    with pytest.raises(ValueError, match="not supported yet"):
-        SelectionService(replica_sync_port=5555)
+    with pytest.raises(ValueError, match="only http:// and https://"):
+        SelectionService(indexer_peers=["ftp://127.0.0.1:8090"])
+    with pytest.raises(ValueError, match="session_affinity_ttl_secs is not supported yet"):
+        SelectionService(session_affinity_ttl_secs=5)
     SelectionService(indexer_threads=1).shutdown()

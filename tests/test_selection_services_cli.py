@@ -364,9 +364,9 @@ def test_help_and_parse_errors(module: str, flag: str) -> None:
 
 def test_unsupported_flags_fail_clearly() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "dynamo.select_service", "--replica-sync-port", "5999"],
+        [sys.executable, "-m", "dynamo.select_service", "--session-affinity-ttl-secs", "5"],
         capture_output=True,
         timeout=30,
     )
     assert out.returncode == 2
-    assert "--replica-sync-port is not supported yet" in out.stderr.decode()
+    assert "--session-affinity-ttl-secs is not supported yet" in out.stderr.decode()

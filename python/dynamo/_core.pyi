@@ -2544,8 +2544,11 @@ class SelectionService:
     """In-process, runtime-free worker selection: a catalog of workers, a KV index fed by
     each worker's ZMQ KV-event publisher, and load accounting. Requests and answers are
     dicts; malformed ones raise ValueError naming the field, selector failures raise
-    SelectionServiceError with ``kind`` and ``status_code``. Peer recovery, replica sync and
-    session affinity are not supported yet (ValueError when requested)."""
+    SelectionServiceError with ``kind`` and ``status_code``. ``replica_sync_port`` /
+    ``replica_sync_peers`` share bookings with peer services over ZMQ PUB/SUB (the PUB
+    socket binds ``DYN_SELECTION_REPLICA_SYNC_HOST``, default ``0.0.0.0``);
+    ``indexer_peers`` loads a peer's ``/dump`` into the index one second after start.
+    Session affinity is not supported yet (ValueError when requested)."""
 
     def __new__(
         cls,

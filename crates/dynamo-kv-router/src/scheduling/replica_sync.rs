@@ -372,6 +372,21 @@ impl ReplicaSync {
             .collect()
     }
 
+    /// Forget which peers' bookings were applied: the tracker was replaced (a new
+    /// scheduler for the same workers), so the next [`Self::reapply`] books them all on it.
+    pub fn mark_unapplied(&mut self) {
+        for peer in self.peers.values_mut() {
+            for b in peer.bookings.values_mut() {
+                b.applied = false;
+            }
+        }
+    }
+
+    /// Bookings held for every peer (applied or pending).
+    pub fn total_peer_bookings(&self) -> usize {
+        self.peers.values().map(|p| p.bookings.len()).sum()
+    }
+
     /// Apply pending bookings (their worker was not registered when they arrived).
     pub fn reapply(&mut self, tracker: &impl BookingTracker) {
         for peer in self.peers.values_mut() {

@@ -2,9 +2,10 @@
 //! `python -m dynamo.indexer`, `python -m dynamo.slot_tracker`), parsed with clap with the
 //! reference's flags and defaults, and the code that starts each service.
 //!
-//! Peer recovery (`--peers`, `--indexer-peers`) and replica sync (`--replica-sync-port`,
-//! `--replica-sync-peers`) and session affinity are parsed but refused at start-up with a
-//! "not supported yet" error, rather than silently ignored.
+//! Peer recovery (`--peers`, `--indexer-peers`: [`super::recovery`]) and replica sync
+//! (`--replica-sync-port`, `--replica-sync-peers`: [`super::replica`]) are started with the
+//! service. Session affinity is parsed but refused at start-up with a "not supported yet"
+//! error, rather than silently ignored.
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -19,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 use super::cache::SelectionCacheConfig;
 use super::catalog::WorkerRequest;
 use super::http::{AccessLog, HttpState, select_router};
+use super::recovery::{self, RecoveryMetrics};
+use super::replica::{self, ReplicaHub};
 use super::service::{SelectionService, ServiceOptions};
 
 /// Flags shared by the services that write an access log.
@@ -207,11 +210,43 @@ pub fn parse_workers(spec: &str) -> Result<Vec<WorkerSpec>, String> {
 fn unsupported(flag: &str, given: bool) -> Result<(), String> {
     if given {
         return Err(format!(
-            "{flag} is not supported yet by this implementation (peer recovery / replica sync \
-             of the standalone services is not implemented); start without it"
+            "{flag} is not supported yet by this implementation (session affinity of the \
+             standalone services is not implemented); start without it"
         ));
     }
     Ok(())
+}
+
+/// The replica-sync peers of `--replica-sync-peers` (which needs `--replica-sync-port`).
+fn sync_peers(
+    port: Option<u16>,
+    peers: Option<&str>,
+) -> Result<Option<(u16, Vec<String>)>, String> {
+    let peers = peers.map(replica::parse_peers).transpose()?;
+    match (port, peers) {
+        (None, Some(p)) if !p.is_empty() => {
+            Err("--replica-sync-peers requires --replica-sync-port".to_owned())
+        }
+        (None, _) => Ok(None),
+        (Some(port), p) => Ok(Some((port, p.unwrap_or_default()))),
+    }
+}
+
+/// Start recovery from `--peers` / `--indexer-peers` (after the slow-joiner delay).
+fn start_recovery(
+    svc: &Arc<SelectionService>,
+    peers: Option<&str>,
+    handle: &tokio::runtime::Handle,
+) -> Result<Option<Arc<RecoveryMetrics>>, String> {
+    let Some(peers) = peers.map(recovery::parse_peer_urls).transpose()? else {
+        return Ok(None);
+    };
+    Ok(Some(recovery::spawn(
+        svc.clone(),
+        peers,
+        recovery::SLOW_JOINER_DELAY,
+        handle,
+    )))
 }
 
 /// A started service: stop it with [`Running::stop`], wait with [`Running::wait`].
@@ -258,6 +293,7 @@ fn start_router(
     port: u16,
     router: axum::Router,
     svc: Option<Arc<SelectionService>>,
+    hub: Option<Arc<ReplicaHub>>,
 ) -> Result<Running, String> {
     let listener = std::net::TcpListener::bind((host, port))
         .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
@@ -279,6 +315,10 @@ fn start_router(
                 .map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
+        // Peers release our bookings now (goodbye) rather than at TTL expiry.
+        if let Some(h) = hub {
+            h.stop_and_wait(Duration::from_secs(2)).await;
+        }
         if let Some(s) = svc2 {
             s.shutdown();
         }
@@ -327,9 +367,7 @@ fn router_config(args: &SelectArgs) -> Result<KvRouterConfig, String> {
 /// # Errors
 /// Unsupported flags, bad values, a port that cannot be bound.
 pub fn start_select(args: &SelectArgs, handle: &tokio::runtime::Handle) -> Result<Running, String> {
-    unsupported("--indexer-peers", args.indexer_peers.is_some())?;
-    unsupported("--replica-sync-port", args.replica_sync_port.is_some())?;
-    unsupported("--replica-sync-peers", args.replica_sync_peers.is_some())?;
+    let sync = sync_peers(args.replica_sync_port, args.replica_sync_peers.as_deref())?;
     unsupported(
         "--session-affinity-ttl-secs",
         args.session_affinity_ttl_secs.is_some(),
@@ -342,18 +380,24 @@ pub fn start_select(args: &SelectArgs, handle: &tokio::runtime::Handle) -> Resul
             max_bytes: args.selection_cache_max_bytes,
         },
     };
+    let log = access_log(&args.log)?;
     let svc = Arc::new(SelectionService::new(options, handle.clone()).map_err(|e| e.message)?);
-    let state = Arc::new(HttpState::new(
-        svc.clone(),
-        "dynamo_select_service",
-        access_log(&args.log)?,
-    ));
+    let hub = match &sync {
+        Some((port, peers)) => Some(
+            svc.enable_replica_sync(&args.host, *port, peers)
+                .map_err(|e| e.message)?,
+        ),
+        None => None,
+    };
+    let mut state = HttpState::new(svc.clone(), "dynamo_select_service", log);
+    state.recovery = start_recovery(&svc, args.indexer_peers.as_deref(), handle)?;
     start_router(
         handle,
         &args.host,
         args.port,
-        select_router(state),
+        select_router(Arc::new(state)),
         Some(svc),
+        hub,
     )
 }
 
@@ -365,7 +409,11 @@ pub fn start_indexer(
     args: &IndexerArgs,
     handle: &tokio::runtime::Handle,
 ) -> Result<Running, String> {
-    unsupported("--peers", args.peers.is_some())?;
+    let peers = args
+        .peers
+        .as_deref()
+        .map(recovery::parse_peer_urls)
+        .transpose()?;
     let specs = args
         .workers
         .as_deref()
@@ -398,17 +446,16 @@ pub fn start_indexer(
         super::indexer::complete_for_indexing(&mut w);
         svc.upsert_worker(w).map_err(|e| e.message)?;
     }
-    let state = Arc::new(HttpState::new(
-        svc.clone(),
-        "dynamo_kvindexer",
-        access_log(&args.log)?,
-    ));
+    let mut state = HttpState::new(svc.clone(), "dynamo_kvindexer", access_log(&args.log)?);
+    state.recovery =
+        peers.map(|p| recovery::spawn(svc.clone(), p, recovery::SLOW_JOINER_DELAY, handle));
     start_router(
         handle,
         &args.host,
         args.port,
-        super::indexer::router(state),
+        super::indexer::router(Arc::new(state)),
         Some(svc),
+        None,
     )
 }
 
@@ -420,10 +467,27 @@ pub fn start_slot_tracker(
     args: &SlotTrackerArgs,
     handle: &tokio::runtime::Handle,
 ) -> Result<Running, String> {
-    unsupported("--replica-sync-port", args.replica_sync_port.is_some())?;
-    unsupported("--replica-sync-peers", args.replica_sync_peers.is_some())?;
-    let router = super::slots::router(Arc::new(super::slots::SlotTracker::default()));
-    start_router(handle, &args.host, args.port, router, None)
+    let sync = sync_peers(args.replica_sync_port, args.replica_sync_peers.as_deref())?;
+    // Stopped with the service (start_router waits for its goodbyes).
+    let hub = sync
+        .map(|(port, peers)| {
+            replica::ReplicaHub::start(
+                &replica::ReplicaSyncOptions::new(&args.host, port, peers),
+                handle,
+                CancellationToken::new(),
+            )
+        })
+        .transpose()?;
+    let tracker = match &hub {
+        Some(h) => super::slots::SlotTracker::with_replica(h.clone()),
+        None => super::slots::SlotTracker::default(),
+    };
+    let router = super::slots::router(Arc::new(tracker));
+    start_router(handle, &args.host, args.port, router, None, hub.clone()).inspect_err(|_| {
+        if let Some(h) = &hub {
+            h.stop();
+        }
+    })
 }
 
 #[cfg(test)]
@@ -466,6 +530,25 @@ mod tests {
         let e = parse_args::<SelectArgs>(&["--help".into()]).unwrap_err();
         assert_eq!(e.exit_code(), 0);
         assert!(e.to_string().contains("--selection-cache-max-bytes"));
+    }
+
+    #[test]
+    fn replica_sync_peers_need_a_port() {
+        assert_eq!(sync_peers(None, None).unwrap(), None);
+        assert!(
+            sync_peers(None, Some("h:1"))
+                .unwrap_err()
+                .contains("requires --replica-sync-port")
+        );
+        assert_eq!(
+            sync_peers(Some(5), Some("h:1,tcp://g:2")).unwrap(),
+            Some((5, vec!["tcp://h:1".to_owned(), "tcp://g:2".to_owned()]))
+        );
+        assert!(
+            sync_peers(Some(5), Some("h"))
+                .unwrap_err()
+                .contains("no port")
+        );
     }
 
     #[test]

@@ -38,6 +38,7 @@ use axum::routing::{delete, get, post};
 use serde::Serialize;
 
 use super::error::SelectionError;
+use super::recovery::RecoveryMetrics;
 use super::requests::{OutputBlockRequest, PromptRequest, ReservationRequest, parse_classified};
 use super::service::{SelectionService, lock};
 
@@ -68,6 +69,8 @@ pub struct HttpState {
     pub prefix: String,
     /// Access log, when enabled.
     pub access_log: Option<AccessLog>,
+    /// Start-up recovery from peers, when asked for (its counters go to `/metrics`).
+    pub recovery: Option<Arc<RecoveryMetrics>>,
     requests: Mutex<BTreeMap<(String, u16), u64>>,
 }
 
@@ -78,6 +81,7 @@ impl HttpState {
             svc,
             prefix: prefix.to_owned(),
             access_log,
+            recovery: None,
             requests: Mutex::new(BTreeMap::new()),
         }
     }
@@ -225,6 +229,12 @@ pub(crate) fn http_metrics_text(s: &HttpState) -> String {
         text.push_str(&format!(
             "{prefix}_http_requests_total{{endpoint=\"{route}\",status=\"{status}\"}} {n}\n"
         ));
+    }
+    if let Some(hub) = s.svc.replica_hub() {
+        text.push_str(&hub.metrics_text(prefix));
+    }
+    if let Some(r) = &s.recovery {
+        text.push_str(&r.metrics_text(prefix));
     }
     text
 }

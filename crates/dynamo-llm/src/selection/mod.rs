@@ -13,6 +13,8 @@
 //! * [`requests`]: request and response bodies (the reference's field names).
 //! * [`http`] (select service), [`indexer`], [`slots`] (slot tracker): the HTTP services;
 //!   [`cli`]: their command lines.
+//! * [`replica`]: replica sync of bookings between services over ZMQ PUB/SUB;
+//!   [`recovery`]: loading a peer's `/dump` into the indexes at start-up.
 //!
 //! ```
 //! use dynamo_llm::selection::{SelectionService, ServiceOptions, WorkerRequest, parse};
@@ -34,6 +36,8 @@ pub mod error;
 pub mod http;
 pub mod indexer;
 pub mod listener;
+pub mod recovery;
+pub mod replica;
 pub mod requests;
 pub mod service;
 pub mod slots;

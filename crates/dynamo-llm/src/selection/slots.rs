@@ -3,6 +3,9 @@
 //! block size and data-parallel ranks; requests are added on a chosen rank, marked
 //! prefill-complete and freed; `potential_loads` answers what each rank's load would be
 //! with a new request. One `dynamo_kv_router` scheduler per (model, routing group).
+//! With `--replica-sync-port` / `--replica-sync-peers` the bookings are shared with peer
+//! trackers (see `super::replica`): peers' requests count in `/loads` and
+//! `/potential_loads`.
 //!
 //! | route | body |
 //! |---|---|
@@ -32,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::DEFAULT_GROUP;
 use super::http::{body, error_response, json, not_found, ok, ok_with, prometheus_response};
+use super::replica::{ReplicaHub, SyncTarget};
 use super::requests::{Hash64, LoadEntry};
 use super::service::lock;
 
@@ -56,11 +60,18 @@ struct Tracked {
     scheduler: Scheduler,
 }
 
+impl SyncTarget for Tracked {
+    fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+}
+
 /// The tracker's state.
 #[derive(Default)]
 pub struct SlotTracker {
     groups: Mutex<BTreeMap<Key, Arc<Tracked>>>,
     registrations: Mutex<BTreeMap<Key, BTreeMap<u64, Registration>>>,
+    replica: Option<Arc<ReplicaHub>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,6 +129,14 @@ struct FlatLoad {
 type St = State<Arc<SlotTracker>>;
 
 impl SlotTracker {
+    /// A tracker that shares its bookings through `hub` (replica sync).
+    pub fn with_replica(hub: Arc<ReplicaHub>) -> Self {
+        Self {
+            replica: Some(hub),
+            ..Self::default()
+        }
+    }
+
     fn group(&self, key: &Key) -> Option<Arc<Tracked>> {
         lock(&self.groups).get(key).cloned()
     }
@@ -164,6 +183,11 @@ impl SlotTracker {
                 BTreeSet::new(),
                 WorkerCapacity::default(),
             );
+        }
+        // Under the groups lock: no request is booked on a new scheduler before it is
+        // shared; for a known group, peers' bookings waiting for these ranks apply now.
+        if let Some(hub) = &self.replica {
+            hub.attach(&key, g.clone());
         }
         lock(&self.registrations)
             .entry(key)
@@ -352,6 +376,10 @@ async fn metrics(State(t): St) -> Response {
     let text = format!(
         "# HELP dynamo_slot_tracker_models Model + routing-group trackers\n# TYPE dynamo_slot_tracker_models gauge\ndynamo_slot_tracker_models {groups}\n# HELP dynamo_slot_tracker_workers Registered workers\n# TYPE dynamo_slot_tracker_workers gauge\ndynamo_slot_tracker_workers {workers}\n"
     );
+    let text = match &t.replica {
+        Some(hub) => text + &hub.metrics_text("dynamo_slot_tracker"),
+        None => text,
+    };
     prometheus_response(text)
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dynamo_llm::selection::cli::{self, IndexerArgs, Running, SelectArgs, SlotTrackerArgs};
+use dynamo_llm::selection::recovery;
 use dynamo_llm::selection::{
     ErrorKind, PromptRequest, ReservationRequest, SelectionCacheConfig, SelectionError,
     ServiceOptions, WorkerRequest, parse,
@@ -176,18 +177,23 @@ fn check_peers(name: &str, peers: Option<&[String]>) -> PyResult<()> {
 fn not_supported(name: &str, given: bool) -> PyResult<()> {
     if given {
         return Err(PyValueError::new_err(format!(
-            "{name} is not supported yet by this implementation (peer recovery, replica sync \
-             and session affinity of SelectionService are not implemented)"
+            "{name} is not supported yet by this implementation (session affinity of \
+             SelectionService is not implemented)"
         )));
     }
     Ok(())
 }
+
+/// Address the replica-sync PUB socket of an in-process service binds (all interfaces
+/// unless this variable says otherwise, e.g. `127.0.0.1`).
+const REPLICA_SYNC_HOST_ENV: &str = "DYN_SELECTION_REPLICA_SYNC_HOST";
 
 #[pymethods]
 impl PySelectionService {
     #[new]
     #[pyo3(signature = (*, indexer_threads=4, indexer_peers=None, replica_sync_port=None, replica_sync_peers=None, selection_cache=None, session_affinity_ttl_secs=None))]
     fn new(
+        py: Python<'_>,
         indexer_threads: usize,
         indexer_peers: Option<Vec<String>>,
         replica_sync_port: Option<u16>,
@@ -204,11 +210,12 @@ impl PySelectionService {
                 "replica_sync_peers requires replica_sync_port",
             ));
         }
-        not_supported(
-            "indexer_peers",
-            indexer_peers.is_some_and(|p| !p.is_empty()),
-        )?;
-        not_supported("replica_sync_port", replica_sync_port.is_some())?;
+        let recovery_peers = indexer_peers
+            .unwrap_or_default()
+            .iter()
+            .map(|p| recovery::parse_peer_url(p))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(PyValueError::new_err)?;
         not_supported(
             "session_affinity_ttl_secs",
             session_affinity_ttl_secs.is_some(),
@@ -218,9 +225,25 @@ impl PySelectionService {
             selection_cache: selection_cache.map(|c| c.inner).unwrap_or_default(),
             ..Default::default()
         };
-        let svc = dynamo_llm::selection::SelectionService::new(options, rt.handle().clone())
-            .map_err(|e| PyValueError::new_err(e.message))?;
-        Ok(Self { svc: Arc::new(svc) })
+        let svc = Arc::new(
+            dynamo_llm::selection::SelectionService::new(options, rt.handle().clone())
+                .map_err(|e| PyValueError::new_err(e.message))?,
+        );
+        if let Some(port) = replica_sync_port {
+            let host =
+                std::env::var(REPLICA_SYNC_HOST_ENV).unwrap_or_else(|_| "0.0.0.0".to_owned());
+            let peers = replica_sync_peers.unwrap_or_default();
+            py.detach(|| svc.enable_replica_sync(&host, port, &peers))
+                .map_err(|e| PyValueError::new_err(e.message))?;
+        }
+        // Recovery: after the slow-joiner delay, from the first peer that answers.
+        let _ = recovery::spawn(
+            svc.clone(),
+            recovery_peers,
+            recovery::SLOW_JOINER_DELAY,
+            rt.handle(),
+        );
+        Ok(Self { svc })
     }
 
     /// Stop the service: listeners end and further selections fail with `not_ready`.

@@ -308,6 +308,27 @@ fn booking_for_an_unknown_worker_waits_until_it_registers() {
 }
 
 #[test]
+fn a_replaced_tracker_gets_every_peer_booking_again() {
+    let now = Instant::now();
+    let mut a = Replica::new(1, &[10, 11]);
+    let mut b = Replica::new(2, &[10, 11]);
+    a.book("r", 11, &hashes(0..2));
+    a.book("s", 10, &hashes(4..5));
+    for m in a.drain() {
+        b.receive(m, now);
+    }
+    assert_eq!(b.sync.total_peer_bookings(), 2);
+    // The group's scheduler was dropped and made again (all its workers left and came
+    // back): the peer's bookings are booked on the new one.
+    let fresh = Replica::new(3, &[10, 11]);
+    b.sync.mark_unapplied();
+    b.sync.reapply(&fresh.sched);
+    assert_eq!(fresh.loads()[&11], (2, 32, 1));
+    assert_eq!(fresh.loads()[&10], (1, 16, 1));
+    assert_eq!(fresh.sched.remote_bookings(), 2);
+}
+
+#[test]
 fn removed_worker_frees_its_local_bookings_for_peers() {
     let now = Instant::now();
     let mut a = Replica::new(1, &[10, 11]);

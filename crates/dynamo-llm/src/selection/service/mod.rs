@@ -32,6 +32,7 @@ use super::cache::{PendingCache, SelectionCacheConfig};
 use super::catalog::{Lifecycle, WorkerRecord, WorkerRequest, zmq_tcp_address};
 use super::error::{ErrorKind, Result, SelectionError};
 use super::listener::{self, Link, LinkCell, ListenerMetrics};
+use super::replica::ReplicaHub;
 use super::requests::{
     GroupLoads, LoadEntry, OverlapResponse, OverlapSummary, PromptRequest, ReadyResponse,
     ReservationRequest, ReservationResponse, ReserveResponse, SelectResponse, Selected,
@@ -128,6 +129,10 @@ struct State {
     /// Selection id → its group, while booked.
     reservations: HashMap<String, GroupKey>,
     shut_down: bool,
+    /// Replica sync with peer services, when enabled (see `sync.rs`).
+    replica: Option<Arc<ReplicaHub>>,
+    /// A peer's dump events waiting for their workers to register (see `sync.rs`).
+    recovered: Option<sync::Recovered>,
 }
 
 #[derive(Debug, Default)]
@@ -274,6 +279,10 @@ impl SelectionService {
                     capacity,
                 );
             }
+            if let Some(hub) = &st.replica {
+                hub.attach(&key, g.clone());
+            }
+            Self::apply_recovered(&mut st, &key, req.worker_id, g);
         }
         let entry = if unchanged {
             let mut e = st
@@ -357,6 +366,9 @@ impl SelectionService {
                 .any(|w| w.group.as_ref().is_some_and(|(k, _)| *k == key));
             if !still_used {
                 st.groups.remove(&key);
+                if let Some(hub) = &st.replica {
+                    hub.detach(&key);
+                }
             }
         }
     }
@@ -930,4 +942,6 @@ pub struct GroupDump {
 }
 
 mod introspect;
+mod sync;
 pub use introspect::{ListenerView, RankMatches};
+pub use sync::{DumpLoad, PeerDump};
