@@ -1,6 +1,6 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
-use super::{BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, node_of};
+use super::{BROKEN, COUNT_MASK, DUPS, EXPLICIT, EXTRA_BIT, NIL, RadixTree, node_of};
 
 impl RadixTree {
     /// Check every structural invariant (tests and debugging).
@@ -54,6 +54,11 @@ impl RadixTree {
                 u32::from(implicit) + explicit,
                 children[id],
                 "child count of {id}"
+            );
+            assert_eq!(
+                self.meta[id] & EXPLICIT != 0,
+                explicit > 0,
+                "explicit-children flag of {id}"
             );
         }
         assert_eq!(count, self.residencies, "residency count");
@@ -110,7 +115,7 @@ impl RadixTree {
             let Some(s) = s else { continue };
             assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
             assert!(!s.lookup.is_empty(), "empty slot kept");
-            for &h in &s.lookup {
+            for h in s.lookup.iter() {
                 let node = node_of(&self.extras, h);
                 assert!(live[node as usize]);
                 let owner = if h & EXTRA_BIT == 0 {

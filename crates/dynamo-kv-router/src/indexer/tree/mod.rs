@@ -2,6 +2,7 @@
 //! layout and the invariants; this file implements them.
 
 mod dump;
+mod ext_table;
 mod free_runs;
 mod invariants;
 
@@ -9,11 +10,10 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
 use super::OverlapScores;
 use crate::error::{Error, Result};
@@ -41,10 +41,16 @@ const COUNT_MASK: u32 = (1 << 29) - 1;
 const BROKEN: u32 = 1 << 31;
 /// Some rank may hold the node under two external hashes (its count exceeds its ranks).
 const DUPS: u32 = 1 << 30;
+/// The node has explicit children (it is a key of `explicit_children`): spares a map probe
+/// per released node.
+const EXPLICIT: u32 = 1 << 29;
 /// Holder lists up to this long are scanned to keep `DUPS` / `BROKEN` exact; longer ones
 /// set the flag conservatively (bounds the scan on the apply path; a flag only disables
 /// the fast path of queries through that node).
 const SCAN_LIMIT: u32 = 128;
+/// Lookup tables from this many entries up are warmed before an event's probes (see
+/// [`RadixTree::warm_lookup`]); smaller ones stay in cache.
+const WARM_MIN: usize = 4096;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
@@ -96,9 +102,9 @@ struct Extra {
 #[derive(Debug)]
 struct Slot {
     worker: WorkerWithDpRank,
-    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), hashed by their external
-    /// hash.
-    lookup: HashTable<u32>,
+    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), keyed by their external
+    /// hash (read through the handle).
+    lookup: ExtTable,
 }
 
 /// Per-node access timestamps for `OverlapScores::frequencies`.
@@ -184,7 +190,7 @@ pub struct RadixTree {
     free_extras: Vec<u32>,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
     /// and the root.
-    children: HashTable<u32>,
+    children: ExtTable,
     /// Number of explicit (non-implicit) children of each non-root node that has any.
     explicit_children: FxHashMap<u32, u32>,
     /// Head of the `extras` list of each node flagged `HAS_EXTRAS`.
@@ -214,7 +220,7 @@ impl RadixTree {
             free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
-            children: HashTable::new(),
+            children: ExtTable::default(),
             explicit_children: FxHashMap::default(),
             extra_heads: FxHashMap::default(),
             slots: Vec::new(),
@@ -267,21 +273,12 @@ impl RadixTree {
     /// Returns to the empty tree's value once every block is removed.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let table = |t: &HashTable<u32>| {
-            if t.capacity() == 0 {
-                0
-            } else {
-                // hashbrown: one control byte per bucket (+ a group), buckets >= capacity*8/7.
-                let buckets = (t.capacity() * 8 / 7).next_power_of_two();
-                buckets * (size_of::<u32>() + 1) + 16
-            }
-        };
         self.nodes.capacity() * size_of::<Node>()
             + self.meta.capacity() * 4
             + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
-            + table(&self.children)
+            + self.children.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
             + (self.explicit_children.capacity() + self.extra_heads.capacity()) * 9
@@ -289,7 +286,7 @@ impl RadixTree {
                 .slots
                 .iter()
                 .flatten()
-                .map(|s| table(&s.lookup))
+                .map(|s| s.lookup.heap_bytes())
                 .sum::<usize>()
             + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
     }
@@ -367,6 +364,7 @@ impl RadixTree {
             return Ok(());
         }
         let slot = self.slot_for(worker);
+        self.warm_lookup(slot, blocks.iter().map(|b| b.block_hash.0));
         // Once a block is new, the rest of the chain is too: a node created by this call
         // has no children yet, so its child is created without probing for one.
         let mut fresh = false;
@@ -407,6 +405,8 @@ impl RadixTree {
                 })
             };
         };
+        self.warm_lookup(slot, hashes.iter().copied());
+        self.warm_residencies(slot, hashes);
         let mut missing = Vec::new();
         let mut released = NIL;
         for &h in hashes {
@@ -422,10 +422,10 @@ impl RadixTree {
             };
             match s
                 .lookup
-                .find_entry(mix(h), |&x| ext_of(nodes, extras, x) == h)
+                .find(tag_of(mix(h)), |x| ext_of(nodes, extras, x) == h)
             {
-                Ok(entry) => {
-                    let (handle, _) = entry.remove();
+                Some(index) => {
+                    let handle = s.lookup.remove_at(index);
                     let node = node_of(&self.extras, handle);
                     // Without `DUPS` the rank held `node` once: after this it holds it no
                     // more, which the release of its parent (evictions go deepest first)
@@ -434,7 +434,7 @@ impl RadixTree {
                     self.release_marking(handle, true, released);
                     released = if once { node } else { NIL };
                 }
-                Err(_) => missing.push(h),
+                None => missing.push(h),
             }
         }
         self.free_slot_if_empty(slot);
@@ -453,7 +453,7 @@ impl RadixTree {
         let Some(s) = self.slots[slot as usize].as_mut() else {
             return;
         };
-        let handles: Vec<u32> = std::mem::take(&mut s.lookup).into_iter().collect();
+        let handles: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
         // Extras first: releasing a primary residency promotes one of the node's extras, and
         // that must never be one of this slot's (whose lookup table is already gone).
         // The rank keeps no block, so no child can be held without its parent by it.
@@ -629,12 +629,13 @@ impl RadixTree {
             return Some(next as u32);
         }
         let nodes = &self.nodes;
-        self.children
-            .find(child_hash(parent, local), |&id| {
+        let children = &self.children;
+        children
+            .find(tag_of(child_hash(parent, local)), |id| {
                 let n = &nodes[id as usize];
                 n.parent == parent && n.local == local
             })
-            .copied()
+            .map(|i| children.get(i))
     }
 
     /// Create the child `(parent, local)`, which must not exist.
@@ -665,13 +666,10 @@ impl RadixTree {
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
                 *self.explicit_children.entry(parent).or_default() += 1;
+                self.meta[parent as usize] |= EXPLICIT;
             }
-            let nodes = &self.nodes;
             self.children
-                .insert_unique(child_hash(parent, local), id, |&x| {
-                    let n = &nodes[x as usize];
-                    child_hash(n.parent, n.local)
-                });
+                .insert_new(tag_of(child_hash(parent, local)), id);
         }
         id
     }
@@ -690,7 +688,7 @@ impl RadixTree {
         }
         let slot = Slot {
             worker,
-            lookup: HashTable::new(),
+            lookup: ExtTable::default(),
         };
         let id = if let Some(id) = self.free_slots.pop() {
             self.slots[id as usize] = Some(slot);
@@ -726,12 +724,46 @@ impl RadixTree {
         }
     }
 
+    /// Load the lookup buckets of `hashes` in one loop before they are probed one by one:
+    /// the loads are independent, so their cache misses overlap (at millions of blocks
+    /// nearly every probe misses; in the apply loop each miss would wait for the previous
+    /// block's work). Only for tables that do not fit in cache anyway.
+    fn warm_lookup(&self, slot: u32, hashes: impl Iterator<Item = u64>) {
+        if let Some(s) = self.slots[slot as usize].as_ref()
+            && s.lookup.len() >= WARM_MIN
+        {
+            let mut acc = 0u64;
+            for h in hashes {
+                acc ^= s.lookup.touch(tag_of(mix(h)));
+            }
+            std::hint::black_box(acc);
+        }
+    }
+
+    /// After [`Self::warm_lookup`]: find each hash's residency and load its node and meta
+    /// (the next misses of a remove), again in one loop of independent loads.
+    fn warm_residencies(&self, slot: u32, hashes: &[u64]) {
+        if let Some(s) = self.slots[slot as usize].as_ref()
+            && s.lookup.len() >= WARM_MIN
+        {
+            let mut acc = 0u32;
+            for &h in hashes {
+                if let Some(handle) = self.find_residency(slot, h) {
+                    let node = node_of(&self.extras, handle);
+                    acc ^= self.meta[node as usize];
+                }
+            }
+            std::hint::black_box(acc);
+        }
+    }
+
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
         let (nodes, extras) = (&self.nodes, &self.extras);
-        s.lookup
-            .find(mix(ext), |&x| ext_of(nodes, extras, x) == ext)
-            .copied()
+        let lookup = &s.lookup;
+        lookup
+            .find(tag_of(mix(ext)), |x| ext_of(nodes, extras, x) == ext)
+            .map(|i| lookup.get(i))
     }
 
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
@@ -740,43 +772,24 @@ impl RadixTree {
     /// Returns whether the rank did not hold `node` before (as far as is known cheaply);
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
-        // The handle `add_residency` will return, so that a vacant lookup entry can be
-        // filled in the same probe that found it vacant.
-        let predicted = if self.nodes[node as usize].slot == NIL {
-            node
-        } else {
-            self.free_extras
-                .last()
-                .copied()
-                .unwrap_or(self.extras.len() as u32)
-                | EXTRA_BIT
-        };
+        let tag = tag_of(mix(ext));
         let Self {
             nodes,
             extras,
             slots,
             ..
         } = self;
-        let Some(s) = slots[slot as usize].as_mut() else {
+        let Some(s) = slots[slot as usize].as_ref() else {
             return false;
         };
-        // `entry` grows the table before returning, while every stored handle is valid;
-        // the predicted handle is only hashed at a later growth, after it became valid.
-        let old = match s.lookup.entry(
-            mix(ext),
-            |&x| ext_of(nodes, extras, x) == ext,
-            |&x| mix(ext_of(nodes, extras, x)),
-        ) {
-            Entry::Vacant(v) => {
-                v.insert(predicted);
-                None
-            }
-            Entry::Occupied(o) => Some(*o.get()),
-        };
+        let found = s.lookup.find(tag, |x| ext_of(nodes, extras, x) == ext);
+        let old = found.map(|i| s.lookup.get(i));
         let absent = known_absent || self.lacks(node, slot);
-        let Some(old) = old else {
+        let (Some(index), Some(old)) = (found, old) else {
             let new = self.add_residency(slot, node, ext, !absent);
-            debug_assert_eq!(new, predicted);
+            if let Some(s) = self.slots[slot as usize].as_mut() {
+                s.lookup.insert_new(tag, new);
+            }
             return absent;
         };
         if node_of(&self.extras, old) == node {
@@ -785,18 +798,8 @@ impl RadixTree {
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
         let new = self.add_residency(slot, node, ext, !absent);
-        let Self {
-            nodes,
-            extras,
-            slots,
-            ..
-        } = self;
-        if let Some(s) = slots[slot as usize].as_mut()
-            && let Some(entry) = s
-                .lookup
-                .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
-        {
-            *entry = new;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.lookup.set(index, new);
         }
         self.release(old);
         // The release may have changed `node`'s parent chain; claim nothing below.
@@ -896,7 +899,7 @@ impl RadixTree {
         if self.meta[node as usize] & BROKEN != 0 {
             return;
         }
-        let broken = if self.explicit_children.contains_key(&node) {
+        let broken = if self.meta[node as usize] & EXPLICIT != 0 {
             true
         } else {
             let c = node + 1;
@@ -957,11 +960,11 @@ impl RadixTree {
             ..
         } = self;
         if let Some(s) = slots[e.slot as usize].as_mut()
-            && let Some(entry) = s.lookup.find_mut(mix(e.ext), |&x| {
+            && let Some(index) = s.lookup.find(tag_of(mix(e.ext)), |x| {
                 x == head | EXTRA_BIT && ext_of(nodes, extras, x) == e.ext
             })
         {
-            *entry = node;
+            s.lookup.set(index, node);
         }
         self.free_extras.push(head);
     }
@@ -973,11 +976,11 @@ impl RadixTree {
                 return;
             }
             if !Self::is_implicit(node, n.parent)
-                && let Ok(entry) = self
+                && let Some(index) = self
                     .children
-                    .find_entry(child_hash(n.parent, n.local), |&x| x == node)
+                    .find(tag_of(child_hash(n.parent, n.local)), |x| x == node)
             {
-                entry.remove();
+                self.children.remove_at(index);
             }
             if !Self::is_implicit(node, n.parent)
                 && n.parent != ROOT
@@ -986,6 +989,7 @@ impl RadixTree {
                 *c -= 1;
                 if *c == 0 {
                     self.explicit_children.remove(&n.parent);
+                    self.meta[n.parent as usize] &= !EXPLICIT;
                 }
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
@@ -1009,7 +1013,7 @@ impl RadixTree {
         self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
-        self.children = HashTable::new();
+        self.children = ExtTable::default();
         self.explicit_children = FxHashMap::default();
         self.extra_heads = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
@@ -1043,7 +1047,7 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.explicit_children.contains_key(&node)
+            || self.meta[node as usize] & EXPLICIT != 0
     }
 
     #[inline]
