@@ -26,11 +26,7 @@ impl RadixTree {
                 Some(id as u32),
                 "child index"
             );
-            assert_eq!(
-                n.has_extras(),
-                self.extra_heads.contains_key(&(id as u32)),
-                "extras flag of {id}"
-            );
+            assert_eq!(n.has_extras(), n.xhead != NIL, "extras flag of {id}");
             assert!(
                 n.slot != NIL || self.has_children(id as u32),
                 "node {id} is empty and childless"
@@ -56,7 +52,7 @@ impl RadixTree {
                 "child count of {id}"
             );
             assert_eq!(
-                self.meta[id] & EXPLICIT != 0,
+                self.nodes[id].meta & EXPLICIT != 0,
                 explicit > 0,
                 "explicit-children flag of {id}"
             );
@@ -64,15 +60,14 @@ impl RadixTree {
         assert_eq!(count, self.residencies, "residency count");
         // Holder counts and flags: the count is exact; without `DUPS` no rank holds a node
         // twice; without `BROKEN` every holder of a child holds its parent.
-        assert_eq!(self.meta.len(), self.nodes.len(), "meta beside every node");
         for (id, &is_live) in live.iter().enumerate().skip(1) {
             if !is_live {
-                assert_eq!(self.meta[id], 0, "freed node keeps meta");
+                assert_eq!(self.nodes[id].meta, 0, "freed node keeps meta");
                 continue;
             }
             let mut holders = Vec::new();
             self.for_each_residency(id as u32, |s| holders.push(s));
-            let m = self.meta[id];
+            let m = self.nodes[id].meta;
             assert_eq!(
                 (m & COUNT_MASK) as usize,
                 holders.len(),
@@ -89,7 +84,7 @@ impl RadixTree {
                 );
             }
             let parent = self.nodes[id].parent;
-            if parent != super::ROOT && self.meta[parent as usize] & BROKEN == 0 {
+            if parent != super::ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
                 let mut up = Vec::new();
                 self.for_each_residency(parent, |s| up.push(s));
                 for h in &distinct {

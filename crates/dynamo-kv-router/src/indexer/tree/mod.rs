@@ -70,6 +70,11 @@ struct Node {
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
+    /// Residency count and the `BROKEN` / `DUPS` / `EXPLICIT` / `IMPLICIT_CHILD` flags
+    /// (in the node, so that a hop to a node is one cache line).
+    meta: u32,
+    /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
+    xhead: u32,
 }
 
 impl Node {
@@ -183,8 +188,6 @@ thread_local! {
 #[derive(Debug)]
 pub struct RadixTree {
     nodes: Vec<Node>,
-    /// Per node (parallel to `nodes`): residency count and the `BROKEN` / `DUPS` flags.
-    meta: Vec<u32>,
     free_nodes: FreeRuns,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
@@ -193,8 +196,6 @@ pub struct RadixTree {
     children: ExtTable,
     /// Number of explicit (non-implicit) children of each non-root node that has any.
     explicit_children: FxHashMap<u32, u32>,
-    /// Head of the `extras` list of each node flagged `HAS_EXTRAS`.
-    extra_heads: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -216,13 +217,11 @@ impl RadixTree {
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
             nodes: vec![Self::root()],
-            meta: vec![0],
             free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
             children: ExtTable::default(),
             explicit_children: FxHashMap::default(),
-            extra_heads: FxHashMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -241,6 +240,8 @@ impl RadixTree {
             ext: 0,
             parent: NIL,
             slot: NIL,
+            meta: 0,
+            xhead: NIL,
         }
     }
 
@@ -274,14 +275,13 @@ impl RadixTree {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.nodes.capacity() * size_of::<Node>()
-            + self.meta.capacity() * 4
             + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
             + self.children.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
-            + (self.explicit_children.capacity() + self.extra_heads.capacity()) * 9
+            + self.explicit_children.capacity() * 9
             + self
                 .slots
                 .iter()
@@ -384,7 +384,7 @@ impl RadixTree {
                     }
                 }
             };
-            let known_absent = absent && self.meta[parent as usize] & BROKEN == 0;
+            let known_absent = absent && self.nodes[parent as usize].meta & BROKEN == 0;
             absent = self.set_residency(slot, child, block.block_hash.0, known_absent);
             parent = child;
         }
@@ -430,7 +430,7 @@ impl RadixTree {
                     // Without `DUPS` the rank held `node` once: after this it holds it no
                     // more, which the release of its parent (evictions go deepest first)
                     // uses instead of scanning.
-                    let once = self.meta[node as usize] & DUPS == 0;
+                    let once = self.nodes[node as usize].meta & DUPS == 0;
                     self.release_marking(handle, true, released);
                     released = if once { node } else { NIL };
                 }
@@ -534,7 +534,7 @@ impl RadixTree {
                 if depth == 0 {
                     self.for_each_residency(child, |slot| active.push(slot));
                     // A rank holding the block under two hashes is one rank.
-                    if self.meta[child as usize] & DUPS != 0 {
+                    if self.nodes[child as usize].meta & DUPS != 0 {
                         let mut seen = rustc_hash::FxHashSet::default();
                         active.retain(|&s| seen.insert(s));
                     }
@@ -606,7 +606,10 @@ impl RadixTree {
     /// one holder scan per block where the set of holders changes.
     #[inline]
     fn same_holders(&self, parent: u32, child: u32) -> bool {
-        let (p, c) = (self.meta[parent as usize], self.meta[child as usize]);
+        let (p, c) = (
+            self.nodes[parent as usize].meta,
+            self.nodes[child as usize].meta,
+        );
         p & BROKEN == 0 && c & DUPS == 0 && c & COUNT_MASK == p & COUNT_MASK
     }
 
@@ -645,6 +648,8 @@ impl RadixTree {
             ext: 0,
             parent,
             slot: NIL,
+            meta: 0,
+            xhead: NIL,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
         // entry): the end of the arena, or the next id of the free run the parent came
@@ -654,11 +659,9 @@ impl RadixTree {
             self.push_node(node)
         } else if self.free_nodes.take_at(next) {
             self.nodes[next as usize] = node;
-            self.meta[next as usize] = 0;
             next
         } else if let Some(id) = self.free_nodes.pop() {
             self.nodes[id as usize] = node;
-            self.meta[id as usize] = 0;
             id
         } else {
             self.push_node(node)
@@ -666,7 +669,7 @@ impl RadixTree {
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
                 *self.explicit_children.entry(parent).or_default() += 1;
-                self.meta[parent as usize] |= EXPLICIT;
+                self.nodes[parent as usize].meta |= EXPLICIT;
             }
             self.children
                 .insert_new(tag_of(child_hash(parent, local)), id);
@@ -678,7 +681,6 @@ impl RadixTree {
         let id = self.nodes.len() as u32;
         assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
         self.nodes.push(node);
-        self.meta.push(0);
         id
     }
 
@@ -750,7 +752,7 @@ impl RadixTree {
             for &h in hashes {
                 if let Some(handle) = self.find_residency(slot, h) {
                     let node = node_of(&self.extras, handle);
-                    acc ^= self.meta[node as usize];
+                    acc ^= self.nodes[node as usize].meta;
                 }
             }
             std::hint::black_box(acc);
@@ -809,7 +811,7 @@ impl RadixTree {
     /// Whether `slot` is known not to hold `node`: no holders, or a short holder list
     /// without it.
     fn lacks(&self, node: u32, slot: u32) -> bool {
-        let count = self.meta[node as usize] & COUNT_MASK;
+        let count = self.nodes[node as usize].meta & COUNT_MASK;
         count == 0 || (count <= SCAN_LIMIT && !self.holds(node, slot))
     }
 
@@ -817,14 +819,14 @@ impl RadixTree {
     /// `maybe_dup`: the rank may already hold `node` (under another external hash).
     fn add_residency(&mut self, slot: u32, node: u32, ext: u64, maybe_dup: bool) -> u32 {
         self.residencies += 1;
-        let m = self.meta[node as usize];
+        let m = self.nodes[node as usize].meta;
         let count = m & COUNT_MASK;
         assert!(count < COUNT_MASK, "radix tree holders per node exceeded");
         let mut flags = m & !COUNT_MASK;
         if count > 0 && maybe_dup {
             flags |= DUPS;
         }
-        self.meta[node as usize] = flags | (count + 1);
+        self.nodes[node as usize].meta = flags | (count + 1);
         let n = &mut self.nodes[node as usize];
         if n.slot == NIL {
             n.slot = slot;
@@ -874,7 +876,7 @@ impl RadixTree {
             (handle, self.nodes[handle as usize].primary())
         };
         {
-            let m = &mut self.meta[node as usize];
+            let m = &mut self.nodes[node as usize].meta;
             *m -= 1;
             if *m & COUNT_MASK <= 1 {
                 *m &= !DUPS;
@@ -896,19 +898,19 @@ impl RadixTree {
     /// After `slot` left `node`: if `slot` may still hold a child of `node`, the child's
     /// holders are no longer a subset of the node's; flag the node.
     fn mark_if_orphaning(&mut self, node: u32, slot: u32, gone: u32) {
-        if self.meta[node as usize] & BROKEN != 0 {
+        if self.nodes[node as usize].meta & BROKEN != 0 {
             return;
         }
-        let broken = if self.meta[node as usize] & EXPLICIT != 0 {
+        let broken = if self.nodes[node as usize].meta & EXPLICIT != 0 {
             true
         } else {
             let c = node + 1;
             self.nodes.get(c as usize).is_some_and(|n| n.parent == node)
                 && c != gone
-                && (self.meta[c as usize] & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
+                && (self.nodes[c as usize].meta & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
         };
         if broken {
-            self.meta[node as usize] |= BROKEN;
+            self.nodes[node as usize].meta |= BROKEN;
         }
     }
 
@@ -989,12 +991,12 @@ impl RadixTree {
                 *c -= 1;
                 if *c == 0 {
                     self.explicit_children.remove(&n.parent);
-                    self.meta[n.parent as usize] &= !EXPLICIT;
+                    self.nodes[n.parent as usize].meta &= !EXPLICIT;
                 }
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
-            self.meta[node as usize] = 0;
+            self.nodes[node as usize].meta = 0;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
@@ -1009,13 +1011,11 @@ impl RadixTree {
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = vec![Self::root()];
-        self.meta = vec![0];
         self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
         self.explicit_children = FxHashMap::default();
-        self.extra_heads = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
@@ -1024,7 +1024,7 @@ impl RadixTree {
     #[inline]
     fn extras_head(&self, node: u32) -> u32 {
         if self.nodes[node as usize].has_extras() {
-            self.extra_heads.get(&node).copied().unwrap_or(NIL)
+            self.nodes[node as usize].xhead
         } else {
             NIL
         }
@@ -1034,10 +1034,10 @@ impl RadixTree {
         let n = &mut self.nodes[node as usize];
         if head == NIL {
             n.slot &= !HAS_EXTRAS;
-            self.extra_heads.remove(&node);
+            n.xhead = NIL;
         } else {
             n.slot |= HAS_EXTRAS;
-            self.extra_heads.insert(node, head);
+            n.xhead = head;
         }
     }
 
@@ -1047,7 +1047,7 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.meta[node as usize] & EXPLICIT != 0
+            || self.nodes[node as usize].meta & EXPLICIT != 0
     }
 
     #[inline]
