@@ -26,7 +26,7 @@ impl RadixTree {
                 Some(id as u32),
                 "child index"
             );
-            assert_eq!(n.has_extras(), n.xhead != NIL, "extras flag of {id}");
+            assert!(!n.has_extras() || n.link != NIL, "extras flag of {id}");
             assert!(
                 n.slot != NIL || self.has_children(id as u32),
                 "node {id} is empty and childless"
