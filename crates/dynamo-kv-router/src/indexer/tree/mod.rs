@@ -48,9 +48,11 @@ const EXPLICIT: u32 = 1 << 29;
 /// set the flag conservatively (bounds the scan on the apply path; a flag only disables
 /// the fast path of queries through that node).
 const SCAN_LIMIT: u32 = 128;
-/// Lookup tables from this many entries up are warmed before an event's probes (see
-/// [`RadixTree::warm_lookup`]); smaller ones stay in cache.
-const WARM_MIN: usize = 4096;
+/// From this many live `(rank, block)` pairs up, an event's lookup buckets are warmed
+/// before its probes (see [`RadixTree::warm_lookup`]): below it the tables (8 bytes a
+/// bucket, all ranks together) mostly stay in cache and the extra pass costs more than it
+/// saves.
+const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
@@ -776,7 +778,7 @@ impl RadixTree {
     /// block's work). Only for tables that do not fit in cache anyway.
     fn warm_lookup(&self, slot: u32, hashes: impl Iterator<Item = u64>) {
         if let Some(s) = self.slots[slot as usize].as_ref()
-            && s.lookup.len() >= WARM_MIN
+            && self.residencies >= WARM_MIN
         {
             let mut acc = 0u64;
             for h in hashes {
@@ -789,9 +791,7 @@ impl RadixTree {
     /// After [`Self::warm_lookup`]: find each hash's residency and load its node and meta
     /// (the next misses of a remove), again in one loop of independent loads.
     fn warm_residencies(&self, slot: u32, hashes: &[u64]) {
-        if let Some(s) = self.slots[slot as usize].as_ref()
-            && s.lookup.len() >= WARM_MIN
-        {
+        if self.residencies >= WARM_MIN {
             let mut acc = 0u32;
             for &h in hashes {
                 if let Some(handle) = self.find_residency(slot, h) {
