@@ -31,7 +31,7 @@ const ROOT: u32 = 0;
 const EXTRA_BIT: u32 = 1 << 31;
 
 /// Set in `Node::slot` when the node has residencies beyond the primary one (their list
-/// head is in `RadixTree::extra_heads`).
+/// head is `Node::link`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
 /// `meta` bits: number of residencies of the node (low bits) and two flags.
@@ -56,9 +56,9 @@ const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 24 bytes. The first worker rank that holds the block (its *primary residency*) is stored
-/// inline because most blocks are held by one rank; further ranks go to `extras`, reached
-/// through the `extra_heads` side table. The child count is not stored: a node's implicit
+/// 40 bytes. The first worker rank that holds the block (its *primary residency*) is stored
+/// inline because most blocks are held by one rank; further ranks go to `extras`, a list
+/// whose head is in the node. The child count is not stored: a node's implicit
 /// child is the next arena slot, and explicit children are counted in `explicit_children`
 /// (only branch points have any).
 #[derive(Clone, Copy, Debug)]
@@ -75,11 +75,12 @@ struct Node {
     /// Residency count and the `BROKEN` / `DUPS` / `EXPLICIT` / `IMPLICIT_CHILD` flags
     /// (in the node, so that a hop to a node is one cache line).
     meta: u32,
-    /// Head of the node's `extras` list when `HAS_EXTRAS` is set. Otherwise a hint: an
-    /// explicit child of the node (or `NIL`, or a stale id), tried before the child table
-    /// so that a hop to a worker's own continuation costs one cache miss, not two. A hint
-    /// is only trusted after checking the child's parent and `local`.
+    /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
     link: u32,
+    /// A hint: an explicit child of the node (or `NIL`, or a stale id), tried before the
+    /// child table so that a hop to a continuation stored by a later event costs one cache
+    /// miss, not two. Only trusted after checking the child's parent and `local`.
+    hint: u32,
 }
 
 impl Node {
@@ -247,6 +248,7 @@ impl RadixTree {
             slot: NIL,
             meta: 0,
             link: NIL,
+            hint: NIL,
         }
     }
 
@@ -658,13 +660,12 @@ impl RadixTree {
         {
             return Some(next as u32);
         }
-        let p = &self.nodes[parent as usize];
-        if !p.has_extras()
-            && let Some(n) = self.nodes.get(p.link as usize)
+        let hint = self.nodes[parent as usize].hint;
+        if let Some(n) = self.nodes.get(hint as usize)
             && n.parent == parent
             && n.local == local
         {
-            return Some(p.link);
+            return Some(hint);
         }
         let nodes = &self.nodes;
         let children = &self.children;
@@ -685,6 +686,7 @@ impl RadixTree {
             slot: NIL,
             meta: 0,
             link: NIL,
+            hint: NIL,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
         // entry): the end of the arena, or the next id of the free run the parent came
@@ -713,13 +715,11 @@ impl RadixTree {
         id
     }
 
-    /// Make `child` (an explicit child of `parent`) the parent's hint, where the link field
-    /// is not holding an extras list.
+    /// Make `child` (an explicit child of `parent`) the parent's hint.
     #[inline]
     fn hint_child(&mut self, parent: u32, child: u32) {
-        let p = &mut self.nodes[parent as usize];
-        if parent != ROOT && !p.has_extras() {
-            p.link = child;
+        if parent != ROOT {
+            self.nodes[parent as usize].hint = child;
         }
     }
 
