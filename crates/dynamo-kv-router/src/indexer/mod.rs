@@ -36,8 +36,7 @@
 //!   reads about a node is in that one node, so a hop to a node costs one cache line.
 //!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
 //!   node. Child counts are not stored per node: the implicit child (below) is detected
-//!   from the arena, and only branch points keep a count of explicit children in a side
-//!   table (flagged in `meta`, so that a release never probes that table for nothing).
+//!   from the arena, and the count of explicit children fills the node's padding.
 //! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
 //!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without
 //!   reading the arena) of node ids keyed by `(parent id, tokens_hash)`. A node allocated
@@ -52,10 +51,10 @@
 //!   they name) are loaded in one loop, so that their cache misses overlap.
 //! * `meta` (in the node): the node's residency count and the flags `BROKEN` (a rank
 //!   released the node while it may still hold a child: children's holders may not all
-//!   hold it), `DUPS` (a rank may hold the node under two external hashes) and `EXPLICIT`
-//!   (it has explicit children). Without the first two, a child whose count equals its
-//!   parent's has exactly the parent's holders, so a query walks a chain checking counts
-//!   and reads holder lists only where the set of holders changes. Flags are set
+//!   hold it) and `DUPS` (a rank may hold the node under two external hashes). Without
+//!   them, a child whose count equals its parent's has exactly the parent's holders, so a
+//!   query walks a chain checking counts and reads holder lists only where the set of
+//!   holders changes. Flags are set
 //!   conservatively (a flag only costs a scan) and cleared when the node is freed; `DUPS`
 //!   also when at most one holder is left.
 //! * free node ids are kept as runs of consecutive ids, so that a chain stored after

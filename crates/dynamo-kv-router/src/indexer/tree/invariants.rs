@@ -1,6 +1,6 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
-use super::{BROKEN, COUNT_MASK, DUPS, EXPLICIT, EXTRA_BIT, NIL, RadixTree, node_of};
+use super::{BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, node_of};
 
 impl RadixTree {
     /// Check every structural invariant (tests and debugging).
@@ -41,20 +41,11 @@ impl RadixTree {
                 .nodes
                 .get(id + 1)
                 .is_some_and(|c| c.parent == id as u32);
-            let explicit = self
-                .explicit_children
-                .get(&(id as u32))
-                .copied()
-                .unwrap_or(0);
+            let explicit = self.nodes[id].kids;
             assert_eq!(
                 u32::from(implicit) + explicit,
                 children[id],
                 "child count of {id}"
-            );
-            assert_eq!(
-                self.nodes[id].meta & EXPLICIT != 0,
-                explicit > 0,
-                "explicit-children flag of {id}"
             );
         }
         assert_eq!(count, self.residencies, "residency count");

@@ -41,9 +41,6 @@ const COUNT_MASK: u32 = (1 << 29) - 1;
 const BROKEN: u32 = 1 << 31;
 /// Some rank may hold the node under two external hashes (its count exceeds its ranks).
 const DUPS: u32 = 1 << 30;
-/// The node has explicit children (it is a key of `explicit_children`): spares a map probe
-/// per released node.
-const EXPLICIT: u32 = 1 << 29;
 /// Holder lists up to this long are scanned to keep `DUPS` / `BROKEN` exact; longer ones
 /// set the flag conservatively (bounds the scan on the apply path; a flag only disables
 /// the fast path of queries through that node).
@@ -59,7 +56,7 @@ const WARM_MIN: usize = 1 << 18;
 /// 40 bytes. The first worker rank that holds the block (its *primary residency*) is stored
 /// inline because most blocks are held by one rank; further ranks go to `extras`, a list
 /// whose head is in the node. The child count is not stored: a node's implicit
-/// child is the next arena slot, and explicit children are counted in `explicit_children`
+/// child is the next arena slot, and explicit children are counted in `kids`
 /// (only branch points have any).
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -72,7 +69,7 @@ struct Node {
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
-    /// Residency count and the `BROKEN` / `DUPS` / `EXPLICIT` / `IMPLICIT_CHILD` flags
+    /// Residency count and the `BROKEN` / `DUPS` flags
     /// (in the node, so that a hop to a node is one cache line).
     meta: u32,
     /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
@@ -81,6 +78,9 @@ struct Node {
     /// child table so that a hop to a continuation stored by a later event costs one cache
     /// miss, not two. Only trusted after checking the child's parent and `local`.
     hint: u32,
+    /// Number of explicit (non-implicit) children (0 for the root, whose children are all
+    /// explicit and never counted). Fills the node's padding.
+    kids: u32,
 }
 
 impl Node {
@@ -212,7 +212,6 @@ pub struct RadixTree {
     /// and the root.
     children: ExtTable,
     /// Number of explicit (non-implicit) children of each non-root node that has any.
-    explicit_children: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -238,7 +237,6 @@ impl RadixTree {
             extras: Vec::new(),
             free_extras: Vec::new(),
             children: ExtTable::default(),
-            explicit_children: FxHashMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -260,6 +258,7 @@ impl RadixTree {
             meta: 0,
             link: NIL,
             hint: NIL,
+            kids: 0,
         }
     }
 
@@ -299,7 +298,6 @@ impl RadixTree {
             + self.children.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
-            + self.explicit_children.capacity() * 9
             + self
                 .slots
                 .iter()
@@ -698,6 +696,7 @@ impl RadixTree {
             meta: 0,
             link: NIL,
             hint: NIL,
+            kids: 0,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
         // entry): the end of the arena, or the next id of the free run the parent came
@@ -716,8 +715,7 @@ impl RadixTree {
         };
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
-                *self.explicit_children.entry(parent).or_default() += 1;
-                self.nodes[parent as usize].meta |= EXPLICIT;
+                self.nodes[parent as usize].kids += 1;
             }
             self.children
                 .insert_new(tag_of(child_hash(parent, local)), id);
@@ -958,7 +956,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & BROKEN != 0 {
             return;
         }
-        let broken = if self.nodes[node as usize].meta & EXPLICIT != 0 {
+        let broken = if self.nodes[node as usize].kids != 0 {
             true
         } else {
             let c = node + 1;
@@ -1041,15 +1039,8 @@ impl RadixTree {
             {
                 self.children.remove_at(index);
             }
-            if !Self::is_implicit(node, n.parent)
-                && n.parent != ROOT
-                && let Some(c) = self.explicit_children.get_mut(&n.parent)
-            {
-                *c -= 1;
-                if *c == 0 {
-                    self.explicit_children.remove(&n.parent);
-                    self.nodes[n.parent as usize].meta &= !EXPLICIT;
-                }
+            if !Self::is_implicit(node, n.parent) && n.parent != ROOT {
+                self.nodes[n.parent as usize].kids -= 1;
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
@@ -1072,7 +1063,6 @@ impl RadixTree {
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
-        self.explicit_children = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
@@ -1104,7 +1094,7 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.nodes[node as usize].meta & EXPLICIT != 0
+            || self.nodes[node as usize].kids != 0
     }
 
     #[inline]
