@@ -30,26 +30,33 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes`: an arena of 24-byte nodes (`tokens_hash`, parent id, and the first holding
-//!   rank with its external hash inline, since most blocks have one holder). Further
-//!   holders of a node live in `extras` (24 bytes each), a doubly linked list per node whose
-//!   head sits in a side table (`extra_heads`) flagged by a bit in the node. Child counts
-//!   are not stored per node: the implicit child (below) is detected from the arena, and
-//!   only branch points keep a count of explicit children in a side table.
-//! * `children`: one hash table of bare `u32` node ids hashed by `(parent id,
-//!   tokens_hash)`, read through the arena (5 bytes per bucket instead of a map per node).
-//!   A node allocated right after its parent (`id == parent + 1`, which is every block of a
-//!   stored chain but the first, since chains are allocated consecutively) is an *implicit*
-//!   child: it is found by checking the next arena slot and has no table entry. This halves
-//!   the per-block index cost and saves a hash probe per matched block.
-//! * per rank, `lookup`: a hash table of `u32` residency handles hashed by external hash.
-//! * `meta` (4 bytes per node, beside the arena): the node's residency count and two flags,
-//!   `BROKEN` (a rank released the node while it may still hold a child: children's holders
-//!   may not all hold it) and `DUPS` (a rank may hold the node under two external hashes).
-//!   Without them, a child whose count equals its parent's has exactly the parent's
-//!   holders, so a query walks a chain checking counts and reads holder lists only where
-//!   the set of holders changes. Flags are set conservatively (a flag only costs a scan)
-//!   and cleared when the node is freed; `DUPS` also when at most one holder is left.
+//! * `nodes`: an arena of 40-byte nodes: `tokens_hash`, parent id, the first holding rank
+//!   with its external hash inline (most blocks have one holder), `meta` (below), the head
+//!   of the node's `extras` list, and a child hint (below). Everything a query or a release
+//!   reads about a node is in that one node, so a hop to a node costs one cache line.
+//!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
+//!   node. Child counts are not stored per node: the implicit child (below) is detected
+//!   from the arena, and the count of explicit children fills the node's padding.
+//! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
+//!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without
+//!   reading the arena) of node ids keyed by `(parent id, tokens_hash)`. A node allocated
+//!   right after its parent (`id == parent + 1`, which is every block of a stored chain but
+//!   the first, since chains are allocated consecutively) is an *implicit* child: it is
+//!   found by checking the next arena slot and has no table entry. A chain stored by a
+//!   later event (a worker's continuation, a branch) starts with an explicit child; the
+//!   parent's `hint` names the last such child seen, so that the common hop is one line
+//!   instead of a table probe and a line.
+//! * per rank, `lookup`: a tag table of `u32` residency handles keyed by external hash.
+//!   Before an event's probes, the buckets of all its hashes (and for removes, the nodes
+//!   they name) are loaded in one loop, so that their cache misses overlap.
+//! * `meta` (in the node): the node's residency count and the flags `BROKEN` (a rank
+//!   released the node while it may still hold a child: children's holders may not all
+//!   hold it) and `DUPS` (a rank may hold the node under two external hashes). Without
+//!   them, a child whose count equals its parent's has exactly the parent's holders, so a
+//!   query walks a chain checking counts and reads holder lists only where the set of
+//!   holders changes. Flags are set
+//!   conservatively (a flag only costs a scan) and cleared when the node is freed; `DUPS`
+//!   also when at most one holder is left.
 //! * free node ids are kept as runs of consecutive ids, so that a chain stored after
 //!   evictions reuses consecutive ids and stays implicit.
 //!

@@ -233,6 +233,87 @@ fn many_workers_share_nodes_and_promotion_keeps_lookups_valid() {
     assert_eq!((t.node_count(), t.len()), (0, 0));
 }
 
+#[test]
+fn a_stale_child_hint_never_matches_a_reused_node() {
+    let mut t = RadixTree::default();
+    // Two chains under block 100: the second one's first block is an explicit child of the
+    // first block and becomes its hint.
+    t.store(w(0), &stored(None, &[(1, 100), (2, 101)]))
+        .expect("store");
+    t.store(w(0), &stored(Some(1), &[(3, 102), (4, 103)]))
+        .expect("store");
+    assert_eq!(
+        t.find_matches(&q(&[100, 102, 103]), false).get(w(0)),
+        Some(3)
+    );
+    // Free the hinted child, then reuse its id elsewhere with the same local hash.
+    t.remove(w(0), &[4, 3]).expect("remove");
+    t.store(w(1), &stored(None, &[(5, 7), (6, 102)]))
+        .expect("store");
+    t.check_invariants();
+    assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(0)), Some(1));
+    assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(1)), None);
+    assert_eq!(t.find_matches(&q(&[7, 102]), false).get(w(1)), Some(2));
+    // Stored again, the child is found through the table and hinted again.
+    t.store(w(0), &stored(Some(1), &[(3, 102)])).expect("store");
+    assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(0)), Some(2));
+    t.check_invariants();
+}
+
+#[test]
+fn large_tree_with_warmed_lookups_and_grown_tables() {
+    // Beyond the size from which lookups are warmed before each event (2^18 pairs), with
+    // tables grown many times; every query checked against the expected depth.
+    let mut t = RadixTree::default();
+    let chains = 5_000u64;
+    let len = 64u64;
+    for c in 0..chains {
+        let wk = c % 8;
+        // Chains of one worker share their first 8 blocks (a branch per chain).
+        let blocks: Vec<(u64, u64)> = (0..len)
+            .map(|i| {
+                let local = if i < 8 {
+                    1_000 + wk * 10 + i
+                } else {
+                    c * 1_000 + i
+                };
+                (c * 1_000 + i, local)
+            })
+            .collect();
+        t.store(w(wk), &stored(None, &blocks)).expect("store");
+    }
+    assert_eq!(t.len(), (chains * len) as usize);
+    // Evict the second half of every other chain, deepest first.
+    for c in (0..chains).step_by(2) {
+        let hashes: Vec<u64> = (len / 2..len).rev().map(|i| c * 1_000 + i).collect();
+        t.remove(w(c % 8), &hashes).expect("remove");
+    }
+    t.check_invariants();
+    for c in (0..chains).step_by(97) {
+        let wk = c % 8;
+        let query: Vec<u64> = (0..len)
+            .map(|i| {
+                if i < 8 {
+                    1_000 + wk * 10 + i
+                } else {
+                    c * 1_000 + i
+                }
+            })
+            .collect();
+        let want = if c % 2 == 0 { len / 2 } else { len };
+        assert_eq!(
+            t.find_matches(&q(&query), false).get(w(wk)),
+            Some(want as u32)
+        );
+    }
+    for wk in 0..8 {
+        t.remove_worker(wk);
+    }
+    t.check_invariants();
+    assert_eq!((t.node_count(), t.len()), (0, 0));
+    assert_eq!(t.heap_bytes(), RadixTree::default().heap_bytes());
+}
+
 // ----- model-based property test -------------------------------------------------------
 
 /// The naive model: per worker rank, external hash -> path of local hashes from the root.
@@ -322,13 +403,19 @@ enum Op {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     // Small alphabets so that hashes, parents and prefixes collide often.
+    ops_over(24, 4, 5)
+}
+
+/// Events over `hashes` external hashes and `locals` local hashes, stores of up to
+/// `chain - 1` blocks.
+fn ops_over(hashes: u64, locals: u64, chain: usize) -> impl Strategy<Value = Op> {
     let worker = 0u64..4;
     let dp = prop_oneof![4 => Just(0u32), 1 => Just(1u32)];
-    let hash = 0u64..24;
-    let local = 0u64..4;
+    let hash = 0u64..hashes;
+    let local = 0u64..locals;
     let stored = (
         proptest::option::weighted(0.6, hash.clone()),
-        proptest::collection::vec((hash.clone(), local.clone()), 0..5),
+        proptest::collection::vec((hash.clone(), local.clone()), 0..chain),
     )
         .prop_map(|(p, blocks)| {
             KvCacheEventData::Stored(KvCacheStoreData {
@@ -375,59 +462,93 @@ fn all_queries() -> Vec<Vec<u64>> {
     out
 }
 
+/// Apply `ops` to the tree and to the naive model; every query, the dump and the final
+/// cleanup must agree.
+fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
+    let mut tree = RadixTree::default();
+    let mut model = Model::default();
+    for op in ops {
+        match op {
+            Op::Event(wk, ev) => {
+                let before = (tree.node_count(), tree.len());
+                let got = tree.apply_event(*wk, ev);
+                let want = model.apply(*wk, ev);
+                prop_assert_eq!(got.is_ok(), want.is_ok(), "{:?} -> {:?}", ev, got);
+                if matches!(
+                    got,
+                    Err(Error::ParentBlockNotFound { .. } | Error::InvalidBlockSequence)
+                ) {
+                    prop_assert_eq!(before, (tree.node_count(), tree.len()));
+                }
+                // Idempotence: a successful store applied again changes nothing.
+                if got.is_ok() && matches!(ev.data, KvCacheEventData::Stored(_)) {
+                    let snapshot = tree.dump_events();
+                    prop_assert!(tree.apply_event(*wk, ev).is_ok());
+                    prop_assert_eq!(snapshot, tree.dump_events());
+                }
+            }
+            Op::RemoveWorker(wk) => {
+                tree.remove_worker(*wk);
+                model.remove_worker(*wk);
+            }
+            Op::Query(qs, early) => {
+                let got = sorted(&tree.find_matches(&q(qs), *early));
+                prop_assert_eq!(got, model.scores(qs, *early), "query {:?}", qs);
+            }
+        }
+        tree.check_invariants();
+    }
+    // Every query agrees with the model, and a dump replayed on an empty tree
+    // reproduces every score.
+    let mut replay = RadixTree::default();
+    for ev in tree.dump_events() {
+        replay
+            .apply_event(ev.worker_id, &ev.event)
+            .expect("dump replays cleanly");
+    }
+    replay.check_invariants();
+    for query in all_queries() {
+        let want = model.scores(&query, false);
+        prop_assert_eq!(sorted(&tree.find_matches(&q(&query), false)), want.clone());
+        prop_assert_eq!(sorted(&replay.find_matches(&q(&query), false)), want);
+    }
+    // Removing everything returns to the empty tree.
+    for wk in 0..4 {
+        tree.remove_worker(wk);
+    }
+    tree.check_invariants();
+    prop_assert_eq!(
+        (tree.node_count(), tree.len(), tree.worker_count()),
+        (0, 0, 0)
+    );
+    prop_assert_eq!(tree.heap_bytes(), RadixTree::default().heap_bytes());
+    Ok(())
+}
+
+/// `cases` cases, or `PROPTEST_CASES` when set (an explicit `cases` field would ignore it).
+fn config(cases: u32) -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(cases);
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+    #![proptest_config(config(256))]
 
     #[test]
     fn tree_matches_naive_model(ops in proptest::collection::vec(op_strategy(), 1..80)) {
-        let mut tree = RadixTree::default();
-        let mut model = Model::default();
-        for op in &ops {
-            match op {
-                Op::Event(wk, ev) => {
-                    let before = (tree.node_count(), tree.len());
-                    let got = tree.apply_event(*wk, ev);
-                    let want = model.apply(*wk, ev);
-                    prop_assert_eq!(got.is_ok(), want.is_ok(), "{:?} -> {:?}", ev, got);
-                    if matches!(got, Err(Error::ParentBlockNotFound { .. } | Error::InvalidBlockSequence)) {
-                        prop_assert_eq!(before, (tree.node_count(), tree.len()));
-                    }
-                    // Idempotence: a successful store applied again changes nothing.
-                    if got.is_ok() && matches!(ev.data, KvCacheEventData::Stored(_)) {
-                        let snapshot = tree.dump_events();
-                        prop_assert!(tree.apply_event(*wk, ev).is_ok());
-                        prop_assert_eq!(snapshot, tree.dump_events());
-                    }
-                }
-                Op::RemoveWorker(wk) => {
-                    tree.remove_worker(*wk);
-                    model.remove_worker(*wk);
-                }
-                Op::Query(qs, early) => {
-                    let got = sorted(&tree.find_matches(&q(qs), *early));
-                    prop_assert_eq!(got, model.scores(qs, *early), "query {:?}", qs);
-                }
-            }
-            tree.check_invariants();
-        }
-        // Every query agrees with the model, and a dump replayed on an empty tree
-        // reproduces every score.
-        let mut replay = RadixTree::default();
-        for ev in tree.dump_events() {
-            replay.apply_event(ev.worker_id, &ev.event).expect("dump replays cleanly");
-        }
-        replay.check_invariants();
-        for query in all_queries() {
-            let want = model.scores(&query, false);
-            prop_assert_eq!(sorted(&tree.find_matches(&q(&query), false)), want.clone());
-            prop_assert_eq!(sorted(&replay.find_matches(&q(&query), false)), want);
-        }
-        // Removing everything returns to the empty tree.
-        for wk in 0..4 {
-            tree.remove_worker(wk);
-        }
-        tree.check_invariants();
-        prop_assert_eq!((tree.node_count(), tree.len(), tree.worker_count()), (0, 0, 0));
-        prop_assert_eq!(tree.heap_bytes(), RadixTree::default().heap_bytes());
+        check_against_model(&ops)?;
+    }
+
+    /// Wider alphabets and longer runs: longer chains, more explicit children (and child
+    /// hints left stale by frees and id reuse), tag tables grown several times.
+    #[test]
+    fn tree_matches_naive_model_wide(ops in proptest::collection::vec(ops_over(160, 12, 12), 1..300)) {
+        check_against_model(&ops)?;
     }
 }

@@ -352,6 +352,11 @@ struct Figures {
     apply_event_max_us: f64,
     find_p50_ns: f64,
     find_p99_ns: f64,
+    /// Tail shape (printed per round only): p90, p99.9, and p99 of the queries of at least
+    /// 100 blocks (the trace's longest 2 %).
+    find_p90_ns: f64,
+    find_p999_ns: f64,
+    find_long_p99_ns: f64,
     heap_b_per_block: f64,
     live: usize,
     score_sum: u64,
@@ -387,11 +392,15 @@ fn run_single(
     let steady_ops = (live_target / 4).max(1);
     let mut steady = 0;
     let mut lat = Vec::new();
+    let mut long_lat = Vec::new();
     let mut score_sum = 0u64;
     while steady < steady_ops || lat.len() < 20_000 {
         let r = stream.next_request();
         let (d, s) = index.find(&r.query);
         lat.push(d);
+        if r.query.len() >= 100 {
+            long_lat.push(d);
+        }
         score_sum += u64::from(s);
         steady += r.block_ops;
         apply_req(&mut index, &r);
@@ -401,11 +410,15 @@ fn run_single(
     let heap = (with_index - live_bytes()).max(0) as f64;
     let _ = before;
     lat.sort_unstable();
+    long_lat.sort_unstable();
     Figures {
         apply_ns_per_block: apply.as_nanos() as f64 / ops as f64,
         apply_event_max_us: max_event.as_nanos() as f64 / 1e3,
         find_p50_ns: pct(&lat, 0.5),
         find_p99_ns: pct(&lat, 0.99),
+        find_p90_ns: pct(&lat, 0.9),
+        find_p999_ns: pct(&lat, 0.999),
+        find_long_p99_ns: pct(&long_lat, 0.99),
         heap_b_per_block: heap / stream.live as f64,
         live: stream.live,
         score_sum,
@@ -449,13 +462,16 @@ fn scale_pass(cands: &[Candidate], opts: &Opts, trace: &[Vec<u64>], span: u64) {
                 for (i, c) in cands.iter().enumerate() {
                     let f = run_single(c, trace, span, workers, live);
                     eprintln!(
-                        "  round {round} {} live={} workers={workers}: apply {:.1} ns/block (max event {:.0} us), find p50 {:.0} ns p99 {:.0} ns, heap {:.1} B/block",
+                        "  round {round} {} live={} workers={workers}: apply {:.1} ns/block (max event {:.0} us), find p50 {:.0} ns p99 {:.0} ns (p90 {:.0}, p99.9 {:.0}, p99 of >=100-block queries {:.0}), heap {:.1} B/block",
                         c.name,
                         f.live,
                         f.apply_ns_per_block,
                         f.apply_event_max_us,
                         f.find_p50_ns,
                         f.find_p99_ns,
+                        f.find_p90_ns,
+                        f.find_p999_ns,
+                        f.find_long_p99_ns,
                         f.heap_b_per_block
                     );
                     all[i].push(f);

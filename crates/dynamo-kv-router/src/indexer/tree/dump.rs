@@ -28,13 +28,13 @@ impl RadixTree {
             // holds the node under several hashes, so that the dump does not depend on the
             // lookup table's iteration order).
             let mut held: FxHashMap<u32, u64> = FxHashMap::default();
-            for &h in &s.lookup {
+            for h in s.lookup.iter() {
                 let ext = ext_of(&self.nodes, &self.extras, h);
                 held.entry(node_of(&self.extras, h))
                     .and_modify(|e| *e = (*e).min(ext))
                     .or_insert(ext);
             }
-            for &h in &s.lookup {
+            for h in s.lookup.iter() {
                 let node = node_of(&self.extras, h);
                 // Reachable iff the rank holds every ancestor.
                 let mut up = self.nodes[node as usize].parent;

@@ -26,11 +26,7 @@ impl RadixTree {
                 Some(id as u32),
                 "child index"
             );
-            assert_eq!(
-                n.has_extras(),
-                self.extra_heads.contains_key(&(id as u32)),
-                "extras flag of {id}"
-            );
+            assert!(!n.has_extras() || n.link != NIL, "extras flag of {id}");
             assert!(
                 n.slot != NIL || self.has_children(id as u32),
                 "node {id} is empty and childless"
@@ -45,11 +41,7 @@ impl RadixTree {
                 .nodes
                 .get(id + 1)
                 .is_some_and(|c| c.parent == id as u32);
-            let explicit = self
-                .explicit_children
-                .get(&(id as u32))
-                .copied()
-                .unwrap_or(0);
+            let explicit = self.nodes[id].kids;
             assert_eq!(
                 u32::from(implicit) + explicit,
                 children[id],
@@ -59,15 +51,14 @@ impl RadixTree {
         assert_eq!(count, self.residencies, "residency count");
         // Holder counts and flags: the count is exact; without `DUPS` no rank holds a node
         // twice; without `BROKEN` every holder of a child holds its parent.
-        assert_eq!(self.meta.len(), self.nodes.len(), "meta beside every node");
         for (id, &is_live) in live.iter().enumerate().skip(1) {
             if !is_live {
-                assert_eq!(self.meta[id], 0, "freed node keeps meta");
+                assert_eq!(self.nodes[id].meta, 0, "freed node keeps meta");
                 continue;
             }
             let mut holders = Vec::new();
             self.for_each_residency(id as u32, |s| holders.push(s));
-            let m = self.meta[id];
+            let m = self.nodes[id].meta;
             assert_eq!(
                 (m & COUNT_MASK) as usize,
                 holders.len(),
@@ -84,7 +75,7 @@ impl RadixTree {
                 );
             }
             let parent = self.nodes[id].parent;
-            if parent != super::ROOT && self.meta[parent as usize] & BROKEN == 0 {
+            if parent != super::ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
                 let mut up = Vec::new();
                 self.for_each_residency(parent, |s| up.push(s));
                 for h in &distinct {
@@ -110,7 +101,7 @@ impl RadixTree {
             let Some(s) = s else { continue };
             assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
             assert!(!s.lookup.is_empty(), "empty slot kept");
-            for &h in &s.lookup {
+            for h in s.lookup.iter() {
                 let node = node_of(&self.extras, h);
                 assert!(live[node as usize]);
                 let owner = if h & EXTRA_BIT == 0 {

@@ -2,6 +2,7 @@
 //! layout and the invariants; this file implements them.
 
 mod dump;
+mod ext_table;
 mod free_runs;
 mod invariants;
 
@@ -9,11 +10,10 @@ use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use hashbrown::HashTable;
-use hashbrown::hash_table::Entry;
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
 use super::OverlapScores;
 use crate::error::{Error, Result};
@@ -31,7 +31,7 @@ const ROOT: u32 = 0;
 const EXTRA_BIT: u32 = 1 << 31;
 
 /// Set in `Node::slot` when the node has residencies beyond the primary one (their list
-/// head is in `RadixTree::extra_heads`).
+/// head is `Node::link`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
 /// `meta` bits: number of residencies of the node (low bits) and two flags.
@@ -45,13 +45,18 @@ const DUPS: u32 = 1 << 30;
 /// set the flag conservatively (bounds the scan on the apply path; a flag only disables
 /// the fast path of queries through that node).
 const SCAN_LIMIT: u32 = 128;
+/// From this many live `(rank, block)` pairs up, an event's lookup buckets are warmed
+/// before its probes (see [`RadixTree::warm_lookup`]): below it the tables (8 bytes a
+/// bucket, all ranks together) mostly stay in cache and the extra pass costs more than it
+/// saves.
+const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 24 bytes. The first worker rank that holds the block (its *primary residency*) is stored
-/// inline because most blocks are held by one rank; further ranks go to `extras`, reached
-/// through the `extra_heads` side table. The child count is not stored: a node's implicit
-/// child is the next arena slot, and explicit children are counted in `explicit_children`
+/// 40 bytes. The first worker rank that holds the block (its *primary residency*) is stored
+/// inline because most blocks are held by one rank; further ranks go to `extras`, a list
+/// whose head is in the node. The child count is not stored: a node's implicit
+/// child is the next arena slot, and explicit children are counted in `kids`
 /// (only branch points have any).
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -64,6 +69,18 @@ struct Node {
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
+    /// Residency count and the `BROKEN` / `DUPS` flags
+    /// (in the node, so that a hop to a node is one cache line).
+    meta: u32,
+    /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
+    link: u32,
+    /// A hint: an explicit child of the node (or `NIL`, or a stale id), tried before the
+    /// child table so that a hop to a continuation stored by a later event costs one cache
+    /// miss, not two. Only trusted after checking the child's parent and `local`.
+    hint: u32,
+    /// Number of explicit (non-implicit) children (0 for the root, whose children are all
+    /// explicit and never counted). Fills the node's padding.
+    kids: u32,
 }
 
 impl Node {
@@ -96,9 +113,9 @@ struct Extra {
 #[derive(Debug)]
 struct Slot {
     worker: WorkerWithDpRank,
-    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), hashed by their external
-    /// hash.
-    lookup: HashTable<u32>,
+    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), keyed by their external
+    /// hash (read through the handle).
+    lookup: ExtTable,
 }
 
 /// Per-node access timestamps for `OverlapScores::frequencies`.
@@ -130,6 +147,17 @@ fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     x ^ (x >> 33)
+}
+
+/// Before a push: grow a full arena by a quarter instead of doubling it. The arenas are
+/// the bulk of the heap (40 bytes a node), and doubling leaves up to half of the last
+/// allocation unused (a third on average); large reallocations move pages rather than
+/// copy them, so the extra growth steps are cheap.
+#[inline]
+fn grow_by_quarter<T>(v: &mut Vec<T>) {
+    if v.len() == v.capacity() {
+        v.reserve_exact((v.len() / 4).max(64));
+    }
 }
 
 #[inline]
@@ -177,18 +205,13 @@ thread_local! {
 #[derive(Debug)]
 pub struct RadixTree {
     nodes: Vec<Node>,
-    /// Per node (parallel to `nodes`): residency count and the `BROKEN` / `DUPS` flags.
-    meta: Vec<u32>,
     free_nodes: FreeRuns,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
     /// and the root.
-    children: HashTable<u32>,
+    children: ExtTable,
     /// Number of explicit (non-implicit) children of each non-root node that has any.
-    explicit_children: FxHashMap<u32, u32>,
-    /// Head of the `extras` list of each node flagged `HAS_EXTRAS`.
-    extra_heads: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -210,13 +233,10 @@ impl RadixTree {
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
             nodes: vec![Self::root()],
-            meta: vec![0],
             free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
-            children: HashTable::new(),
-            explicit_children: FxHashMap::default(),
-            extra_heads: FxHashMap::default(),
+            children: ExtTable::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -235,6 +255,10 @@ impl RadixTree {
             ext: 0,
             parent: NIL,
             slot: NIL,
+            meta: 0,
+            link: NIL,
+            hint: NIL,
+            kids: 0,
         }
     }
 
@@ -267,29 +291,18 @@ impl RadixTree {
     /// Returns to the empty tree's value once every block is removed.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        let table = |t: &HashTable<u32>| {
-            if t.capacity() == 0 {
-                0
-            } else {
-                // hashbrown: one control byte per bucket (+ a group), buckets >= capacity*8/7.
-                let buckets = (t.capacity() * 8 / 7).next_power_of_two();
-                buckets * (size_of::<u32>() + 1) + 16
-            }
-        };
         self.nodes.capacity() * size_of::<Node>()
-            + self.meta.capacity() * 4
             + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
-            + table(&self.children)
+            + self.children.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
-            + (self.explicit_children.capacity() + self.extra_heads.capacity()) * 9
             + self
                 .slots
                 .iter()
                 .flatten()
-                .map(|s| table(&s.lookup))
+                .map(|s| s.lookup.heap_bytes())
                 .sum::<usize>()
             + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
     }
@@ -367,6 +380,7 @@ impl RadixTree {
             return Ok(());
         }
         let slot = self.slot_for(worker);
+        self.warm_lookup(slot, blocks.iter().map(|b| b.block_hash.0));
         // Once a block is new, the rest of the chain is too: a node created by this call
         // has no children yet, so its child is created without probing for one.
         let mut fresh = false;
@@ -379,14 +393,19 @@ impl RadixTree {
                 self.insert_child(parent, block.tokens_hash.0)
             } else {
                 match self.child(parent, block.tokens_hash.0) {
-                    Some(c) => c,
+                    Some(c) => {
+                        if !Self::is_implicit(c, parent) {
+                            self.hint_child(parent, c);
+                        }
+                        c
+                    }
                     None => {
                         fresh = true;
                         self.insert_child(parent, block.tokens_hash.0)
                     }
                 }
             };
-            let known_absent = absent && self.meta[parent as usize] & BROKEN == 0;
+            let known_absent = absent && self.nodes[parent as usize].meta & BROKEN == 0;
             absent = self.set_residency(slot, child, block.block_hash.0, known_absent);
             parent = child;
         }
@@ -407,6 +426,8 @@ impl RadixTree {
                 })
             };
         };
+        self.warm_lookup(slot, hashes.iter().copied());
+        self.warm_residencies(slot, hashes);
         let mut missing = Vec::new();
         let mut released = NIL;
         for &h in hashes {
@@ -422,19 +443,19 @@ impl RadixTree {
             };
             match s
                 .lookup
-                .find_entry(mix(h), |&x| ext_of(nodes, extras, x) == h)
+                .find(tag_of(mix(h)), |x| ext_of(nodes, extras, x) == h)
             {
-                Ok(entry) => {
-                    let (handle, _) = entry.remove();
+                Some(index) => {
+                    let handle = s.lookup.remove_at(index);
                     let node = node_of(&self.extras, handle);
                     // Without `DUPS` the rank held `node` once: after this it holds it no
                     // more, which the release of its parent (evictions go deepest first)
                     // uses instead of scanning.
-                    let once = self.meta[node as usize] & DUPS == 0;
+                    let once = self.nodes[node as usize].meta & DUPS == 0;
                     self.release_marking(handle, true, released);
                     released = if once { node } else { NIL };
                 }
-                Err(_) => missing.push(h),
+                None => missing.push(h),
             }
         }
         self.free_slot_if_empty(slot);
@@ -453,7 +474,7 @@ impl RadixTree {
         let Some(s) = self.slots[slot as usize].as_mut() else {
             return;
         };
-        let handles: Vec<u32> = std::mem::take(&mut s.lookup).into_iter().collect();
+        let handles: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
         // Extras first: releasing a primary residency promotes one of the node's extras, and
         // that must never be one of this slot's (whose lookup table is already gone).
         // The rank keeps no block, so no child can be held without its parent by it.
@@ -495,7 +516,9 @@ impl RadixTree {
     /// `early_exit` the walk stops after the first depth at which exactly one rank is still
     /// matching; that rank's score is then the depth reached, not its full match.
     pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
-        self.find_matches_at(query, early_exit, Instant::now())
+        // The clock is read only when frequencies are tracked (~40 ns a read here).
+        let now = self.recent.as_ref().map(|_| Instant::now());
+        self.walk(query, early_exit, now)
     }
 
     /// [`Self::find_matches`] with an explicit clock (for frequencies).
@@ -505,8 +528,22 @@ impl RadixTree {
         early_exit: bool,
         now: Instant,
     ) -> OverlapScores {
+        self.walk(query, early_exit, Some(now))
+    }
+
+    /// The query walk; `now` is needed only when frequencies are tracked.
+    fn walk(
+        &self,
+        query: &[LocalBlockHash],
+        early_exit: bool,
+        now: Option<Instant>,
+    ) -> OverlapScores {
         let mut out = OverlapScores::default();
-        let mut recent = self.recent.as_ref().map(|r| (r.window, r.uses.lock()));
+        let mut recent = self
+            .recent
+            .as_ref()
+            .zip(now)
+            .map(|(r, now)| (r.window, r.uses.lock(), now));
         SCRATCH.with(|cell| {
             let mut scratch = cell.borrow_mut();
             let Scratch {
@@ -534,7 +571,7 @@ impl RadixTree {
                 if depth == 0 {
                     self.for_each_residency(child, |slot| active.push(slot));
                     // A rank holding the block under two hashes is one rank.
-                    if self.meta[child as usize] & DUPS != 0 {
+                    if self.nodes[child as usize].meta & DUPS != 0 {
                         let mut seen = rustc_hash::FxHashSet::default();
                         active.retain(|&s| seen.insert(s));
                     }
@@ -561,7 +598,8 @@ impl RadixTree {
                 }
                 node = child;
                 depth += 1;
-                if let Some((window, uses)) = recent.as_mut() {
+                if let Some((window, uses, now)) = recent.as_mut() {
+                    let now = *now;
                     let q = uses.entry(node).or_default();
                     while q.front().is_some_and(|&t| now.duration_since(t) > *window) {
                         q.pop_front();
@@ -606,7 +644,10 @@ impl RadixTree {
     /// one holder scan per block where the set of holders changes.
     #[inline]
     fn same_holders(&self, parent: u32, child: u32) -> bool {
-        let (p, c) = (self.meta[parent as usize], self.meta[child as usize]);
+        let (p, c) = (
+            self.nodes[parent as usize].meta,
+            self.nodes[child as usize].meta,
+        );
         p & BROKEN == 0 && c & DUPS == 0 && c & COUNT_MASK == p & COUNT_MASK
     }
 
@@ -628,13 +669,21 @@ impl RadixTree {
         {
             return Some(next as u32);
         }
+        let hint = self.nodes[parent as usize].hint;
+        if let Some(n) = self.nodes.get(hint as usize)
+            && n.parent == parent
+            && n.local == local
+        {
+            return Some(hint);
+        }
         let nodes = &self.nodes;
-        self.children
-            .find(child_hash(parent, local), |&id| {
+        let children = &self.children;
+        children
+            .find(tag_of(child_hash(parent, local)), |id| {
                 let n = &nodes[id as usize];
                 n.parent == parent && n.local == local
             })
-            .copied()
+            .map(|i| children.get(i))
     }
 
     /// Create the child `(parent, local)`, which must not exist.
@@ -644,6 +693,10 @@ impl RadixTree {
             ext: 0,
             parent,
             slot: NIL,
+            meta: 0,
+            link: NIL,
+            hint: NIL,
+            kids: 0,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
         // entry): the end of the arena, or the next id of the free run the parent came
@@ -653,34 +706,37 @@ impl RadixTree {
             self.push_node(node)
         } else if self.free_nodes.take_at(next) {
             self.nodes[next as usize] = node;
-            self.meta[next as usize] = 0;
             next
         } else if let Some(id) = self.free_nodes.pop() {
             self.nodes[id as usize] = node;
-            self.meta[id as usize] = 0;
             id
         } else {
             self.push_node(node)
         };
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
-                *self.explicit_children.entry(parent).or_default() += 1;
+                self.nodes[parent as usize].kids += 1;
             }
-            let nodes = &self.nodes;
             self.children
-                .insert_unique(child_hash(parent, local), id, |&x| {
-                    let n = &nodes[x as usize];
-                    child_hash(n.parent, n.local)
-                });
+                .insert_new(tag_of(child_hash(parent, local)), id);
+            self.hint_child(parent, id);
         }
         id
+    }
+
+    /// Make `child` (an explicit child of `parent`) the parent's hint.
+    #[inline]
+    fn hint_child(&mut self, parent: u32, child: u32) {
+        if parent != ROOT {
+            self.nodes[parent as usize].hint = child;
+        }
     }
 
     fn push_node(&mut self, node: Node) -> u32 {
         let id = self.nodes.len() as u32;
         assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+        grow_by_quarter(&mut self.nodes);
         self.nodes.push(node);
-        self.meta.push(0);
         id
     }
 
@@ -690,7 +746,7 @@ impl RadixTree {
         }
         let slot = Slot {
             worker,
-            lookup: HashTable::new(),
+            lookup: ExtTable::default(),
         };
         let id = if let Some(id) = self.free_slots.pop() {
             self.slots[id as usize] = Some(slot);
@@ -726,12 +782,44 @@ impl RadixTree {
         }
     }
 
+    /// Load the lookup buckets of `hashes` in one loop before they are probed one by one:
+    /// the loads are independent, so their cache misses overlap (at millions of blocks
+    /// nearly every probe misses; in the apply loop each miss would wait for the previous
+    /// block's work). Only for tables that do not fit in cache anyway.
+    fn warm_lookup(&self, slot: u32, hashes: impl Iterator<Item = u64>) {
+        if let Some(s) = self.slots[slot as usize].as_ref()
+            && self.residencies >= WARM_MIN
+        {
+            let mut acc = 0u64;
+            for h in hashes {
+                acc ^= s.lookup.touch(tag_of(mix(h)));
+            }
+            std::hint::black_box(acc);
+        }
+    }
+
+    /// After [`Self::warm_lookup`]: find each hash's residency and load its node and meta
+    /// (the next misses of a remove), again in one loop of independent loads.
+    fn warm_residencies(&self, slot: u32, hashes: &[u64]) {
+        if self.residencies >= WARM_MIN {
+            let mut acc = 0u32;
+            for &h in hashes {
+                if let Some(handle) = self.find_residency(slot, h) {
+                    let node = node_of(&self.extras, handle);
+                    acc ^= self.nodes[node as usize].meta;
+                }
+            }
+            std::hint::black_box(acc);
+        }
+    }
+
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
         let (nodes, extras) = (&self.nodes, &self.extras);
-        s.lookup
-            .find(mix(ext), |&x| ext_of(nodes, extras, x) == ext)
-            .copied()
+        let lookup = &s.lookup;
+        lookup
+            .find(tag_of(mix(ext)), |x| ext_of(nodes, extras, x) == ext)
+            .map(|i| lookup.get(i))
     }
 
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
@@ -740,43 +828,24 @@ impl RadixTree {
     /// Returns whether the rank did not hold `node` before (as far as is known cheaply);
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
-        // The handle `add_residency` will return, so that a vacant lookup entry can be
-        // filled in the same probe that found it vacant.
-        let predicted = if self.nodes[node as usize].slot == NIL {
-            node
-        } else {
-            self.free_extras
-                .last()
-                .copied()
-                .unwrap_or(self.extras.len() as u32)
-                | EXTRA_BIT
-        };
+        let tag = tag_of(mix(ext));
         let Self {
             nodes,
             extras,
             slots,
             ..
         } = self;
-        let Some(s) = slots[slot as usize].as_mut() else {
+        let Some(s) = slots[slot as usize].as_ref() else {
             return false;
         };
-        // `entry` grows the table before returning, while every stored handle is valid;
-        // the predicted handle is only hashed at a later growth, after it became valid.
-        let old = match s.lookup.entry(
-            mix(ext),
-            |&x| ext_of(nodes, extras, x) == ext,
-            |&x| mix(ext_of(nodes, extras, x)),
-        ) {
-            Entry::Vacant(v) => {
-                v.insert(predicted);
-                None
-            }
-            Entry::Occupied(o) => Some(*o.get()),
-        };
+        let found = s.lookup.find(tag, |x| ext_of(nodes, extras, x) == ext);
+        let old = found.map(|i| s.lookup.get(i));
         let absent = known_absent || self.lacks(node, slot);
-        let Some(old) = old else {
+        let (Some(index), Some(old)) = (found, old) else {
             let new = self.add_residency(slot, node, ext, !absent);
-            debug_assert_eq!(new, predicted);
+            if let Some(s) = self.slots[slot as usize].as_mut() {
+                s.lookup.insert_new(tag, new);
+            }
             return absent;
         };
         if node_of(&self.extras, old) == node {
@@ -785,18 +854,8 @@ impl RadixTree {
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
         let new = self.add_residency(slot, node, ext, !absent);
-        let Self {
-            nodes,
-            extras,
-            slots,
-            ..
-        } = self;
-        if let Some(s) = slots[slot as usize].as_mut()
-            && let Some(entry) = s
-                .lookup
-                .find_mut(mix(ext), |&x| x == old && ext_of(nodes, extras, x) == ext)
-        {
-            *entry = new;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.lookup.set(index, new);
         }
         self.release(old);
         // The release may have changed `node`'s parent chain; claim nothing below.
@@ -806,7 +865,7 @@ impl RadixTree {
     /// Whether `slot` is known not to hold `node`: no holders, or a short holder list
     /// without it.
     fn lacks(&self, node: u32, slot: u32) -> bool {
-        let count = self.meta[node as usize] & COUNT_MASK;
+        let count = self.nodes[node as usize].meta & COUNT_MASK;
         count == 0 || (count <= SCAN_LIMIT && !self.holds(node, slot))
     }
 
@@ -814,14 +873,14 @@ impl RadixTree {
     /// `maybe_dup`: the rank may already hold `node` (under another external hash).
     fn add_residency(&mut self, slot: u32, node: u32, ext: u64, maybe_dup: bool) -> u32 {
         self.residencies += 1;
-        let m = self.meta[node as usize];
+        let m = self.nodes[node as usize].meta;
         let count = m & COUNT_MASK;
         assert!(count < COUNT_MASK, "radix tree holders per node exceeded");
         let mut flags = m & !COUNT_MASK;
         if count > 0 && maybe_dup {
             flags |= DUPS;
         }
-        self.meta[node as usize] = flags | (count + 1);
+        self.nodes[node as usize].meta = flags | (count + 1);
         let n = &mut self.nodes[node as usize];
         if n.slot == NIL {
             n.slot = slot;
@@ -840,6 +899,7 @@ impl RadixTree {
             self.extras[id as usize] = e;
             id
         } else {
+            grow_by_quarter(&mut self.extras);
             self.extras.push(e);
             (self.extras.len() - 1) as u32
         };
@@ -871,7 +931,7 @@ impl RadixTree {
             (handle, self.nodes[handle as usize].primary())
         };
         {
-            let m = &mut self.meta[node as usize];
+            let m = &mut self.nodes[node as usize].meta;
             *m -= 1;
             if *m & COUNT_MASK <= 1 {
                 *m &= !DUPS;
@@ -893,19 +953,19 @@ impl RadixTree {
     /// After `slot` left `node`: if `slot` may still hold a child of `node`, the child's
     /// holders are no longer a subset of the node's; flag the node.
     fn mark_if_orphaning(&mut self, node: u32, slot: u32, gone: u32) {
-        if self.meta[node as usize] & BROKEN != 0 {
+        if self.nodes[node as usize].meta & BROKEN != 0 {
             return;
         }
-        let broken = if self.explicit_children.contains_key(&node) {
+        let broken = if self.nodes[node as usize].kids != 0 {
             true
         } else {
             let c = node + 1;
             self.nodes.get(c as usize).is_some_and(|n| n.parent == node)
                 && c != gone
-                && (self.meta[c as usize] & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
+                && (self.nodes[c as usize].meta & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
         };
         if broken {
-            self.meta[node as usize] |= BROKEN;
+            self.nodes[node as usize].meta |= BROKEN;
         }
     }
 
@@ -957,11 +1017,11 @@ impl RadixTree {
             ..
         } = self;
         if let Some(s) = slots[e.slot as usize].as_mut()
-            && let Some(entry) = s.lookup.find_mut(mix(e.ext), |&x| {
+            && let Some(index) = s.lookup.find(tag_of(mix(e.ext)), |x| {
                 x == head | EXTRA_BIT && ext_of(nodes, extras, x) == e.ext
             })
         {
-            *entry = node;
+            s.lookup.set(index, node);
         }
         self.free_extras.push(head);
     }
@@ -973,24 +1033,18 @@ impl RadixTree {
                 return;
             }
             if !Self::is_implicit(node, n.parent)
-                && let Ok(entry) = self
+                && let Some(index) = self
                     .children
-                    .find_entry(child_hash(n.parent, n.local), |&x| x == node)
+                    .find(tag_of(child_hash(n.parent, n.local)), |x| x == node)
             {
-                entry.remove();
+                self.children.remove_at(index);
             }
-            if !Self::is_implicit(node, n.parent)
-                && n.parent != ROOT
-                && let Some(c) = self.explicit_children.get_mut(&n.parent)
-            {
-                *c -= 1;
-                if *c == 0 {
-                    self.explicit_children.remove(&n.parent);
-                }
+            if !Self::is_implicit(node, n.parent) && n.parent != ROOT {
+                self.nodes[n.parent as usize].kids -= 1;
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
-            self.meta[node as usize] = 0;
+            self.nodes[node as usize].meta = 0;
             self.free_nodes.push(node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
@@ -1005,13 +1059,10 @@ impl RadixTree {
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = vec![Self::root()];
-        self.meta = vec![0];
         self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
-        self.children = HashTable::new();
-        self.explicit_children = FxHashMap::default();
-        self.extra_heads = FxHashMap::default();
+        self.children = ExtTable::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
@@ -1020,7 +1071,7 @@ impl RadixTree {
     #[inline]
     fn extras_head(&self, node: u32) -> u32 {
         if self.nodes[node as usize].has_extras() {
-            self.extra_heads.get(&node).copied().unwrap_or(NIL)
+            self.nodes[node as usize].link
         } else {
             NIL
         }
@@ -1030,10 +1081,10 @@ impl RadixTree {
         let n = &mut self.nodes[node as usize];
         if head == NIL {
             n.slot &= !HAS_EXTRAS;
-            self.extra_heads.remove(&node);
+            n.link = NIL;
         } else {
             n.slot |= HAS_EXTRAS;
-            self.extra_heads.insert(node, head);
+            n.link = head;
         }
     }
 
@@ -1043,7 +1094,7 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.explicit_children.contains_key(&node)
+            || self.nodes[node as usize].kids != 0
     }
 
     #[inline]
