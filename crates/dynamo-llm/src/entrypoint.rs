@@ -128,7 +128,22 @@ impl LocalEngine {
                     }
                     None => (Box::new(|_| {}), None),
                 };
-                let runner = MockEngineRunner::spawn_with_fpm(args, events, fpm)?;
+                // `zmq_kv_events_port`: also publish them on ZMQ like a vLLM engine.
+                let zmq = match args.zmq_kv_events_port {
+                    Some(port) => {
+                        let sink = crate::mocker::zmq_events::ZmqKvEventSink::bind(
+                            port,
+                            args.zmq_replay_port,
+                            args.block_size,
+                            0,
+                        )?;
+                        let f: crate::mocker::runner::EngineEventSink =
+                            Box::new(move |events, tokens| sink.publish(events, tokens));
+                        Some(f)
+                    }
+                    None => None,
+                };
+                let runner = MockEngineRunner::spawn_with_sinks(args, events, fpm, zmq)?;
                 Ok(Arc::new(MockTokenEngine::new(runner, vocab)))
             }
         }

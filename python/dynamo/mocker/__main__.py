@@ -59,6 +59,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="register the model with a MediaDecoder that decodes images (default limits), "
         "so the frontend fetches, decodes and hashes image parts for these workers",
     )
+    p.add_argument(
+        "--zmq-kv-events-ports",
+        default=None,
+        help="comma-separated ZMQ PUB ports, one per worker: each worker also publishes its KV "
+        "events there in the vLLM engine wire format (as the reference's flag)",
+    )
+    p.add_argument(
+        "--zmq-replay-ports",
+        default=None,
+        help="comma-separated ZMQ ROUTER ports, one per worker, serving recent KV-event "
+        "messages for gap recovery (vLLM's replay protocol; needs --zmq-kv-events-ports)",
+    )
+    p.add_argument(
+        "--zmq-kv-events-port",
+        type=int,
+        default=None,
+        help="base ZMQ PUB port: worker i binds port + i (alternative to --zmq-kv-events-ports)",
+    )
+    p.add_argument(
+        "--zmq-replay-port",
+        type=int,
+        default=None,
+        help="base ZMQ replay port: worker i binds port + i",
+    )
     p.add_argument("--discovery-backend", default=None, help="file (default) or mem")
     p.add_argument(
         "--request-plane",
@@ -95,16 +119,55 @@ def engine_args(args: argparse.Namespace) -> MockEngineArgs:
     return MockEngineArgs(**fields)
 
 
+def _ports(listed: str | None, base: int | None, n: int, flag: str) -> list[int | None]:
+    """Per-worker ports: a comma-separated list (one per worker) or a base port (worker i:
+    base + i)."""
+    if listed:
+        ports = [int(p) for p in listed.split(",") if p.strip()]
+        if len(ports) != n:
+            raise SystemExit(f"{flag} lists {len(ports)} ports for {n} workers")
+        return list(ports)
+    if base is not None:
+        return [base + i for i in range(n)]
+    return [None] * n
+
+
+def worker_engine_args(args: argparse.Namespace, mock: MockEngineArgs) -> list[MockEngineArgs]:
+    """Each worker's settings: its own ZMQ ports. Ports given only in the engine arguments
+    (``zmq_kv_events_port`` / ``zmq_replay_port``) are base ports: worker i binds base + i."""
+    n = args.num_workers
+    pub = _ports(
+        args.zmq_kv_events_ports,
+        args.zmq_kv_events_port,
+        n,
+        "--zmq-kv-events-ports",
+    )
+    replay = _ports(args.zmq_replay_ports, args.zmq_replay_port, n, "--zmq-replay-ports")
+    engine = json.loads(mock.to_json())
+    out = []
+    for i in range(n):
+        p = pub[i]
+        if p is None and engine.get("zmq_kv_events_port") is not None:
+            p = int(engine["zmq_kv_events_port"]) + i
+        r = replay[i]
+        if r is None and engine.get("zmq_replay_port") is not None:
+            r = int(engine["zmq_replay_port"]) + i
+        if r is not None and p is None:
+            raise SystemExit("a ZMQ replay port needs a ZMQ KV-events port")
+        out.append(mock.with_overrides(zmq_kv_events_port=p, zmq_replay_port=r))
+    return out
+
+
 async def main(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     backend = args.discovery_backend or _default_discovery_backend()
-    mock = engine_args(args)
+    per_worker = worker_engine_args(args, engine_args(args))
     plane = args.request_plane or _default_request_plane()
     runtimes = [DistributedRuntime(loop, backend, plane) for _ in range(args.num_workers)]
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: [rt.shutdown() for rt in runtimes])
     tasks = []
-    for runtime in runtimes:
+    for runtime, mock in zip(runtimes, per_worker, strict=True):
         decoder = None
         if args.enable_image:
             decoder = MediaDecoder()

@@ -44,6 +44,7 @@ mod publisher;
 pub mod replica_sync;
 mod router;
 pub(crate) mod zmq;
+pub mod zmq_pub;
 
 use std::sync::{Mutex, MutexGuard};
 

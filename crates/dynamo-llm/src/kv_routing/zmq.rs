@@ -1,37 +1,50 @@
-//! Relay mode: a minimal ZMQ SUB client (ZMTP 3.0, NULL security) that reads an engine's KV
-//! events from its PUB socket (vLLM / SGLang format, decoded by
-//! `dynamo_kv_router::engine_events`) and republishes them through a [`KvEventPublisher`].
+//! A minimal ZMQ (ZMTP 3.0, NULL security) client and the relay built on it.
 //!
-//! Only what a SUB socket needs is implemented: the greeting, the NULL handshake
-//! (`READY` with `Socket-Type=SUB`), one subscription message and reading multipart
-//! messages (commands such as heartbeats are skipped). Written here rather than pulling a
-//! ZMQ crate: about 150 lines against a dependency tree of async runtimes and codecs.
-//! The connection is re-dialled (100 ms, backing off to 2 s) until the publisher stops;
-//! engine messages sent while disconnected are lost (PUB semantics), which routers
-//! recover from through the worker-local indexer.
+//! * [`SubConnection`]: a SUB socket's connection to an engine's PUB socket (vLLM / SGLang
+//!   KV events, decoded by `dynamo_kv_router::engine_events`); [`subscribe_loop`] and
+//!   [`subscribe_loop_observed`] re-dial it (100 ms, backing off to 2 s) and hand every
+//!   message to a callback; [`relay`] republishes the KV events through a
+//!   [`KvEventPublisher`].
+//! * [`request_replay`]: a DEALER request to an engine's replay (ROUTER) socket, vLLM's
+//!   protocol: the request is `["", start_seq]` (8-byte big-endian), each answer
+//!   `["", (topic,) seq, payload]` for the buffered messages from `start_seq` on, then the
+//!   sentinel `seq = -1` with an empty payload.
+//! * The framing and handshake helpers are shared with the server side
+//!   (`super::zmq_pub`: PUB and ROUTER sockets).
+//!
+//! Only what these sockets need is implemented: the greeting, the NULL handshake (`READY`
+//! with `Socket-Type`), subscriptions as messages (ZMTP 3.0; `SUBSCRIBE` commands of 3.1
+//! peers are understood by the server) and multipart messages (other commands, such as
+//! heartbeats, are skipped). Written here rather than pulling a ZMQ crate: a few hundred
+//! lines against a dependency tree of async runtimes and codecs. Engine messages sent while
+//! a SUB connection is down are lost (PUB semantics): the selection listener repairs such
+//! gaps through the replay socket, routers through the worker-local indexer.
 
 use std::sync::Weak;
 use std::time::Duration;
 
 use dynamo_kv_router::engine_events::decode_engine_batch;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use super::KvEventPublisher;
 
-/// Largest frame accepted from the engine.
-const MAX_FRAME: u64 = 64 * 1024 * 1024;
-const FLAG_MORE: u8 = 0x01;
-const FLAG_LONG: u8 = 0x02;
-const FLAG_COMMAND: u8 = 0x04;
+/// Largest frame accepted from a peer.
+pub(crate) const MAX_FRAME: u64 = 64 * 1024 * 1024;
+/// Most frames in one message.
+const MAX_PARTS: usize = 16;
+pub(crate) const FLAG_MORE: u8 = 0x01;
+pub(crate) const FLAG_LONG: u8 = 0x02;
+pub(crate) const FLAG_COMMAND: u8 = 0x04;
 
-fn io_err(msg: impl Into<String>) -> std::io::Error {
+pub(crate) fn io_err(msg: impl Into<String>) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.into())
 }
 
-/// The 64-byte ZMTP 3.0 greeting of a NULL-mechanism client.
-fn greeting() -> [u8; 64] {
+/// The 64-byte ZMTP 3.0 greeting of a NULL-mechanism peer (client or server: `as-server`
+/// is 0 for NULL).
+pub(crate) fn greeting() -> [u8; 64] {
     let mut g = [0u8; 64];
     g[0] = 0xFF;
     g[9] = 0x7F;
@@ -41,32 +54,49 @@ fn greeting() -> [u8; 64] {
     g
 }
 
+/// Append one frame to `out`.
+pub(crate) fn put_frame(out: &mut Vec<u8>, flags: u8, body: &[u8]) {
+    if body.len() > 255 {
+        out.push(flags | FLAG_LONG);
+        out.extend_from_slice(&(body.len() as u64).to_be_bytes());
+    } else {
+        out.push(flags);
+        out.push(body.len() as u8);
+    }
+    out.extend_from_slice(body);
+}
+
 fn short_frame(flags: u8, body: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(body.len() + 9);
-    if body.len() > 255 {
-        f.push(flags | FLAG_LONG);
-        f.extend_from_slice(&(body.len() as u64).to_be_bytes());
-    } else {
-        f.push(flags);
-        f.push(body.len() as u8);
-    }
-    f.extend_from_slice(body);
+    put_frame(&mut f, flags, body);
     f
 }
 
-fn ready_command() -> Vec<u8> {
+/// A multipart message as wire bytes.
+pub(crate) fn encode_message<B: AsRef<[u8]>>(parts: &[B]) -> Vec<u8> {
+    let len: usize = parts.iter().map(|p| p.as_ref().len() + 9).sum();
+    let mut out = Vec::with_capacity(len);
+    for (i, p) in parts.iter().enumerate() {
+        let more = if i + 1 < parts.len() { FLAG_MORE } else { 0 };
+        put_frame(&mut out, more, p.as_ref());
+    }
+    out
+}
+
+/// The `READY` command announcing `socket_type` (`SUB`, `PUB`, `DEALER`, `ROUTER`).
+pub(crate) fn ready_command(socket_type: &str) -> Vec<u8> {
     let mut body = Vec::new();
     body.push(5);
     body.extend_from_slice(b"READY");
     body.push(11);
     body.extend_from_slice(b"Socket-Type");
-    body.extend_from_slice(&3u32.to_be_bytes());
-    body.extend_from_slice(b"SUB");
+    body.extend_from_slice(&(socket_type.len() as u32).to_be_bytes());
+    body.extend_from_slice(socket_type.as_bytes());
     short_frame(FLAG_COMMAND, &body)
 }
 
 /// Read one frame: `(flags, body)`.
-async fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+pub(crate) async fn read_frame<R: AsyncRead + Unpin>(s: &mut R) -> std::io::Result<(u8, Vec<u8>)> {
     let flags = s.read_u8().await?;
     let size = if flags & FLAG_LONG != 0 {
         s.read_u64().await?
@@ -81,10 +111,35 @@ async fn read_frame(s: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
     Ok((flags, body))
 }
 
-/// Connect, handshake and subscribe to `topic`.
-async fn connect(address: &str, topic: &[u8]) -> std::io::Result<TcpStream> {
-    let mut s = TcpStream::connect(address).await?;
-    s.set_nodelay(true)?;
+/// Read one multipart message, skipping commands other than those `on_command` wants
+/// (it gets each command's body; a subscription command is a SUBSCRIBE / CANCEL).
+pub(crate) async fn read_message<R: AsyncRead + Unpin>(
+    s: &mut R,
+    mut on_command: impl FnMut(&[u8]),
+) -> std::io::Result<Vec<Vec<u8>>> {
+    let mut parts: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let (flags, body) = read_frame(s).await?;
+        if flags & FLAG_COMMAND != 0 {
+            on_command(&body);
+            continue;
+        }
+        parts.push(body);
+        if flags & FLAG_MORE == 0 {
+            return Ok(parts);
+        }
+        if parts.len() >= MAX_PARTS {
+            return Err(io_err("too many message parts"));
+        }
+    }
+}
+
+/// Exchange greetings and `READY` commands on a fresh connection (either side), as a
+/// `socket_type` socket.
+pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    socket_type: &str,
+) -> std::io::Result<()> {
     s.write_all(&greeting()).await?;
     let mut peer = [0u8; 64];
     s.read_exact(&mut peer).await?;
@@ -92,43 +147,62 @@ async fn connect(address: &str, topic: &[u8]) -> std::io::Result<TcpStream> {
         return Err(io_err("not a ZMTP 3 peer"));
     }
     if &peer[12..16] != b"NULL" {
-        return Err(io_err("the engine's socket requires a security mechanism"));
+        return Err(io_err("the peer requires a security mechanism"));
     }
-    s.write_all(&ready_command()).await?;
-    let (flags, body) = read_frame(&mut s).await?;
+    s.write_all(&ready_command(socket_type)).await?;
+    let (flags, body) = read_frame(s).await?;
     if flags & FLAG_COMMAND == 0 || body.get(1..6) != Some(b"READY".as_slice()) {
-        return Err(io_err("expected READY from the engine"));
+        return Err(io_err("expected READY from the peer"));
     }
-    let mut sub = Vec::with_capacity(topic.len() + 1);
-    sub.push(1);
-    sub.extend_from_slice(topic);
-    s.write_all(&short_frame(0, &sub)).await?;
-    Ok(s)
+    Ok(())
+}
+
+/// `tcp://host:port` (`*` meaning loopback) as a socket address to dial.
+pub(crate) fn dial_address(endpoint: &str) -> String {
+    endpoint
+        .strip_prefix("tcp://")
+        .unwrap_or(endpoint)
+        .replace('*', "127.0.0.1")
+}
+
+/// A SUB socket's connection to one PUB socket.
+pub(crate) struct SubConnection {
+    stream: BufReader<TcpStream>,
+}
+
+impl SubConnection {
+    /// Connect to `address` (`host:port`), handshake and subscribe to `topic`.
+    pub(crate) async fn connect(address: &str, topic: &[u8]) -> std::io::Result<Self> {
+        let mut s = TcpStream::connect(address).await?;
+        s.set_nodelay(true)?;
+        handshake(&mut s, "SUB").await?;
+        let mut sub = Vec::with_capacity(topic.len() + 1);
+        sub.push(1);
+        sub.extend_from_slice(topic);
+        s.write_all(&short_frame(0, &sub)).await?;
+        Ok(Self {
+            stream: BufReader::with_capacity(256 * 1024, s),
+        })
+    }
+
+    /// The next message (commands such as heartbeats are skipped).
+    pub(crate) async fn recv(&mut self) -> std::io::Result<Vec<Vec<u8>>> {
+        read_message(&mut self.stream, |_| {}).await
+    }
 }
 
 /// Read messages until the connection breaks, `stop` fires or `on_message` returns false.
 async fn pump<F: FnMut(Vec<Vec<u8>>) -> bool>(
-    s: &mut TcpStream,
+    s: &mut SubConnection,
     on_message: &mut F,
     stop: &CancellationToken,
 ) -> std::io::Result<()> {
-    let mut parts: Vec<Vec<u8>> = Vec::new();
     loop {
-        let (flags, body) = tokio::select! {
-            f = read_frame(s) => f?,
+        let message = tokio::select! {
+            m = s.recv() => m?,
             () = stop.cancelled() => return Ok(()),
         };
-        if flags & FLAG_COMMAND != 0 {
-            continue;
-        }
-        parts.push(body);
-        if flags & FLAG_MORE != 0 {
-            if parts.len() > 16 {
-                return Err(io_err("too many message parts"));
-            }
-            continue;
-        }
-        if !on_message(std::mem::take(&mut parts)) {
+        if !on_message(message) {
             return Ok(());
         }
     }
@@ -209,6 +283,29 @@ pub(crate) enum LinkState {
     Down(String),
 }
 
+/// The re-dial delays of a subscriber: 100 ms, doubling up to 2 s, reset on success.
+pub(crate) struct Backoff(Duration);
+
+impl Backoff {
+    pub(crate) fn new() -> Self {
+        Self(Duration::from_millis(100))
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.0 = Duration::from_millis(100);
+    }
+
+    /// Sleep for the current delay (false when `stop` fired meanwhile) and double it.
+    pub(crate) async fn wait(&mut self, stop: &CancellationToken) -> bool {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(2));
+        tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            () = stop.cancelled() => false,
+        }
+    }
+}
+
 /// [`subscribe_loop`], also reporting each connect, failed attempt and lost connection
 /// to `on_link`.
 pub(crate) async fn subscribe_loop_observed<A, F, L>(
@@ -223,19 +320,16 @@ pub(crate) async fn subscribe_loop_observed<A, F, L>(
     F: FnMut(Vec<Vec<u8>>) -> bool,
     L: FnMut(LinkState),
 {
-    let address = endpoint
-        .strip_prefix("tcp://")
-        .unwrap_or(&endpoint)
-        .replace('*', "127.0.0.1");
-    let mut backoff = Duration::from_millis(100);
+    let address = dial_address(&endpoint);
+    let mut backoff = Backoff::new();
     while !stop.is_cancelled() && alive() {
         let attempt = tokio::select! {
-            c = connect(&address, &topic) => c,
+            c = SubConnection::connect(&address, &topic) => c,
             () = stop.cancelled() => return,
         };
         match attempt {
             Ok(mut s) => {
-                backoff = Duration::from_millis(100);
+                backoff.reset();
                 on_link(LinkState::Connected);
                 match pump(&mut s, &mut on_message, &stop).await {
                     Err(e) => {
@@ -250,12 +344,62 @@ pub(crate) async fn subscribe_loop_observed<A, F, L>(
                 on_link(LinkState::Down(format!("connect failed: {e}")));
             }
         }
-        tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
-            () = stop.cancelled() => return,
+        if !backoff.wait(&stop).await {
+            return;
         }
-        backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// The sequence number that ends a replay answer (-1 as a signed 64-bit integer).
+pub(crate) const REPLAY_END: u64 = u64::MAX;
+
+/// Most messages accepted in one replay answer.
+pub(crate) const MAX_REPLAY_MESSAGES: usize = 1_000_000;
+
+/// Ask the replay (ROUTER) socket at `address` (`host:port`) for the buffered messages
+/// from `start_seq` on: `(seq, payload)` in the order sent, up to the end sentinel. The
+/// answer may start after `start_seq` (the buffer no longer holds it) or be empty.
+///
+/// # Errors
+/// Connection failures, a malformed answer, or no end sentinel within `timeout`.
+pub(crate) async fn request_replay(
+    address: &str,
+    start_seq: u64,
+    timeout: Duration,
+) -> std::io::Result<Vec<(u64, Vec<u8>)>> {
+    let work = async {
+        let mut s = TcpStream::connect(address).await?;
+        s.set_nodelay(true)?;
+        handshake(&mut s, "DEALER").await?;
+        s.write_all(&encode_message(&[&[][..], &start_seq.to_be_bytes()[..]]))
+            .await?;
+        let mut s = BufReader::with_capacity(256 * 1024, s);
+        let mut out = Vec::new();
+        loop {
+            let mut parts = read_message(&mut s, |_| {}).await?;
+            if parts.len() < 2 {
+                return Err(io_err("replay answer has fewer than 2 frames"));
+            }
+            let payload = parts.pop().unwrap_or_default();
+            let seq_frame = parts.pop().unwrap_or_default();
+            let seq = u64::from_be_bytes(
+                seq_frame
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| io_err("replay sequence frame is not 8 bytes"))?,
+            );
+            if seq == REPLAY_END {
+                return Ok(out);
+            }
+            if out.len() >= MAX_REPLAY_MESSAGES {
+                return Err(io_err("replay answer too long"));
+            }
+            out.push((seq, payload));
+        }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "replay timed out"))?
 }
 
 #[cfg(test)]
@@ -270,7 +414,7 @@ mod tests {
             (g[0], g[9], g[10], &g[12..16]),
             (0xFF, 0x7F, 3, b"NULL".as_slice())
         );
-        let r = ready_command();
+        let r = ready_command("SUB");
         assert_eq!(r[0], FLAG_COMMAND);
         assert_eq!(usize::from(r[1]), r.len() - 2);
         assert_eq!(&r[3..8], b"READY");
@@ -278,5 +422,7 @@ mod tests {
         let long = short_frame(0, &[7u8; 300]);
         assert_eq!(long[0], FLAG_LONG);
         assert_eq!(u64::from_be_bytes(long[1..9].try_into().unwrap()), 300);
+        let m = encode_message(&[b"a".as_slice(), b"bc".as_slice()]);
+        assert_eq!(m, [FLAG_MORE, 1, b'a', 0, 2, b'b', b'c']);
     }
 }

@@ -61,8 +61,6 @@ pub const UNSUPPORTED_ARGS: &[&str] = &[
     "kv_transfer_timing_mode",
     "reasoning",
     "response_replay_trace_path",
-    "zmq_kv_events_port",
-    "zmq_replay_port",
     "router_queue_policy",
     "sglang",
     "trtllm",
@@ -148,6 +146,14 @@ pub struct MockEngineArgs {
     pub preemption_mode: PreemptionMode,
     /// Vocabulary size of generated token ids.
     pub vocab_size: u32,
+    /// Also publish the KV events on a ZMQ PUB socket bound on this port, in the vLLM
+    /// engine wire format (see `mocker::zmq_events`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zmq_kv_events_port: Option<u16>,
+    /// With `zmq_kv_events_port`: keep recent KV-event messages for replay on a ROUTER
+    /// socket bound on this port (vLLM's replay protocol).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zmq_replay_port: Option<u16>,
     /// Accepted-but-unmodelled arguments of the reference (see [`UNSUPPORTED_ARGS`]).
     #[serde(flatten)]
     pub unsupported: BTreeMap<String, serde_json::Value>,
@@ -176,6 +182,8 @@ impl Default for MockEngineArgs {
             // Large enough for any real tokenizer's ids to look plausible; the serving layer
             // sets the model's real vocabulary size.
             vocab_size: 32_000,
+            zmq_kv_events_port: None,
+            zmq_replay_port: None,
             unsupported: BTreeMap::new(),
         }
     }

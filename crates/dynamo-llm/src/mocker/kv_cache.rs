@@ -38,6 +38,9 @@ pub struct KvCache {
     tick: u64,
     private: usize,
     events: Vec<KvCacheEventData>,
+    /// With [`KvCache::record_tokens`]: for each entry of `events`, the token ids of its
+    /// stored blocks, concatenated (empty for removals).
+    event_tokens: Option<Vec<Vec<u32>>>,
 }
 
 impl KvCache {
@@ -51,7 +54,14 @@ impl KvCache {
             tick: 0,
             private: 0,
             events: Vec::new(),
+            event_tokens: None,
         }
+    }
+
+    /// Also record the token ids of stored blocks (see [`KvCache::take_event_tokens`]), as
+    /// engine-format KV events carry them.
+    pub fn record_tokens(&mut self) {
+        self.event_tokens.get_or_insert_with(Vec::new);
     }
 
     /// Capacity in blocks.
@@ -126,6 +136,7 @@ impl KvCache {
         hash: SequenceHash,
         local: LocalBlockHash,
         parent: Option<SequenceHash>,
+        tokens: &[u32],
     ) {
         if !self.prefix_caching {
             // Without prefix caching the block stays private to its request.
@@ -143,7 +154,7 @@ impl KvCache {
                 lru_tick: None,
             },
         );
-        self.push_stored(hash, local, parent);
+        self.push_stored(hash, local, parent, tokens);
     }
 
     /// Drop one reference on a registered block (or, without prefix caching, free one
@@ -177,6 +188,9 @@ impl KvCache {
                 .push(KvCacheEventData::Removed(KvCacheRemoveData {
                     block_hashes: vec![removed],
                 }));
+            if let Some(t) = &mut self.event_tokens {
+                t.push(Vec::new());
+            }
         }
         true
     }
@@ -191,6 +205,7 @@ impl KvCache {
         hash: SequenceHash,
         local: LocalBlockHash,
         parent: Option<SequenceHash>,
+        tokens: &[u32],
     ) {
         let block = KvCacheStoredBlockData {
             block_hash: ExternalSequenceBlockHash(hash.0),
@@ -203,6 +218,9 @@ impl KvCache {
             && parent.map(|p| p.0) == Some(last.block_hash.0)
         {
             s.blocks.push(block);
+            if let Some(t) = self.event_tokens.as_mut().and_then(|t| t.last_mut()) {
+                t.extend_from_slice(tokens);
+            }
             return;
         }
         self.events.push(KvCacheEventData::Stored(KvCacheStoreData {
@@ -210,10 +228,22 @@ impl KvCache {
             start_position: None,
             blocks: vec![block],
         }));
+        if let Some(t) = &mut self.event_tokens {
+            t.push(tokens.to_vec());
+        }
     }
 
     /// Take the events produced since the last call, in order.
     pub fn take_events(&mut self) -> Vec<KvCacheEventData> {
         std::mem::take(&mut self.events)
+    }
+
+    /// With [`KvCache::record_tokens`]: take the token ids of the events returned by the
+    /// last [`KvCache::take_events`] (one entry per event; call it right after).
+    pub fn take_event_tokens(&mut self) -> Vec<Vec<u32>> {
+        self.event_tokens
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 }

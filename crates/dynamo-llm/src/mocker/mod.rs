@@ -16,6 +16,7 @@ pub mod args;
 pub mod kv_cache;
 pub mod runner;
 pub mod timing;
+pub mod zmq_events;
 
 use std::collections::VecDeque;
 
@@ -81,6 +82,10 @@ pub struct StepResult {
     pub outputs: Vec<MockOutput>,
     /// KV events, in order.
     pub events: Vec<KvCacheEventData>,
+    /// When the engine publishes engine-format events (`zmq_kv_events_port`): for each
+    /// entry of `events`, the token ids of its stored blocks (empty for removals);
+    /// otherwise empty.
+    pub event_tokens: Vec<Vec<u32>>,
     /// Prompt tokens computed.
     pub prefill_tokens: usize,
     /// Sequences that decoded one token.
@@ -216,8 +221,12 @@ impl MockEngine {
     /// [`Error::InvalidEngineArgs`].
     pub fn new(args: MockEngineArgs) -> Result<Self> {
         args.validate()?;
+        let mut cache = KvCache::new(args.num_gpu_blocks, args.enable_prefix_caching);
+        if args.zmq_kv_events_port.is_some() {
+            cache.record_tokens();
+        }
         Ok(Self {
-            cache: KvCache::new(args.num_gpu_blocks, args.enable_prefix_caching),
+            cache,
             args,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -326,7 +335,8 @@ impl MockEngine {
         seq.ensure_hashes(after_full, bs);
         for i in seq.held..after_full {
             let parent = i.checked_sub(1).map(|p| seq.seq[p]);
-            self.cache.register(seq.seq[i], seq.local[i], parent);
+            let tokens = &seq.tokens[i * bs..(i + 1) * bs];
+            self.cache.register(seq.seq[i], seq.local[i], parent, tokens);
         }
         seq.held = after_full;
         seq.tail = after_tail;
@@ -522,6 +532,7 @@ impl MockEngine {
         result.duration_ms = prefill_ms / self.args.speedup_ratio
             + decode_ms / (self.args.speedup_ratio * self.args.decode_speedup_ratio);
         result.events = self.cache.take_events();
+        result.event_tokens = self.cache.take_event_tokens();
         result.fpm = self.fpm_sample(&chunks, decode_lengths, result.duration_ms);
         result
     }

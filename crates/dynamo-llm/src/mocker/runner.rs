@@ -28,6 +28,10 @@ const MIN_SLEEP: Duration = Duration::from_millis(1);
 /// Receives the KV events of each step, in order.
 pub type EventSink = Box<dyn FnMut(Vec<KvCacheEventData>) + Send>;
 
+/// Receives the KV events of each step with the token ids of their stored blocks (see
+/// [`super::StepResult::event_tokens`]), for engine-format (ZMQ) publishing.
+pub type EngineEventSink = Box<dyn FnMut(&[KvCacheEventData], &[Vec<u32>]) + Send>;
+
 /// Receives the forward-pass metrics of each step, in order.
 pub type FpmSink = Box<dyn FnMut(crate::fpm::FpmSample) + Send>;
 
@@ -67,10 +71,24 @@ impl MockEngineRunner {
         events: EventSink,
         fpm: Option<FpmSink>,
     ) -> Result<Self> {
+        Self::spawn_with_sinks(args, events, fpm, None)
+    }
+
+    /// [`Self::spawn_with_fpm`], also handing each step's KV events with their token ids
+    /// to `engine_events` (the engine must record tokens: `zmq_kv_events_port` set).
+    ///
+    /// # Errors
+    /// [`Error::InvalidEngineArgs`].
+    pub fn spawn_with_sinks(
+        args: MockEngineArgs,
+        events: EventSink,
+        fpm: Option<FpmSink>,
+        engine_events: Option<EngineEventSink>,
+    ) -> Result<Self> {
         let engine = MockEngine::new(args)?;
         let (commands, rx) = mpsc::unbounded_channel();
         let (metrics_tx, metrics) = watch::channel(engine.metrics());
-        tokio::spawn(run(engine, rx, events, fpm, metrics_tx));
+        tokio::spawn(run(engine, rx, events, fpm, engine_events, metrics_tx));
         Ok(Self { commands, metrics })
     }
 
@@ -113,6 +131,7 @@ async fn run(
     mut commands: mpsc::UnboundedReceiver<Command>,
     mut events: EventSink,
     mut fpm: Option<FpmSink>,
+    mut engine_events: Option<EngineEventSink>,
     metrics: watch::Sender<MockerMetrics>,
 ) {
     let mut outputs: FxHashMap<String, mpsc::UnboundedSender<MockOutput>> = FxHashMap::default();
@@ -161,6 +180,9 @@ async fn run(
             }
         }
         if !step.events.is_empty() {
+            if let Some(sink) = engine_events.as_mut() {
+                sink(&step.events, &step.event_tokens);
+            }
             events(step.events);
         }
         let _ = metrics.send(engine.metrics());

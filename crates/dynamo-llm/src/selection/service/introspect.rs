@@ -85,6 +85,24 @@ impl SelectionService {
                 g(&m.sequence_gaps),
             ),
             (
+                "sequence_gaps_repaired_total",
+                "Sequence gaps whose lost messages were replayed from the engine's replay endpoint",
+                "counter",
+                g(&m.gaps_repaired),
+            ),
+            (
+                "sequence_gaps_unrepaired_total",
+                "Sequence gaps not (completely) replayed: no replay endpoint, or it failed or no longer held them",
+                "counter",
+                g(&m.gaps_unrepaired),
+            ),
+            (
+                "replayed_messages_total",
+                "Engine messages applied from replay answers",
+                "counter",
+                g(&m.replayed_messages),
+            ),
+            (
                 "engine_restarts_total",
                 "Engine sequence restarts seen",
                 "counter",

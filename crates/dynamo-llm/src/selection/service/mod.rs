@@ -236,6 +236,7 @@ impl SelectionService {
                 && old.group.as_ref().map(|(k, _)| k) == Some(&key)
                 && old.req.block_size == req.block_size
                 && old.req.rank_endpoints() == endpoints
+                && old.req.replay_endpoint == req.replay_endpoint
         });
         if !unchanged && let Some(old) = st.workers.remove(&req.worker_id) {
             Self::detach(&mut st, req.worker_id, old);
@@ -299,11 +300,15 @@ impl SelectionService {
                 for (rank, ep) in &endpoints {
                     let cell: LinkCell = Arc::new(Mutex::new(Link::Pending));
                     if let Ok(address) = zmq_tcp_address(ep) {
+                        let replay = req.replay_endpoint.as_deref().and_then(|r| {
+                            listener::rank_replay_address(r, rank - req.ranks().start)
+                        });
                         listener::spawn(
                             &self.handle,
                             g.clone(),
                             WorkerWithDpRank::new(req.worker_id, *rank),
                             address,
+                            replay,
                             cell.clone(),
                             stop.clone(),
                             self.listeners.clone(),
