@@ -269,6 +269,26 @@ class ModelCardInstanceId:
     def triple(self) -> Tuple[str, str, str]:
         """``(namespace, component, endpoint)`` this worker is serving."""
 
+@final
+class RoutedEngine:
+    """A discovered model's router, handed to ``chat_engine_factory`` callbacks: sends
+    preprocessed requests to the model's workers with the frontend's router mode (KV
+    bookings, migration). No Python constructor."""
+
+    def generate(
+        self, preprocessed: Any, context: Optional[Context] = None
+    ) -> Awaitable[AsyncIterator[Any]]:
+        """Route ``preprocessed`` (a ``PreprocessedRequest`` dict: ``token_ids``,
+        ``stop_conditions``, ``sampling_options``, ``output_options``, ``eos_token_ids``,
+        ...); resolves to an async iterator of ``Annotated`` items whose ``data()`` is the
+        worker's raw ``LLMEngineOutput`` dict. With ``context``, stopping it stops the worker.
+
+        Raises:
+            ValueError: ``preprocessed`` is malformed (the message names the field), or the
+                request is refused as invalid (400).
+            RuntimeError: no worker is available (``"503 ..."``) or routing failed.
+        """
+
 class backend:
     """The ``dynamo._core.backend`` submodule (in ``sys.modules``): a worker around a
     Python engine object.
@@ -1880,6 +1900,14 @@ class EntrypointArgs:
             ``mocker_engine_args`` mapping with an unknown key (named, e.g.
             ``engine.bogus``) or an invalid value.
         TypeError: ``mocker_engine_args`` neither a ``MockEngineArgs`` nor a mapping.
+        RuntimeError: ``chat_engine_factory`` given while no event loop runs.
+
+    ``chat_engine_factory``: an async callable ``(ModelCardInstanceId, ModelDeploymentCard,
+    RoutedEngine) -> PythonAsyncEngine`` (or ``HttpAsyncEngine``), called on the event loop
+    running when the args are made, once per discovered chat token model (HTTP input). The
+    model's chat completions are then served by the engine it returns; while it runs they
+    wait, and when it raises they answer 503 with its message while it is retried (1 s,
+    2 s, 4 s, ... at most 30 s apart).
     """
 
     def __new__(

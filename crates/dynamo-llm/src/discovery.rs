@@ -330,15 +330,31 @@ impl ModelEntry {
 }
 
 /// Models by served name (cheap to clone).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ModelManager {
     inner: Arc<RwLock<HashMap<String, Arc<ModelEntry>>>>,
+    /// Bumped on every change of the set (see [`Self::subscribe`]).
+    generation: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for ModelManager {
+    fn default() -> Self {
+        Self {
+            inner: Arc::default(),
+            generation: Arc::new(tokio::sync::watch::channel(0).0),
+        }
+    }
 }
 
 impl ModelManager {
     /// An empty manager.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A receiver that sees a new value whenever models are added or removed.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
     }
 
     /// The model served under `name` (or one of its aliases).
@@ -370,6 +386,7 @@ impl ModelManager {
             .inner
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = models;
+        self.generation.send_modify(|g| *g = g.wrapping_add(1));
     }
 }
 

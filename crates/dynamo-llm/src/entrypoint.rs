@@ -217,8 +217,26 @@ pub async fn serve_http_with_routes(
     local: Option<&LocalEngine>,
     routes: Vec<crate::http::extensions::ExtensionRoute>,
 ) -> Result<()> {
+    serve_http_with_factory(runtime, config, local, routes, None).await
+}
+
+/// [`serve_http_with_routes`], with discovered chat models' chat engines built by
+/// `factory` (see [`crate::http::engine_factory`]).
+///
+/// # Errors
+/// As [`serve_http_with_routes`].
+pub async fn serve_http_with_factory(
+    runtime: DistributedRuntime,
+    config: FrontendConfig,
+    local: Option<&LocalEngine>,
+    routes: Vec<crate::http::extensions::ExtensionRoute>,
+    factory: Option<Arc<dyn crate::http::engine_factory::ChatEngineFactory>>,
+) -> Result<()> {
     let service = HttpService::new(config);
     service.add_extension_routes(routes)?;
+    if let Some(factory) = factory {
+        service.set_chat_engine_factory(factory);
+    }
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }

@@ -558,6 +558,28 @@ pub(crate) struct AsyncResponseStream {
 enum AnyStream {
     Plain(ResponseStream),
     Routed(RoutedStream),
+    /// A frontend model's worker stream (`RoutedEngine.generate`), re-encoded as envelopes.
+    Worker(Box<dynamo_llm::http::WorkerStream>),
+}
+
+/// One worker output (or the error ending the stream) as a request-plane envelope.
+fn worker_envelope(
+    item: Result<dynamo_llm::preprocessor::LLMEngineOutput, dynamo_llm::http::HttpError>,
+) -> Bytes {
+    use dynamo_llm::http::engine::Annotated as Envelope;
+    let encoded = match item {
+        Ok(out) => codec::encode(&Envelope::data(out)).map_err(|e| e.to_string()),
+        Err(e) => Err(e.message),
+    };
+    let bytes = encoded.unwrap_or_else(|message| {
+        let err: Envelope<()> = Envelope {
+            data: None,
+            event: Some("error".into()),
+            comment: Some(vec![message]),
+        };
+        codec::encode(&err).unwrap_or_default()
+    });
+    Bytes::from(bytes)
 }
 
 impl AnyStream {
@@ -565,6 +587,7 @@ impl AnyStream {
         match self {
             Self::Plain(s) => s.try_next(),
             Self::Routed(s) => s.try_next(),
+            Self::Worker(_) => Err(()),
         }
     }
 
@@ -572,6 +595,7 @@ impl AnyStream {
         match self {
             Self::Plain(s) => s.next().await,
             Self::Routed(s) => s.next().await,
+            Self::Worker(s) => s.next().await.map(|item| Ok(worker_envelope(item))),
         }
     }
 
@@ -579,6 +603,7 @@ impl AnyStream {
         match self {
             Self::Plain(s) => s.context(),
             Self::Routed(s) => s.context(),
+            Self::Worker(s) => s.context(),
         }
     }
 }
@@ -587,6 +612,14 @@ impl AsyncResponseStream {
     pub(crate) fn new(stream: ResponseStream, annotated: bool) -> Self {
         Self {
             stream: Arc::new(tokio::sync::Mutex::new(AnyStream::Plain(stream))),
+            annotated,
+        }
+    }
+
+    /// A frontend model's worker stream (`RoutedEngine.generate`).
+    pub(crate) fn worker(stream: dynamo_llm::http::WorkerStream, annotated: bool) -> Self {
+        Self {
+            stream: Arc::new(tokio::sync::Mutex::new(AnyStream::Worker(Box::new(stream)))),
             annotated,
         }
     }

@@ -1,8 +1,8 @@
 //! `ModelCardInstanceId`: which worker instance a model card belongs to.
 //!
-//! The reference hands it to `chat_engine_factory` callbacks; like the reference it has no
-//! Python constructor (`TypeError: No constructor defined`) and exposes only `triple()`
-//! (its instance id stays internal).
+//! The frontend hands it to `chat_engine_factory` callbacks (see `routed_engine.rs`); like
+//! the reference it has no Python constructor (`TypeError: No constructor defined`) and
+//! exposes only `triple()` (its instance id shows only in its `repr`).
 
 use dynamo_runtime::EndpointId;
 use pyo3::prelude::*;
@@ -21,10 +21,6 @@ pub(crate) struct ModelCardInstanceId {
 
 impl ModelCardInstanceId {
     /// The identity of instance `instance_id` serving `endpoint`.
-    #[expect(
-        dead_code,
-        reason = "built where a chat_engine_factory is invoked; the frontend does not invoke one yet"
-    )]
     pub(crate) fn new(endpoint: EndpointId, instance_id: u64) -> Self {
         Self {
             endpoint,
@@ -33,9 +29,13 @@ impl ModelCardInstanceId {
     }
 
     /// The instance id (not exposed to Python, as in the reference).
-    #[expect(dead_code, reason = "kept for the factory caller's logs")]
     pub(crate) fn instance_id(&self) -> u64 {
         self.instance_id
+    }
+
+    /// The endpoint the instance serves.
+    pub(crate) fn endpoint(&self) -> &EndpointId {
+        &self.endpoint
     }
 }
 
@@ -47,6 +47,16 @@ impl ModelCardInstanceId {
             self.endpoint.namespace.clone(),
             self.endpoint.component.clone(),
             self.endpoint.name.clone(),
+        )
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ModelCardInstanceId(namespace={:?}, component={:?}, endpoint={:?}, instance_id={:x})",
+            self.endpoint().namespace,
+            self.endpoint().component,
+            self.endpoint().name,
+            self.instance_id()
         )
     }
 }

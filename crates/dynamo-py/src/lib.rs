@@ -59,6 +59,7 @@ mod msgpack;
 mod parsers;
 mod planner;
 mod replay;
+mod routed_engine;
 mod router;
 mod runtime;
 

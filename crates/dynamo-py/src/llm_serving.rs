@@ -11,7 +11,8 @@ use std::sync::Arc;
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
 use dynamo_llm::entrypoint::text::TextInput;
-use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http_with_routes};
+use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http_with_factory};
+use dynamo_llm::http::engine_factory::ChatEngineFactory;
 use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, OpenAiEngine, RouterMode};
 use dynamo_llm::mocker::MockEngineArgs;
 use dynamo_llm::model_card::RegisterModelArgs;
@@ -41,6 +42,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<HttpService>()?;
     m.add_class::<PythonAsyncEngine>()?;
     m.add_class::<HttpAsyncEngine>()?;
+    crate::routed_engine::register(m)?;
     Ok(())
 }
 
@@ -235,6 +237,9 @@ pub(crate) struct EntrypointArgs {
     /// Media settings of a local engine's card (`media_decoder=` / `media_fetcher=`).
     media_decoder: Option<dynamo_llm::multimodal::MediaDecoderConfig>,
     media_fetcher: Option<dynamo_llm::multimodal::MediaFetcherConfig>,
+    /// Builds discovered chat models' chat engines (`chat_engine_factory`, on the event
+    /// loop running when the args were created).
+    chat_engine_factory: Option<Arc<dyn ChatEngineFactory>>,
 }
 
 #[pymethods]
@@ -259,6 +264,7 @@ impl EntrypointArgs {
     )]
     #[expect(unused_variables, reason = "accepted for compatibility; not modelled")]
     fn new(
+        py: Python<'_>,
         engine_type: EngineType,
         model_path: Option<String>,
         model_name: Option<String>,
@@ -318,6 +324,13 @@ impl EntrypointArgs {
             })
             .unwrap_or_default();
         parsers.validate().map_err(PyValueError::new_err)?;
+        let chat_engine_factory = match chat_engine_factory.filter(|f| !f.is_none()) {
+            Some(f) => Some(
+                Arc::new(crate::routed_engine::PyChatEngineFactory::new(py, f)?)
+                    as Arc<dyn ChatEngineFactory>,
+            ),
+            None => None,
+        };
         Ok(Self {
             engine_type,
             model_path,
@@ -335,6 +348,7 @@ impl EntrypointArgs {
             enable_anthropic_api,
             media_decoder: crate::llm::media::decoder_config(media_decoder)?,
             media_fetcher: crate::llm::media::fetcher_config(media_fetcher)?,
+            chat_engine_factory,
         })
     }
 }
@@ -346,6 +360,7 @@ impl EntrypointArgs {
 pub(crate) struct EngineConfig {
     frontend: FrontendConfig,
     local: Option<LocalEngine>,
+    chat_engine_factory: Option<Arc<dyn ChatEngineFactory>>,
 }
 
 /// Build the engine described by `args`.
@@ -398,7 +413,11 @@ fn make_engine<'py>(
     if let Some(l) = &local {
         l.card().map_err(llm_error)?;
     }
-    let config = EngineConfig { frontend, local };
+    let config = EngineConfig {
+        frontend,
+        local,
+        chat_engine_factory: args.chat_engine_factory.clone(),
+    };
     py_async(py, async move { Ok(config) })
 }
 
@@ -426,8 +445,9 @@ fn run_input<'py>(
     let frontend = engine_config.frontend.clone();
     let local = engine_config.local.clone();
     if input == "http" {
+        let factory = engine_config.chat_engine_factory.clone();
         return py_async(py, async move {
-            serve_http_with_routes(drt, frontend, local.as_ref(), routes)
+            serve_http_with_factory(drt, frontend, local.as_ref(), routes, factory)
                 .await
                 .map_err(llm_error)
         });

@@ -3,6 +3,9 @@
 Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
 from dynamo._core import AicPerfConfig as AicPerfConfig
 from dynamo._core import ApproxKvIndexer as ApproxKvIndexer
 from dynamo._core import Block as Block
@@ -75,6 +78,14 @@ from dynamo.llm._unary import with_engine_data as with_engine_data
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
 
+
+class RoutedEngine(Protocol):
+    """What a ``chat_engine_factory`` receives as its third argument (the runtime class is
+    :class:`dynamo._core.RoutedEngine`)."""
+
+    async def generate(self, request: Any, **kwargs: Any) -> AsyncIterator[Any]: ...
+
+
 #: Older name of :func:`fetch_model`.
 fetch_llm = fetch_model
 #: Older names of :func:`register_model` / :func:`unregister_model`.
@@ -117,6 +128,7 @@ __all__ = [
     "OverlapScores",
     "PythonAsyncEngine",
     "RadixTree",
+    "RoutedEngine",
     "RouterConfig",
     "RouterMode",
     "RouterQueueLimitExceeded",

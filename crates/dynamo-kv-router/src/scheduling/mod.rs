@@ -501,6 +501,28 @@ impl Scheduler {
         })
     }
 
+    /// The request generated another full block, tracked whatever
+    /// `router_track_output_blocks` says (the selection service's explicit call); with
+    /// `decay` the blocks held only by this request weigh that much (see
+    /// [`ActiveSequences::add_output_block_decayed`]). Replica peers see the block, not
+    /// the decay.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`].
+    pub fn add_output_block_decayed(&self, request_id: &str, decay: Option<f64>) -> Result<()> {
+        self.with_request_observed(request_id, |s, rng, observer| {
+            let block = SequenceHash(rng.u64(..));
+            s.add_output_block_decayed(request_id, block, decay)?;
+            if let Some(o) = observer {
+                o(SyncBody::OutputBlock {
+                    request_id: request_id.to_owned(),
+                    block,
+                });
+            }
+            Ok(())
+        })
+    }
+
     /// The request generated another full block (only tracked with
     /// `router_track_output_blocks`).
     ///

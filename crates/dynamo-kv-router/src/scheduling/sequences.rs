@@ -7,6 +7,10 @@
 //! * `active_prefill_tokens()` is the sum of the prefill tokens of requests whose prefill has
 //!   not completed.
 //! * Freeing every request returns the tracker to empty (no leaked hashes).
+//! * Decay (`add_output_block_decayed`, the selection service's `decay_fraction`): the
+//!   blocks held only by the decaying request get that weight (shared blocks keep theirs;
+//!   a block keeps its weight until it is released). `active_blocks()` is then the sum of
+//!   the weights, rounded; without decay every weight is 1 and it is the distinct count.
 
 use rustc_hash::FxHashMap;
 
@@ -25,6 +29,10 @@ pub struct ActiveSequences {
     block_refs: FxHashMap<SequenceHash, u32>,
     requests: FxHashMap<String, ActiveRequest>,
     active_prefill_tokens: u64,
+    /// Weights below 1 of held blocks (decayed output).
+    weights: FxHashMap<SequenceHash, f64>,
+    /// Sum of `1 - weight` over `weights`.
+    discount: f64,
 }
 
 impl ActiveSequences {
@@ -84,6 +92,44 @@ impl ActiveSequences {
         Ok(())
     }
 
+    /// [`Self::add_output_block`], then, with `decay` (a weight in `[0, 1]`), weigh every
+    /// block held only by this request by `decay`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownRequest`] if the request is not active here.
+    pub fn add_output_block_decayed(
+        &mut self,
+        request_id: &str,
+        block: SequenceHash,
+        decay: Option<f64>,
+    ) -> Result<()> {
+        self.add_output_block(request_id, block)?;
+        let Some(w) = decay else {
+            return Ok(());
+        };
+        let w = w.clamp(0.0, 1.0);
+        let Some(req) = self.requests.get(request_id) else {
+            return Ok(());
+        };
+        for b in &req.blocks {
+            if self.block_refs.get(b) != Some(&1) {
+                continue;
+            }
+            let old = self.weights.get(b).copied().unwrap_or(1.0);
+            self.discount += old - w;
+            if w < 1.0 {
+                self.weights.insert(*b, w);
+            } else {
+                self.weights.remove(b);
+            }
+        }
+        if self.weights.is_empty() {
+            // No drift once nothing is decayed.
+            self.discount = 0.0;
+        }
+        Ok(())
+    }
+
     /// The request finished: release its blocks and any remaining prefill tokens.
     ///
     /// # Errors
@@ -99,6 +145,12 @@ impl ActiveSequences {
                 *count -= 1;
                 if *count == 0 {
                     self.block_refs.remove(&b);
+                    if let Some(w) = self.weights.remove(&b) {
+                        self.discount -= 1.0 - w;
+                        if self.weights.is_empty() {
+                            self.discount = 0.0;
+                        }
+                    }
                 }
             }
         }
@@ -110,9 +162,16 @@ impl ActiveSequences {
         self.requests.contains_key(request_id)
     }
 
-    /// Distinct blocks held by in-flight requests.
+    /// Distinct blocks held by in-flight requests (decayed blocks count their weight; the
+    /// sum is rounded).
     pub fn active_blocks(&self) -> usize {
-        self.block_refs.len()
+        if self.weights.is_empty() {
+            return self.block_refs.len();
+        }
+        // A block count (far below 2^52); the weighted sum is non-negative.
+        (self.block_refs.len() as f64 - self.discount)
+            .round()
+            .max(0.0) as usize
     }
 
     /// Prompt tokens of in-flight requests still waiting for prefill.
@@ -175,6 +234,44 @@ mod tests {
         s.add_request("a", vec![h(1)], 5).expect("new");
         assert!(s.add_request("a", vec![h(2)], 7).is_err());
         assert_eq!((s.active_blocks(), s.active_prefill_tokens()), (1, 5));
+    }
+
+    /// The reference's `add_output_block(decay_fraction=)` walk (1.6.1, observed with
+    /// `scripts/observe_selection_decay_reference.py decay`): 4 prompt blocks, output
+    /// blocks with the decays below, a second request on the same prompt, then frees.
+    #[test]
+    fn decay_matches_the_reference_walk() {
+        let mut s = ActiveSequences::default();
+        s.add_request("a", vec![h(1), h(2), h(3), h(4)], 16)
+            .expect("new");
+        let mut next = 100;
+        let mut out = |s: &mut ActiveSequences, id: &str, d: Option<f64>| {
+            next += 1;
+            s.add_output_block_decayed(id, h(next), d).expect("active");
+            s.active_blocks()
+        };
+        let seen: Vec<usize> = [
+            None,
+            None,
+            Some(0.5),
+            Some(0.5),
+            Some(0.0),
+            Some(1.0),
+            Some(0.25),
+        ]
+        .into_iter()
+        .map(|d| out(&mut s, "a", d))
+        .collect();
+        assert_eq!(seen, vec![5, 6, 4, 4, 0, 10, 3]);
+        s.add_request("b", vec![h(1), h(2), h(3), h(4)], 16)
+            .expect("new");
+        assert_eq!(s.active_blocks(), 3);
+        assert_eq!(out(&mut s, "b", Some(0.5)), 3);
+        s.free("a").expect("active");
+        assert_eq!(s.active_blocks(), 2);
+        s.free("b").expect("active");
+        assert_eq!(s.active_blocks(), 0);
+        assert!(s.weights.is_empty() && s.discount == 0.0);
     }
 
     #[derive(Debug, Clone)]

@@ -371,6 +371,11 @@ impl WorkerStream {
         self.migrations_left > 0 && !self.context.is_stopped()
     }
 
+    /// The request's context (stopping it stops the worker).
+    pub fn context(&self) -> &Context {
+        &self.context
+    }
+
     /// Prompt tokens the KV router expected the first worker to have cached (`None` outside
     /// KV mode).
     pub fn router_cached_tokens(&self) -> Option<u32> {

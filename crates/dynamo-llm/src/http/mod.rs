@@ -42,6 +42,7 @@ pub mod busy;
 mod chat_stream;
 mod embeddings;
 pub mod engine;
+pub mod engine_factory;
 pub mod error;
 pub mod extensions;
 pub mod kv_selector;
@@ -254,6 +255,7 @@ pub struct HttpService {
     bound: watch::Sender<Option<SocketAddr>>,
     busy: Arc<busy::BusyThresholds>,
     extensions: std::sync::Mutex<Vec<extensions::ExtensionRoute>>,
+    chat_engine_factory: std::sync::Mutex<Option<Arc<dyn engine_factory::ChatEngineFactory>>>,
 }
 
 impl HttpService {
@@ -268,6 +270,7 @@ impl HttpService {
             bound: watch::channel(None).0,
             busy: busy::BusyThresholds::new(config.load_thresholds),
             extensions: std::sync::Mutex::new(Vec::new()),
+            chat_engine_factory: std::sync::Mutex::new(None),
             config,
         })
     }
@@ -295,6 +298,15 @@ impl HttpService {
         extensions::check_routes(&all, &builtin_get_paths())?;
         *installed = all;
         Ok(())
+    }
+
+    /// Build each discovered chat token model's chat engine with `factory` (see
+    /// [`engine_factory`]); takes effect at the next [`Self::run`].
+    pub fn set_chat_engine_factory(&self, factory: Arc<dyn engine_factory::ChatEngineFactory>) {
+        *self
+            .chat_engine_factory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(factory);
     }
 
     /// The models it serves.
@@ -412,6 +424,29 @@ impl HttpService {
             self.models.clone(),
         )
         .await;
+        let factory = self
+            .chat_engine_factory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some(factory) = factory {
+            let mut stop = self.stop.subscribe();
+            let rt = runtime.clone();
+            tokio::spawn(engine_factory::follow(
+                self.models.clone(),
+                self.statics.clone(),
+                factory,
+                self.selector(),
+                Arc::clone(&self.metrics),
+                self.config.migration_limit,
+                async move {
+                    tokio::select! {
+                        _ = stop.wait_for(|s| *s) => {}
+                        () = rt.stopped() => {}
+                    }
+                },
+            ));
+        }
         let addr = format!("{}:{}", self.config.host, self.config.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await

@@ -345,7 +345,8 @@ fn access_log(args: &AccessLogArgs) -> Result<Option<AccessLog>, String> {
 
 /// The router configuration of the select service's flags.
 fn router_config(args: &SelectArgs) -> Result<KvRouterConfig, String> {
-    let mut c = KvRouterConfig::default();
+    // The DYN_ROUTER_* environment first; flags given on the command line win.
+    let mut c = super::service::router_config_from_env(KvRouterConfig::default())?;
     if args.no_router_assume_kv_reuse {
         c.router_assume_kv_reuse = false;
     } else if args.router_assume_kv_reuse {
@@ -355,10 +356,15 @@ fn router_config(args: &SelectArgs) -> Result<KvRouterConfig, String> {
         c.router_tracking_hash = serde_json::from_value::<TrackingHash>(serde_json::json!(h))
             .map_err(|e| format!("--router-tracking-hash: {e}"))?;
     }
-    c.router_tracking_key_file
-        .clone_from(&args.router_tracking_key_file);
-    c.router_tracking_key_id
-        .clone_from(&args.router_tracking_key_id);
+    if args.router_tracking_key_file.is_some() {
+        c.router_tracking_key_file
+            .clone_from(&args.router_tracking_key_file);
+    }
+    if args.router_tracking_key_id.is_some() {
+        c.router_tracking_key_id
+            .clone_from(&args.router_tracking_key_id);
+    }
+    c.validate().map_err(|e| e.to_string())?;
     Ok(c)
 }
 

@@ -221,9 +221,13 @@ impl PySelectionService {
             session_affinity_ttl_secs.is_some(),
         )?;
         let rt = dynamo_runtime::tokio_runtime().map_err(runtime_error)?;
+        // The router configuration comes from the DYN_ROUTER_* environment (as the
+        // reference); a bad value is a ValueError naming the variable.
+        let router = dynamo_llm::selection::service::router_config_from_env(Default::default())
+            .map_err(PyValueError::new_err)?;
         let options = ServiceOptions {
+            router,
             selection_cache: selection_cache.map(|c| c.inner).unwrap_or_default(),
-            ..Default::default()
         };
         let svc = Arc::new(
             dynamo_llm::selection::SelectionService::new(options, rt.handle().clone())

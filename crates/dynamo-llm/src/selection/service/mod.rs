@@ -784,8 +784,11 @@ impl SelectionService {
         self.count_err(self.on_reservation(id, |s| s.mark_prefill_completed(id)))
     }
 
-    /// One more output block for the reservation. `decay_fraction` (in `[0, 1]`) is
-    /// validated; the scheduler's output-block tracking does not decay.
+    /// One more output block for the reservation (counted whatever
+    /// `router_track_output_blocks` says, as the reference's service). With
+    /// `decay_fraction` (in `[0, 1]`), the blocks held only by this reservation then weigh
+    /// that fraction in the worker's decode load (shared blocks keep their weight), as the
+    /// reference 1.6.1 does (see `docs/selection_service.md`).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidRequest`] for a decay outside `[0, 1]`, [`ErrorKind::NotFound`].
@@ -797,7 +800,9 @@ impl SelectionService {
                 "decay_fraction must be between 0.0 and 1.0",
             ));
         }
-        self.count_err(self.on_reservation(id, |s| s.add_output_block(id)))
+        self.count_err(self.on_reservation(id, |s| {
+            s.add_output_block_decayed(id, decay_fraction)
+        }))
     }
 
     /// The reservation finished: release its load.
@@ -946,7 +951,10 @@ pub struct GroupDump {
     pub events: Vec<RouterEvent>,
 }
 
+mod env;
 mod introspect;
 mod sync;
+
+pub use env::{router_config_from, router_config_from_env, router_env_vars};
 pub use introspect::{ListenerView, RankMatches};
 pub use sync::{DumpLoad, PeerDump};
