@@ -2,11 +2,14 @@
 
 For each implementation (ours, then ai-dynamo-runtime 1.6.1 under ``REF_PYTHON``):
 
-* **ZMQ ingest**: 64 workers, each with its own ZMQ PUB socket (pyzmq, vLLM's msgpack
-  format, in a separate publisher process that is the same for both sides); after a warm-up
-  every publisher sends ``--events`` single-block stores as fast as it can; KV events/s is
+* **ZMQ ingest**: 64 workers, each with its own ZMQ PUB socket (vLLM's msgpack format, in
+  a separate publisher process that is the same for both sides); after a warm-up every
+  publisher sends ``--events`` single-block stores as fast as it can; KV events/s is
   ``64 * events`` over the time until the service's ``overlap_scores`` shows every chain
-  complete.
+  complete. The publisher is ``--publisher rust`` (default: the project's
+  ``examples/zmq_kv_publisher``, every message encoded before the burst, one thread
+  queueing all of them in a few milliseconds, so the subscriber side is what is measured)
+  or ``--publisher python`` (pyzmq, one process: the earlier runs, publisher-bound).
 * **in process**: ``await SelectionService.select`` with a 10k-token prompt against the 64
   workers (their caches hold the first ``events + 1`` blocks): p50 / p99 latency and
   selections/s on one thread.
@@ -14,7 +17,8 @@ For each implementation (ours, then ai-dynamo-runtime 1.6.1 under ``REF_PYTHON``
   same 64 workers registered over HTTP, ``POST /select`` with the 10k-token prompt on one
   keep-alive connection: p50 / p99 and selections/s.
 
-    python benches/bench_selection.py [--workers 64] [--events 200] [--selects 2000]
+    python benches/bench_selection.py [--workers 64] [--events 200] [--selects 2000] \
+        [--publisher rust|python]
 """
 
 from __future__ import annotations
@@ -111,9 +115,13 @@ def free_port() -> int:
 
 class Pubs:
     def __init__(self, n: int, k: int) -> None:
-        py = os.environ["BENCH_PUB_PYTHON"]
+        rust = os.environ.get("BENCH_PUB_BIN")
+        if rust:
+            cmd = [rust, str(n), str(k), str(BS)]
+        else:
+            cmd = [os.environ["BENCH_PUB_PYTHON"], __file__, "--publisher-process", str(n), str(k)]
         self.proc = subprocess.Popen(
-            [py, __file__, "--publisher", str(n), str(k)],
+            cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -268,10 +276,11 @@ def main() -> None:
     ap.add_argument("--selects", type=int, default=2000)
     ap.add_argument("--measure-only", action="store_true")
     ap.add_argument("--ours", action="store_true")
-    ap.add_argument("--publisher", nargs=2, type=int)
+    ap.add_argument("--publisher", choices=["rust", "python"], default="rust")
+    ap.add_argument("--publisher-process", nargs=2, type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    if a.publisher:
-        publisher(*a.publisher)
+    if a.publisher_process:
+        publisher(*a.publisher_process)
         return
     if a.measure_only:
         print(json.dumps(measure(a.workers, a.events, a.selects, a.ours)))
@@ -279,6 +288,17 @@ def main() -> None:
     from _common import machine, run_under_reference
 
     os.environ["BENCH_PUB_PYTHON"] = sys.executable
+    if a.publisher == "rust":
+        root = Path(__file__).resolve().parent.parent
+        target = Path(
+            os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "dynamo-rs-target")
+        )
+        subprocess.run(
+            ["cargo", "build", "-q", "--release", "-p", "dynamo-llm", "--example",
+             "zmq_kv_publisher"],
+            cwd=root, check=True, env={**os.environ, "CARGO_TARGET_DIR": str(target)},
+        )  # fmt: skip
+        os.environ["BENCH_PUB_BIN"] = str(target / "release" / "examples" / "zmq_kv_publisher")
     common = ["--workers", str(a.workers), "--events", str(a.events), "--selects", str(a.selects)]
     ours = json.loads(
         subprocess.run(
@@ -291,7 +311,10 @@ def main() -> None:
         .splitlines()[-1]
     )
     ref = run_under_reference(__file__, *common)
-    print(f"machine: {machine()}; {a.workers} workers, 10k-token prompt, block size {BS}")
+    print(
+        f"machine: {machine()}; {a.workers} workers, 10k-token prompt, block size {BS}, "
+        f"{a.publisher} publisher"
+    )
     print(f"{'metric':28} {'ours':>12} {'reference':>12} {'ratio':>8}")
     for key in ours:
         o, r = ours[key], ref[key]
