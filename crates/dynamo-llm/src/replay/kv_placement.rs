@@ -10,6 +10,7 @@
 #![allow(missing_docs)]
 
 use std::collections::BTreeMap;
+use std::sync::mpsc;
 
 use aisimulate_core::engine::{KvEvent, KvEventData, KvEventTier};
 use aisimulate_core::replay::loadgen::{ReplayRequestHashes, ReplayRequestPayload};
@@ -99,8 +100,10 @@ impl ReplayEngineObservation for KvObservation {
     }
 }
 
-/// Our KV router deciding placements inside the simulator.
-pub struct KvRouterPlacement {
+/// The router's state: the radix indexer, the cost scheduler and the worker map. It runs on
+/// the simulator's thread ([`Backend::Inline`]) or on a thread of its own
+/// ([`Backend::Thread`]), fed in the simulator's order either way.
+struct RouterCore {
     tree: SharedRadixTree,
     scheduler: Scheduler,
     /// Logical worker id -> scheduler ids by attention-DP rank.
@@ -110,7 +113,22 @@ pub struct KvRouterPlacement {
     event_ids: FxHashMap<(usize, u32), u64>,
 }
 
-impl KvRouterPlacement {
+/// What `place` needs from the request (owned, so it can cross to the router thread).
+struct PlaceArgs {
+    request_id: Uuid,
+    isl_tokens: usize,
+    hashes: ReplayRequestHashes,
+}
+
+/// The router's answer to one `place`.
+struct Placed {
+    scheduler_id: usize,
+    overlap_blocks: u32,
+    best_overlap_blocks: u32,
+    isl_blocks: u32,
+}
+
+impl RouterCore {
     fn new(
         config: KvRouterConfig,
         block_size: u32,
@@ -148,6 +166,25 @@ impl KvRouterPlacement {
             );
         }
         self.workers.insert(w.worker_id, w.scheduler_ids);
+    }
+
+    fn worker_draining(&mut self, worker_id: usize) {
+        self.scheduler.remove_worker(worker_id as u64);
+        self.workers.remove(&worker_id);
+    }
+
+    fn worker_removed(&mut self, worker_id: usize) {
+        self.scheduler.remove_worker(worker_id as u64);
+        self.tree.remove_worker(worker_id as u64);
+        self.workers.remove(&worker_id);
+    }
+
+    fn apply_batch(&mut self, batch: Vec<(usize, u32, Vec<KvEvent>)>) {
+        for (worker, rank, events) in batch {
+            for e in events {
+                self.apply(worker, rank, e);
+            }
+        }
     }
 
     fn apply(&mut self, worker_id: usize, dp_rank: u32, event: KvEvent) {
@@ -196,6 +233,227 @@ impl KvRouterPlacement {
             .copied()
             .ok_or_else(|| anyhow!("router chose unknown worker {worker:?}"))
     }
+
+    fn place(&mut self, args: PlaceArgs) -> anyhow::Result<Placed> {
+        let local: Vec<LocalBlockHash> = args
+            .hashes
+            .local_block_hashes
+            .iter()
+            .map(|&h| LocalBlockHash(h))
+            .collect();
+        let seq: Vec<SequenceHash> = args
+            .hashes
+            .sequence_hashes
+            .iter()
+            .map(|&h| SequenceHash(h))
+            .collect();
+        let scores = self.tree.find_matches(&local, false);
+        let overlaps: FxHashMap<WorkerWithDpRank, TierOverlap> = scores
+            .scores
+            .iter()
+            .map(|&(w, device)| {
+                (
+                    w,
+                    TierOverlap {
+                        device,
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        let best = scores.scores.iter().map(|&(_, d)| d).max().unwrap_or(0);
+        let id = key(args.request_id);
+        let selection = self
+            .scheduler
+            .select(&SchedulingRequest {
+                request_id: Some(&id),
+                isl_tokens: args.isl_tokens,
+                seq_hashes: &seq,
+                overlaps: Some(&overlaps),
+                ..Default::default()
+            })
+            .map_err(|e| anyhow!("KV router selection failed: {e}"))?;
+        Ok(Placed {
+            scheduler_id: self.scheduler_id(selection.worker)?,
+            overlap_blocks: selection.overlap_blocks,
+            best_overlap_blocks: best,
+            isl_blocks: local.len() as u32,
+        })
+    }
+
+    fn run(&mut self, cmd: Cmd) -> Option<anyhow::Result<Placed>> {
+        match cmd {
+            Cmd::Events(batch) => self.apply_batch(batch),
+            Cmd::Place(args) => return Some(self.place(args)),
+            // Unknown ids (already freed) are not an error for the simulation.
+            Cmd::PrefillCompleted(id) => {
+                let _ = self.scheduler.mark_prefill_completed(&key(id));
+            }
+            Cmd::Terminal(id) => {
+                let _ = self.scheduler.free(&key(id));
+            }
+            Cmd::AddWorker(w) => self.add_worker(w),
+            Cmd::Draining(w) => self.worker_draining(w),
+            Cmd::Removed(w) => self.worker_removed(w),
+        }
+        None
+    }
+}
+
+/// One input to the router, in the simulator's order.
+enum Cmd {
+    Events(Vec<(usize, u32, Vec<KvEvent>)>),
+    Place(PlaceArgs),
+    PrefillCompleted(Uuid),
+    Terminal(Uuid),
+    AddWorker(WorkerTopology),
+    Draining(usize),
+    Removed(usize),
+}
+
+/// KV event batches buffered before they are handed to the router thread (one hand-off,
+/// and at most one wake-up, per this many passes that emitted events).
+const EVENT_BATCHES_PER_SEND: usize = 32;
+
+/// Where the router state lives.
+///
+/// Between two placements the router only absorbs inputs (KV events, prefill completions,
+/// terminations) whose effects nothing reads until the next `place`. `Thread` therefore
+/// applies them on a thread of its own while the simulator keeps stepping engines; `place`
+/// sends its request behind them and waits for the answer. Every input is applied in the
+/// order the simulator produced it, so the decisions (and the report) are identical to
+/// `Inline`'s: this is pipelining, not reordering.
+enum Backend {
+    Inline(Box<RouterCore>),
+    Thread {
+        tx: Option<mpsc::Sender<Cmd>>,
+        rx: mpsc::Receiver<anyhow::Result<Placed>>,
+        handle: Option<std::thread::JoinHandle<()>>,
+        pending: Vec<(usize, u32, Vec<KvEvent>)>,
+    },
+}
+
+impl Backend {
+    fn spawn(core: RouterCore) -> anyhow::Result<Self> {
+        let (tx, cmd_rx) = mpsc::channel::<Cmd>();
+        let (reply_tx, rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("replay-kv-router".into())
+            .spawn(move || {
+                let mut core = core;
+                while let Ok(cmd) = cmd_rx.recv() {
+                    if let Some(reply) = core.run(cmd)
+                        && reply_tx.send(reply).is_err()
+                    {
+                        return;
+                    }
+                }
+            })
+            .context("cannot start the replay router thread")?;
+        Ok(Self::Thread {
+            tx: Some(tx),
+            rx,
+            handle: Some(handle),
+            pending: Vec::new(),
+        })
+    }
+
+    /// Apply `cmd` (inline) or queue it behind everything sent before (thread).
+    fn send(&mut self, cmd: Cmd) -> anyhow::Result<()> {
+        match self {
+            Self::Inline(core) => {
+                if let Some(reply) = core.run(cmd) {
+                    reply?;
+                }
+                Ok(())
+            }
+            Self::Thread { tx, pending, .. } => {
+                let tx = tx.as_ref().ok_or_else(router_thread_gone)?;
+                if !pending.is_empty() {
+                    tx.send(Cmd::Events(std::mem::take(pending)))
+                        .map_err(|_| router_thread_gone())?;
+                }
+                tx.send(cmd).map_err(|_| router_thread_gone())
+            }
+        }
+    }
+
+    fn events(&mut self, batch: Vec<(usize, u32, Vec<KvEvent>)>) -> anyhow::Result<()> {
+        match self {
+            Self::Inline(core) => {
+                core.apply_batch(batch);
+                Ok(())
+            }
+            Self::Thread { pending, .. } => {
+                pending.extend(batch);
+                if pending.len() >= EVENT_BATCHES_PER_SEND {
+                    let batch = std::mem::take(pending);
+                    self.send(Cmd::Events(batch))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn place(&mut self, args: PlaceArgs) -> anyhow::Result<Placed> {
+        match self {
+            Self::Inline(core) => core.place(args),
+            Self::Thread { .. } => {
+                self.send(Cmd::Place(args))?;
+                let Self::Thread { rx, .. } = self else {
+                    unreachable!("matched above")
+                };
+                rx.recv().map_err(|_| router_thread_gone())?
+            }
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        if let Self::Thread { tx, handle, .. } = self {
+            // Closing the channel ends the thread's loop.
+            tx.take();
+            if let Some(h) = handle.take() {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+fn router_thread_gone() -> anyhow::Error {
+    anyhow!("the replay router thread stopped")
+}
+
+/// Our KV router deciding placements inside the simulator.
+pub struct KvRouterPlacement {
+    backend: Backend,
+    block_size: u32,
+}
+
+impl KvRouterPlacement {
+    fn new(
+        composition: &KvRouterComposition,
+        seed: u64,
+        topology: Vec<WorkerTopology>,
+    ) -> anyhow::Result<Self> {
+        let core = RouterCore::new(
+            composition.config.clone(),
+            composition.block_size,
+            composition.capacity,
+            seed,
+            topology,
+        )?;
+        let backend = if composition.router_thread {
+            Backend::spawn(core)?
+        } else {
+            Backend::Inline(Box::new(core))
+        };
+        Ok(Self {
+            backend,
+            block_size: composition.block_size,
+        })
+    }
 }
 
 fn key(id: Uuid) -> String {
@@ -219,53 +477,20 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         let hashes = metadata.0.unwrap_or_else(|| {
             ReplayRequestHashes::from_tokens(&request.prompt_tokens(), self.block_size)
         });
-        let local: Vec<LocalBlockHash> = hashes
-            .local_block_hashes
-            .iter()
-            .map(|&h| LocalBlockHash(h))
-            .collect();
-        let seq: Vec<SequenceHash> = hashes
-            .sequence_hashes
-            .iter()
-            .map(|&h| SequenceHash(h))
-            .collect();
-        let scores = self.tree.find_matches(&local, false);
-        let overlaps: FxHashMap<WorkerWithDpRank, TierOverlap> = scores
-            .scores
-            .iter()
-            .map(|&(w, device)| {
-                (
-                    w,
-                    TierOverlap {
-                        device,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
-        let best = scores.scores.iter().map(|&(_, d)| d).max().unwrap_or(0);
-        let id = key(request_id);
-        let selection = self
-            .scheduler
-            .select(&SchedulingRequest {
-                request_id: Some(&id),
-                isl_tokens: request.input_length(),
-                seq_hashes: &seq,
-                overlaps: Some(&overlaps),
-                ..Default::default()
-            })
-            .map_err(|e| anyhow!("KV router selection failed: {e}"))?;
-        let scheduler_id = self.scheduler_id(selection.worker)?;
+        let placed = self.backend.place(PlaceArgs {
+            request_id,
+            isl_tokens: request.input_length(),
+            hashes,
+        })?;
         Ok(PlacementEffects {
             decision: PlacementDecision::Immediate(Placement {
                 request_id,
-                scheduler_id,
-                reported_overlap_tokens: selection.overlap_blocks as usize
-                    * self.block_size as usize,
+                scheduler_id: placed.scheduler_id,
+                reported_overlap_tokens: placed.overlap_blocks as usize * self.block_size as usize,
                 cache_sample: Some(PlacementCacheSample {
-                    overlap_blocks: selection.overlap_blocks,
-                    best_available_overlap_blocks: best,
-                    isl_blocks: local.len() as u32,
+                    overlap_blocks: placed.overlap_blocks,
+                    best_available_overlap_blocks: placed.best_overlap_blocks,
+                    isl_blocks: placed.isl_blocks,
                 }),
                 placement_replica_id: None,
             }),
@@ -274,11 +499,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
     }
 
     fn observe(&mut self, batch: KvBatch, _now_ms: f64) -> anyhow::Result<Vec<Placement>> {
-        for (worker, rank, events) in batch.0 {
-            for e in events {
-                self.apply(worker, rank, e);
-            }
-        }
+        self.backend.events(batch.0)?;
         Ok(Vec::new())
     }
 
@@ -291,8 +512,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         request_id: Uuid,
         _now_ms: f64,
     ) -> anyhow::Result<Vec<Placement>> {
-        // Unknown ids (already freed) are not an error for the simulation.
-        let _ = self.scheduler.free(&key(request_id));
+        self.backend.send(Cmd::Terminal(request_id))?;
         Ok(Vec::new())
     }
 
@@ -301,7 +521,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         request_id: Uuid,
         _now_ms: f64,
     ) -> anyhow::Result<Vec<Placement>> {
-        let _ = self.scheduler.mark_prefill_completed(&key(request_id));
+        self.backend.send(Cmd::PrefillCompleted(request_id))?;
         Ok(Vec::new())
     }
 
@@ -314,7 +534,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         worker: WorkerTopology,
         _now_ms: f64,
     ) -> anyhow::Result<Vec<Placement>> {
-        self.add_worker(worker);
+        self.backend.send(Cmd::AddWorker(worker))?;
         Ok(Vec::new())
     }
 
@@ -323,8 +543,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         worker: WorkerTopology,
         _now_ms: f64,
     ) -> anyhow::Result<Vec<Placement>> {
-        self.scheduler.remove_worker(worker.worker_id as u64);
-        self.workers.remove(&worker.worker_id);
+        self.backend.send(Cmd::Draining(worker.worker_id))?;
         Ok(Vec::new())
     }
 
@@ -333,9 +552,7 @@ impl PlacementPolicy<ReplayRequestPayload> for KvRouterPlacement {
         worker: WorkerTopology,
         _now_ms: f64,
     ) -> anyhow::Result<Vec<Placement>> {
-        self.scheduler.remove_worker(worker.worker_id as u64);
-        self.tree.remove_worker(worker.worker_id as u64);
-        self.workers.remove(&worker.worker_id);
+        self.backend.send(Cmd::Removed(worker.worker_id))?;
         Ok(Vec::new())
     }
 
@@ -350,6 +567,9 @@ pub struct KvRouterComposition {
     pub block_size: u32,
     pub capacity: WorkerCapacity,
     pub seed: u64,
+    /// Run the router on a thread of its own, pipelined with the simulator (same
+    /// decisions; see [`Backend`]).
+    pub router_thread: bool,
 }
 
 impl ReplayComposition for KvRouterComposition {
@@ -363,13 +583,7 @@ impl ReplayComposition for KvRouterComposition {
         _dp_size: u32,
         topology: Vec<WorkerTopology>,
     ) -> anyhow::Result<KvRouterPlacement> {
-        KvRouterPlacement::new(
-            self.config.clone(),
-            self.block_size,
-            self.capacity,
-            self.seed,
-            topology,
-        )
+        KvRouterPlacement::new(self, self.seed, topology)
     }
 
     fn create_disaggregated_placements(
@@ -380,20 +594,8 @@ impl ReplayComposition for KvRouterComposition {
         decode_topology: Vec<WorkerTopology>,
     ) -> anyhow::Result<(KvRouterPlacement, KvRouterPlacement)> {
         Ok((
-            KvRouterPlacement::new(
-                self.config.clone(),
-                self.block_size,
-                self.capacity,
-                self.seed,
-                prefill_topology,
-            )?,
-            KvRouterPlacement::new(
-                self.config.clone(),
-                self.block_size,
-                self.capacity,
-                self.seed ^ 1,
-                decode_topology,
-            )?,
+            KvRouterPlacement::new(self, self.seed, prefill_topology)?,
+            KvRouterPlacement::new(self, self.seed ^ 1, decode_topology)?,
         ))
     }
 }

@@ -106,6 +106,10 @@ pub struct ReplayOptions {
     pub seed: u64,
     /// Completed requests so far, updated at each timeline sample (for progress bars).
     pub progress: Option<Arc<AtomicU64>>,
+    /// Offline KV routing: run our router on its own thread, pipelined with the simulator
+    /// (identical decisions and report). Off by default: on a loaded 2-core machine the
+    /// hand-offs cost more than the overlap saves (docs/benchmarks/replay.md).
+    pub router_thread: bool,
 }
 
 impl Default for ReplayOptions {
@@ -124,6 +128,7 @@ impl Default for ReplayOptions {
             timeline_interval_ms: None,
             seed: 42,
             progress: None,
+            router_thread: false,
         }
     }
 }
@@ -585,6 +590,7 @@ pub fn run_offline(opts: &ReplayOptions, workload: &Workload) -> Result<ReplayOu
                     kv_used_blocks: None,
                 },
                 seed: opts.seed,
+                router_thread: opts.router_thread,
             };
             let mut r = Replayer::with_composition(spec, ReplayEngineFactory::new(), composition)
                 .map_err(simerr)?

@@ -336,3 +336,62 @@ fn online_closed_loop_synthetic_and_cut_off() {
     let done = out.summary["completed_requests"].as_u64().expect("count");
     assert!(done < 20, "{done}");
 }
+
+/// The router thread only pipelines the router's inputs with the simulator: every decision,
+/// and so the whole report, must be identical to the run with the router inline. A tight
+/// cache (evictions, hence removal events) and many prefix families exercise every input.
+#[test]
+fn router_thread_gives_the_inline_router_s_results() {
+    let mut lines = Vec::new();
+    for i in 0..240u32 {
+        let fam = (i * 7) % 11;
+        let shared = 2 + (i % 5);
+        let ids: Vec<u32> = (0..shared)
+            .map(|b| fam * 1000 + b)
+            .chain([100_000 + i, 200_000 + i])
+            .collect();
+        let len = ids.len() as u32 * 64 - (i % 50);
+        lines.push(
+            json!({"timestamp": i * 9, "input_length": len, "output_length": 4 + i % 13,
+                   "hash_ids": ids})
+            .to_string(),
+        );
+    }
+    let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let f = trace_file(&refs);
+    let run = |thread: bool, seed: u64| {
+        let mut o = small_opts(RouterMode::KvRouter);
+        o.num_workers = 3;
+        o.engine_args = json!({"engine": {"num_gpu_blocks": 96, "block_size": 16}});
+        o.capture_per_request = true;
+        o.router_thread = thread;
+        o.seed = seed;
+        let mut out = run_offline(&o, &mooncake(&f)).expect("kv replay");
+        out.summary.remove("wall_time_ms");
+        // Request UUIDs are drawn per run; everything else must match.
+        let rows: Vec<Value> = out
+            .per_request
+            .take()
+            .expect("per-request records")
+            .into_iter()
+            .map(|mut r| {
+                r.as_object_mut().expect("record").remove("uuid");
+                r
+            })
+            .collect();
+        (out.summary, rows)
+    };
+    for seed in [1, 42] {
+        let (inline_summary, inline_rows) = run(false, seed);
+        let (thread_summary, thread_rows) = run(true, seed);
+        assert_eq!(inline_summary["completed_requests"], 240);
+        assert!(
+            inline_summary["prefix_cache_reused_ratio"]
+                .as_f64()
+                .expect("reuse")
+                > 0.0
+        );
+        assert_eq!(inline_summary, thread_summary, "seed {seed}");
+        assert_eq!(inline_rows, thread_rows, "seed {seed}");
+    }
+}
