@@ -605,9 +605,45 @@ struct TokenRun {
     guard: Inflight,
 }
 
+/// The choices' events as one stream. One choice (the usual case) is polled directly:
+/// `SelectAll` would allocate a task node for it again after every item.
+enum Events {
+    One(futures_util::stream::Fuse<futures_util::stream::BoxStream<'static, Event>>),
+    Many(futures_util::stream::SelectAll<futures_util::stream::BoxStream<'static, Event>>),
+}
+
+impl Events {
+    fn new(mut choices: Vec<ChoiceRun>) -> Self {
+        use futures_util::StreamExt as _;
+        if choices.len() == 1
+            && let Some(one) = choices.pop()
+        {
+            return Self::One(one.into_events().fuse());
+        }
+        Self::Many(futures_util::stream::select_all(
+            choices.into_iter().map(ChoiceRun::into_events),
+        ))
+    }
+}
+
+impl futures_util::Stream for Events {
+    type Item = Event;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Event>> {
+        use futures_util::StreamExt as _;
+        match self.get_mut() {
+            Self::One(s) => s.poll_next_unpin(cx),
+            Self::Many(s) => s.poll_next_unpin(cx),
+        }
+    }
+}
+
 /// The merged progress of a token request's choices.
 struct Merged {
-    events: futures_util::stream::SelectAll<futures_util::stream::BoxStream<'static, Event>>,
+    events: Events,
     factory: ResponseFactory,
     surface: Surface,
     prompt_tokens: u32,
@@ -621,15 +657,19 @@ struct Merged {
     cached: Option<u32>,
     /// Choices not finished yet.
     open: usize,
+    /// The response's plain-text chunks, written straight into the frame.
+    writer: openai::SseChunkWriter,
 }
 
 impl TokenRun {
     fn merge(self) -> Merged {
         let n = self.choices.len();
+        let writer = match self.surface {
+            Surface::Chat => openai::SseChunkWriter::chat(&self.factory),
+            Surface::Completions => openai::SseChunkWriter::completion(&self.factory),
+        };
         Merged {
-            events: futures_util::stream::select_all(
-                self.choices.into_iter().map(ChoiceRun::into_events),
-            ),
+            events: Events::new(self.choices),
             factory: self.factory,
             surface: self.surface,
             prompt_tokens: self.prompt_tokens,
@@ -640,6 +680,7 @@ impl TokenRun {
             calls: vec![0; n],
             cached: None,
             open: n,
+            writer,
         }
     }
 
@@ -795,9 +836,10 @@ impl Merged {
         index: u32,
         piece: Piece,
         finish: Option<openai::OpenAiFinishReason>,
-    ) -> Vec<u8> {
+        out: &mut Vec<u8>,
+    ) {
         let events = match piece {
-            Piece::Text(text) => return self.chunk(index, text, finish),
+            Piece::Text(text) => return self.chunk(index, &text, finish, out),
             Piece::Parsed(events) => events,
         };
         let mut deltas = Vec::with_capacity(events.len() + 1);
@@ -853,13 +895,12 @@ impl Merged {
             }
         }
         if deltas.is_empty() && finish.is_none() {
-            return Vec::new();
+            return;
         }
         if deltas.is_empty() {
             deltas.push(openai::ChatDelta::default());
         }
         let last = deltas.len() - 1;
-        let mut out = Vec::new();
         for (i, mut delta) in deltas.into_iter().enumerate() {
             if let Some(sent) = self.first_sent.get_mut(index as usize)
                 && !std::mem::replace(sent, true)
@@ -871,28 +912,21 @@ impl Merged {
                     .chat_delta_chunk(index, delta, if i == last { finish } else { None });
             out.extend_from_slice(&sse_data(&serde_json::to_vec(&chunk).unwrap_or_default()));
         }
-        out
     }
 
     fn chunk(
         &mut self,
         index: u32,
-        text: String,
+        text: &str,
         finish: Option<openai::OpenAiFinishReason>,
-    ) -> Vec<u8> {
-        let v = match self.surface {
-            Surface::Chat => {
-                let first = self
-                    .first_sent
-                    .get_mut(index as usize)
-                    .is_some_and(|sent| !std::mem::replace(sent, true));
-                serde_json::to_vec(&self.factory.chat_chunk_at(index, Some(text), first, finish))
-            }
-            Surface::Completions => {
-                serde_json::to_vec(&self.factory.completion_chunk_at(index, text, finish))
-            }
-        };
-        sse_data(&v.unwrap_or_default())
+        out: &mut Vec<u8>,
+    ) {
+        let first = self.surface == Surface::Chat
+            && self
+                .first_sent
+                .get_mut(index as usize)
+                .is_some_and(|sent| !std::mem::replace(sent, true));
+        self.writer.write(out, index, text, first, finish);
     }
 
     fn usage_chunk(&self) -> Vec<u8> {
@@ -937,7 +971,7 @@ fn sse_response(run: TokenRun) -> Response {
     // streams, which stops the request on the workers.
     let stream = futures_util::stream::unfold(Some(run.merge()), |state| async move {
         let mut m = state?;
-        let mut out = Vec::new();
+        let mut out = Vec::with_capacity(512);
         let first = m.events.next().await;
         let mut going = m.emit(first, &mut out);
         // Events already waiting go into the same body frame: one HTTP chunk and one socket
@@ -966,11 +1000,11 @@ impl Merged {
         let index = event.index;
         match self.note(event) {
             Step::Delta(t, None, _) => {
-                out.extend_from_slice(&self.chunks(index, t, None));
+                self.chunks(index, t, None, out);
                 true
             }
             Step::Delta(t, Some(reason), _) => {
-                out.extend_from_slice(&self.chunks(index, t, Some(reason)));
+                self.chunks(index, t, Some(reason), out);
                 if self.open > 0 {
                     return true;
                 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashSet;
 use tokenizers::Tokenizer;
 
-use super::detokenizer::{IncrementalDecoder, StopStringMatcher};
+use super::detokenizer::{IncrementalDecoder, StopStringMatcher, TokenBytes};
 use super::protocols::{FinishReason, LLMEngineOutput, PreprocessedRequest};
 use crate::error::Result;
 
@@ -71,6 +71,16 @@ impl OutputProcessor {
         }
     }
 
+    /// Decode through `table` (the tokenizer's per-id bytes, see
+    /// [`super::detokenizer::TokenBytes`]) when there is one: the same text, less work.
+    #[must_use]
+    pub fn with_token_bytes(mut self, table: Option<Arc<TokenBytes>>) -> Self {
+        if table.is_some() {
+            self.decoder = self.decoder.map(|d| d.with_table(table));
+        }
+        self
+    }
+
     /// Whether the request is finished (later items are ignored).
     pub fn is_finished(&self) -> bool {
         self.finished.is_some()
@@ -130,6 +140,20 @@ impl OutputProcessor {
             }
             if let Some(d) = self.decoder.as_mut() {
                 let delta = d.step(&[id])?;
+                if self.stop.is_empty() {
+                    // No stop strings: the delta is the text (moved, not copied, when it is
+                    // the item's first).
+                    if out.text.is_empty() {
+                        out.text = delta;
+                    } else {
+                        out.text.push_str(&delta);
+                    }
+                    if self.max_tokens.is_some_and(|m| self.generated >= m) {
+                        self.finish(FinishReason::Length, &mut out, true)?;
+                        break;
+                    }
+                    continue;
+                }
                 let r = self.stop.push(&delta);
                 out.text.push_str(&r.text);
                 if let Some(stop) = r.matched {

@@ -15,19 +15,157 @@
 use std::sync::Arc;
 
 use tokenizers::Tokenizer;
+use tokenizers::decoders::DecoderWrapper;
 
 use crate::error::{Error, Result};
+
+/// Each token id's decoded bytes, for tokenizers whose decoding is the concatenation of
+/// per-token bytes: byte-level BPE (GPT-2, Llama 3, Qwen, the tiny test model), whose
+/// decoder maps every character of a token to one byte (a token with a character outside
+/// that alphabet, e.g. an added token with a space, is its own UTF-8 bytes) and then reads
+/// the bytes as UTF-8. With the table, a decoder appends bytes per token instead of asking
+/// the tokenizer to decode a window of ids twice (a `String` per id, a byte vector and a
+/// lossy conversion each time).
+pub struct TokenBytes {
+    /// Every id's bytes, back to back.
+    bytes: Vec<u8>,
+    /// `offsets[id]..offsets[id + 1]` are `id`'s bytes.
+    offsets: Vec<u32>,
+    /// Whether an id is a special token (dropped when special tokens are skipped).
+    special: Vec<bool>,
+}
+
+/// Characters of the byte-level alphabet, by byte: printable Latin-1 bytes stand for
+/// themselves, the others for U+0100 onwards in byte order (OpenAI's GPT-2 encoder).
+fn byte_level_chars() -> [char; 256] {
+    let mut chars = ['\0'; 256];
+    let mut next = 256u32;
+    for (b, c) in chars.iter_mut().enumerate() {
+        let printable = matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+        let code = if printable {
+            b as u32
+        } else {
+            next += 1;
+            next - 1
+        };
+        *c = char::from_u32(code).unwrap_or('\0');
+    }
+    chars
+}
+
+impl std::fmt::Debug for TokenBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenBytes")
+            .field("ids", &self.len())
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+impl TokenBytes {
+    /// The table of `tokenizer`, or `None` when its decoding is not per-token bytes (any
+    /// decoder but a plain `ByteLevel`), or when the table disagrees with the tokenizer's
+    /// own decoding of a sample of ids.
+    pub fn build(tokenizer: &Tokenizer) -> Option<Self> {
+        if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+            return None;
+        }
+        let by_byte = byte_level_chars();
+        // The alphabet the tokenizer's own byte-level decoder uses must be this one.
+        let alphabet = tokenizers::pre_tokenizers::byte_level::ByteLevel::alphabet();
+        if alphabet.len() != 256 || !by_byte.iter().all(|c| alphabet.contains(c)) {
+            return None;
+        }
+        let mut byte_of = vec![None; 324];
+        for (b, c) in by_byte.iter().enumerate() {
+            byte_of[*c as usize] = Some(b as u8);
+        }
+        let added = tokenizer.get_added_vocabulary();
+        let n = tokenizer.get_vocab_size(true);
+        let n = u32::try_from(n).ok()?;
+        let mut table = Self {
+            bytes: Vec::new(),
+            offsets: Vec::with_capacity(n as usize + 1),
+            special: Vec::with_capacity(n as usize),
+        };
+        table.offsets.push(0);
+        for id in 0..n {
+            if let Some(token) = tokenizer.id_to_token(id) {
+                table.special.push(added.is_special_token(&token));
+                let start = table.bytes.len();
+                let mapped = token.chars().all(|c| match byte_of.get(c as usize) {
+                    Some(Some(b)) => {
+                        table.bytes.push(*b);
+                        true
+                    }
+                    _ => false,
+                });
+                if !mapped {
+                    table.bytes.truncate(start);
+                    table.bytes.extend_from_slice(token.as_bytes());
+                }
+            } else {
+                table.special.push(false);
+            }
+            table.offsets.push(u32::try_from(table.bytes.len()).ok()?);
+        }
+        table.bytes.shrink_to_fit();
+        // Check against the tokenizer itself: every id of small vocabularies, an even
+        // spread of large ones (the last ids, usually the added tokens, always).
+        let step = (n / 4096).max(1);
+        let sample = (0..n)
+            .step_by(step as usize)
+            .chain(n.saturating_sub(512)..n);
+        for id in sample {
+            for skip in [false, true] {
+                let mut mine = Vec::new();
+                table.append(id, skip, &mut mine);
+                let theirs = tokenizer.decode(&[id], skip).ok()?;
+                if String::from_utf8_lossy(&mine) != theirs {
+                    return None;
+                }
+            }
+        }
+        Some(table)
+    }
+
+    /// Append `id`'s bytes (nothing for special tokens when `skip_special`, or for ids
+    /// outside the vocabulary, as the tokenizer's decoding does).
+    pub fn append(&self, id: u32, skip_special: bool, out: &mut Vec<u8>) {
+        let i = id as usize;
+        if skip_special && self.special.get(i).copied().unwrap_or(false) {
+            return;
+        }
+        if let (Some(&start), Some(&end)) = (self.offsets.get(i), self.offsets.get(i + 1)) {
+            out.extend_from_slice(&self.bytes[start as usize..end as usize]);
+        }
+    }
+
+    /// Ids in the table.
+    pub fn len(&self) -> usize {
+        self.special.len()
+    }
+
+    /// Whether the table has no ids.
+    pub fn is_empty(&self) -> bool {
+        self.special.is_empty()
+    }
+}
 
 /// Streams text deltas out of a growing token sequence.
 #[derive(Debug, Clone)]
 pub struct IncrementalDecoder {
     tokenizer: Arc<Tokenizer>,
+    /// The tokenizer's per-id bytes, when its decoding is that simple.
+    table: Option<Arc<TokenBytes>>,
     skip_special_tokens: bool,
     ids: Vec<u32>,
     /// Start of the decoding window (context for the tokens after `read_offset`).
     prefix_offset: usize,
     /// Tokens before this index have been emitted as text.
     read_offset: usize,
+    /// With a table: the bytes of the tokens not emitted yet.
+    pending: Vec<u8>,
 }
 
 impl IncrementalDecoder {
@@ -40,11 +178,21 @@ impl IncrementalDecoder {
     ) -> Self {
         Self {
             tokenizer,
+            table: None,
             skip_special_tokens,
             ids: prompt_context.to_vec(),
             prefix_offset: 0,
             read_offset: prompt_context.len(),
+            pending: Vec::new(),
         }
+    }
+
+    /// Decode through `table` (built from this decoder's tokenizer by
+    /// [`TokenBytes::build`]): the same deltas, without the tokenizer's per-call work.
+    #[must_use]
+    pub fn with_table(mut self, table: Option<Arc<TokenBytes>>) -> Self {
+        self.table = table;
+        self
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String> {
@@ -53,12 +201,41 @@ impl IncrementalDecoder {
             .map_err(|e| Error::Tokenizer(e.to_string()))
     }
 
+    /// With a table: the pending bytes as text once they do not end inside a character
+    /// (the lossy decoding does not end with U+FFFD, as [`Self::step`] decides).
+    fn release_pending(&mut self, force: bool) -> String {
+        if self.pending.is_empty() {
+            return String::new();
+        }
+        let text = match std::str::from_utf8(&self.pending) {
+            Ok(s) if force || !s.ends_with('\u{FFFD}') => s.to_owned(),
+            Ok(_) => return String::new(),
+            Err(_) => {
+                let lossy = String::from_utf8_lossy(&self.pending);
+                if !force && lossy.ends_with('\u{FFFD}') {
+                    return String::new();
+                }
+                lossy.into_owned()
+            }
+        };
+        self.pending.clear();
+        self.prefix_offset = self.read_offset;
+        self.read_offset = self.ids.len();
+        text
+    }
+
     /// Add tokens; returns the new text (possibly empty while a character is incomplete).
     ///
     /// # Errors
     /// [`Error::Tokenizer`] when decoding fails (e.g. an id outside the vocabulary).
     pub fn step(&mut self, ids: &[u32]) -> Result<String> {
         self.ids.extend_from_slice(ids);
+        if let Some(table) = &self.table {
+            for &id in ids {
+                table.append(id, self.skip_special_tokens, &mut self.pending);
+            }
+            return Ok(self.release_pending(false));
+        }
         let prefix = self.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.decode(&self.ids[self.prefix_offset..])?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
@@ -87,6 +264,9 @@ impl IncrementalDecoder {
     /// # Errors
     /// [`Error::Tokenizer`] when decoding fails.
     pub fn flush(&mut self) -> Result<String> {
+        if self.table.is_some() {
+            return Ok(self.release_pending(true));
+        }
         let prefix = self.decode(&self.ids[self.prefix_offset..self.read_offset])?;
         let full = self.decode(&self.ids[self.prefix_offset..])?;
         self.prefix_offset = self.read_offset;

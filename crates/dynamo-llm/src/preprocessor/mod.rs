@@ -34,7 +34,7 @@ pub mod protocols;
 pub mod template;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value as Json};
 use tokenizers::Tokenizer;
@@ -46,6 +46,8 @@ pub use protocols::{
     PreprocessedRequest, SamplingOptions, StopConditions,
 };
 pub use template::ChatTemplate;
+
+use detokenizer::TokenBytes;
 
 use crate::error::{Error, Result};
 use crate::model_card::{
@@ -80,6 +82,9 @@ pub struct Preprocessor {
     image_placeholder: Option<ImagePlaceholder>,
     /// The card's KV block size (for the per-block image hashes).
     kv_block_size: u32,
+    /// The tokenizer's per-id bytes for fast detokenization: filled by a background thread
+    /// after construction; `Some(None)` when the tokenizer's decoding is not per-token bytes.
+    token_bytes: Arc<OnceLock<Option<Arc<TokenBytes>>>>,
 }
 
 /// Most images one chat request may carry: each is fetched and decoded, so this bounds
@@ -198,9 +203,11 @@ impl Preprocessor {
         }
         let mut seen = std::collections::HashSet::new();
         eos.retain(|id| seen.insert(*id));
+        let tokenizer = Arc::new(tokenizer);
         Ok(Self {
             model: card.display_name.clone(),
-            tokenizer: Arc::new(tokenizer),
+            token_bytes: build_token_bytes(&tokenizer),
+            tokenizer,
             template,
             eos_token_ids: eos,
             context_length: card.context_length,
@@ -655,8 +662,36 @@ impl Preprocessor {
 
     /// The output processor for one request's response stream.
     pub fn output_processor(&self, req: &PreprocessedRequest) -> OutputProcessor {
-        OutputProcessor::new(req, Some(Arc::clone(&self.tokenizer)))
+        let table = self.token_bytes.get().cloned().flatten();
+        OutputProcessor::new(req, Some(Arc::clone(&self.tokenizer))).with_token_bytes(table)
     }
+
+    /// Wait until the fast detokenization table is decided; whether there is one.
+    pub fn wait_token_bytes(&self) -> bool {
+        loop {
+            if let Some(t) = self.token_bytes.get() {
+                return t.is_some();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
+/// Build the tokenizer's [`TokenBytes`] on a thread of its own (a large vocabulary takes
+/// tens of milliseconds, which start-up need not wait for); until it is there, output
+/// processors decode through the tokenizer, which gives the same text.
+fn build_token_bytes(tokenizer: &Arc<Tokenizer>) -> Arc<OnceLock<Option<Arc<TokenBytes>>>> {
+    let cell = Arc::new(OnceLock::new());
+    let (tok, slot) = (Arc::clone(tokenizer), Arc::clone(&cell));
+    let spawned = std::thread::Builder::new()
+        .name("token-bytes".to_owned())
+        .spawn(move || {
+            let _ = slot.set(TokenBytes::build(&tok).map(Arc::new));
+        });
+    if spawned.is_err() {
+        let _ = cell.set(None);
+    }
+    cell
 }
 
 #[cfg(test)]

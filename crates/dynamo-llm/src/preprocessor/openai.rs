@@ -1285,3 +1285,109 @@ impl ResponseFactory {
         }
     }
 }
+
+/// Writes a response's plain-text stream chunks (`data: {...}\n\n`) straight into a body
+/// frame: the parts that are the same in every chunk (id, object, created, model) are
+/// serialised once per response, the text is escaped in place, and nothing is allocated
+/// per chunk. The bytes are those of [`ResponseFactory::chat_chunk_at`] /
+/// [`ResponseFactory::completion_chunk_at`] serialised by `serde_json` in an SSE `data:`
+/// line (the tests check it).
+#[derive(Debug, Clone)]
+pub struct SseChunkWriter {
+    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":[{"index":`
+    head: Vec<u8>,
+    chat: bool,
+}
+
+impl SseChunkWriter {
+    /// `chat.completion.chunk`s of `factory`'s response.
+    pub fn chat(factory: &ResponseFactory) -> Self {
+        Self::new(factory, true)
+    }
+
+    /// `text_completion` chunks of `factory`'s response.
+    pub fn completion(factory: &ResponseFactory) -> Self {
+        Self::new(factory, false)
+    }
+
+    fn new(factory: &ResponseFactory, chat: bool) -> Self {
+        let object = if chat {
+            "chat.completion.chunk"
+        } else {
+            "text_completion"
+        };
+        let mut head = Vec::with_capacity(96 + factory.id.len() + factory.model.len());
+        head.extend_from_slice(b"data: {\"id\":");
+        json_str(&mut head, &factory.id);
+        head.extend_from_slice(b",\"object\":");
+        json_str(&mut head, object);
+        head.extend_from_slice(b",\"created\":");
+        head.extend_from_slice(factory.created.to_string().as_bytes());
+        head.extend_from_slice(b",\"model\":");
+        json_str(&mut head, &factory.model);
+        head.extend_from_slice(b",\"choices\":[{\"index\":");
+        Self { head, chat }
+    }
+
+    /// Append the chunk of choice `index` carrying `text` (chat: with `role: assistant`
+    /// when `first`; ignored for completions).
+    pub fn write(
+        &self,
+        out: &mut Vec<u8>,
+        index: u32,
+        text: &str,
+        first: bool,
+        finish: Option<OpenAiFinishReason>,
+    ) {
+        out.reserve(self.head.len() + text.len() + 96);
+        out.extend_from_slice(&self.head);
+        let mut digits = [0u8; 10];
+        out.extend_from_slice(decimal(index, &mut digits));
+        if self.chat {
+            out.extend_from_slice(b",\"delta\":{");
+            if first {
+                out.extend_from_slice(b"\"role\":\"assistant\",");
+            }
+            out.extend_from_slice(b"\"content\":");
+            json_str(out, text);
+            out.extend_from_slice(b"},\"finish_reason\":");
+            json_finish(out, finish);
+            out.extend_from_slice(b"}],\"usage\":null}\n\n");
+        } else {
+            out.extend_from_slice(b",\"text\":");
+            json_str(out, text);
+            out.extend_from_slice(b",\"finish_reason\":");
+            json_finish(out, finish);
+            out.extend_from_slice(b",\"logprobs\":null}],\"usage\":null}\n\n");
+        }
+    }
+}
+
+/// `n` in decimal, in `buf`.
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// `s` as a JSON string (`serde_json`'s escaping).
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    // Writing into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+fn json_finish(out: &mut Vec<u8>, finish: Option<OpenAiFinishReason>) {
+    out.extend_from_slice(match finish {
+        None => b"null".as_slice(),
+        Some(OpenAiFinishReason::Stop) => b"\"stop\"",
+        Some(OpenAiFinishReason::Length) => b"\"length\"",
+        Some(OpenAiFinishReason::ToolCalls) => b"\"tool_calls\"",
+        Some(OpenAiFinishReason::ContentFilter) => b"\"content_filter\"",
+    });
+}

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
-use super::detokenizer::IncrementalDecoder;
+use super::detokenizer::{IncrementalDecoder, TokenBytes};
 use super::openai::{parse_chat_request, parse_completion_request};
 use super::*;
 
@@ -405,8 +405,72 @@ fn multibyte_characters_split_across_tokens_are_never_emitted_half() {
     );
 }
 
+#[test]
+fn the_byte_table_is_built_for_byte_level_tokenizers_only() {
+    let pre = tiny();
+    assert!(
+        pre.wait_token_bytes(),
+        "the tiny tokenizer is byte-level BPE"
+    );
+    let table = TokenBytes::build(pre.tokenizer()).expect("table");
+    assert_eq!(table.len(), pre.tokenizer().get_vocab_size(true));
+    // Every id, special or not, decodes as the tokenizer decodes it alone.
+    for id in 0..table.len() as u32 {
+        for skip in [false, true] {
+            let mut mine = Vec::new();
+            table.append(id, skip, &mut mine);
+            assert_eq!(
+                String::from_utf8_lossy(&mine),
+                pre.tokenizer().decode(&[id], skip).expect("decode"),
+                "id {id}"
+            );
+        }
+    }
+    // Ids past the vocabulary decode to nothing, as the tokenizer's decode drops them.
+    let mut past = Vec::new();
+    table.append(u32::MAX, true, &mut past);
+    assert!(past.is_empty());
+    // A decoder that is not byte-level gets no table.
+    let mut other = (**pre.tokenizer()).clone();
+    other.with_decoder(Some(tokenizers::decoders::wordpiece::WordPiece::default()));
+    assert!(TokenBytes::build(&other).is_none());
+}
+
+#[test]
+fn table_and_tokenizer_decoders_give_the_same_deltas_for_split_characters() {
+    let pre = tiny();
+    let table = TokenBytes::build(pre.tokenizer()).map(Arc::new);
+    let text = "Grüße 日本語 🙂🚀 ok <|im_end|> done";
+    let ids = pre.encode(text, false).expect("enc");
+    for skip in [false, true] {
+        let mut slow = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), skip, &[]);
+        let mut fast = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), skip, &[])
+            .with_table(table.clone());
+        for &id in &ids {
+            assert_eq!(
+                fast.step(&[id]).expect("fast"),
+                slow.step(&[id]).expect("slow")
+            );
+        }
+        assert_eq!(fast.flush().expect("fast"), slow.flush().expect("slow"));
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
+    #[test]
+    fn table_deltas_equal_tokenizer_deltas(ids in proptest::collection::vec(0u32..720, 0..40), chunk in 1usize..4, skip in any::<bool>()) {
+        let pre = tiny();
+        let table = TokenBytes::build(pre.tokenizer()).map(Arc::new);
+        prop_assert!(table.is_some());
+        let mut slow = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), skip, &[]);
+        let mut fast = IncrementalDecoder::new(Arc::clone(pre.tokenizer()), skip, &[]).with_table(table);
+        for c in ids.chunks(chunk) {
+            prop_assert_eq!(fast.step(c).expect("fast"), slow.step(c).expect("slow"));
+        }
+        prop_assert_eq!(fast.flush().expect("fast"), slow.flush().expect("slow"));
+    }
+
     #[test]
     fn deltas_concatenate_to_the_full_decode(ids in proptest::collection::vec(0u32..699, 0..40), chunk in 1usize..4) {
         let pre = tiny();
@@ -603,4 +667,63 @@ fn tool_choice_none_drops_tools_unless_the_card_keeps_them() {
     assert_eq!(pre.render_chat(&req("none")).expect("render"), "q");
     pre.exclude_tools_when_none = false;
     assert_eq!(pre.render_chat(&req("none")).expect("render"), "[1 tools]q");
+}
+
+/// The SSE writer's bytes are `serde_json`'s for the chunk structs, byte for byte.
+#[test]
+fn written_sse_chunks_equal_serialised_chunk_structs() {
+    use openai::{OpenAiFinishReason as F, ResponseFactory, SseChunkWriter};
+    let sse = |v: &[u8]| [b"data: ".as_slice(), v, b"\n\n".as_slice()].concat();
+    let factories = [
+        ResponseFactory::new("chatcmpl-1234", "tiny"),
+        ResponseFactory::new("id \"quoted\" \\ \u{1}", "Qwen/Qwen3-0.6B é"),
+    ];
+    let texts = [
+        "",
+        "hello",
+        " world\n",
+        "\"q\" \\ \t \u{0} \u{1f} é 日本 🙂",
+        "</s>",
+    ];
+    let finishes = [
+        None,
+        Some(F::Stop),
+        Some(F::Length),
+        Some(F::ToolCalls),
+        Some(F::ContentFilter),
+    ];
+    for factory in &factories {
+        let chat = SseChunkWriter::chat(factory);
+        let completion = SseChunkWriter::completion(factory);
+        for text in texts {
+            for finish in finishes {
+                for index in [0, 7, 10, 4_294_967_295] {
+                    for first in [false, true] {
+                        let mut out = Vec::new();
+                        chat.write(&mut out, index, text, first, finish);
+                        let want =
+                            factory.chat_chunk_at(index, Some(text.to_owned()), first, finish);
+                        let want = sse(&serde_json::to_vec(&want).expect("json"));
+                        assert_eq!(
+                            String::from_utf8_lossy(&out),
+                            String::from_utf8_lossy(&want)
+                        );
+                    }
+                    // Appends after what the frame holds already.
+                    let mut out = b"data: [earlier]\n\n".to_vec();
+                    completion.write(&mut out, index, text, true, finish);
+                    let want = factory.completion_chunk_at(index, text.to_owned(), finish);
+                    let want = [
+                        b"data: [earlier]\n\n".to_vec(),
+                        sse(&serde_json::to_vec(&want).expect("json")),
+                    ]
+                    .concat();
+                    assert_eq!(
+                        String::from_utf8_lossy(&out),
+                        String::from_utf8_lossy(&want)
+                    );
+                }
+            }
+        }
+    }
 }
