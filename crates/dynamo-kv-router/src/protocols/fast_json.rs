@@ -13,7 +13,7 @@
 
 use super::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData,
+    KvCacheStoredBlockData, RouterEvent, StorageTier,
 };
 use crate::hashing::LocalBlockHash;
 
@@ -26,6 +26,15 @@ struct Parser<'a> {
 pub(super) fn decode_event(bytes: &[u8]) -> Option<KvCacheEvent> {
     let mut p = Parser { b: bytes, i: 0 };
     let ev = p.event()?;
+    p.ws();
+    (p.i == p.b.len()).then_some(ev)
+}
+
+/// Decode `bytes` if they are a canonical `RouterEvent` (`worker_id`, optional
+/// `storage_tier`, `event`); `None` means "use the full decoder".
+pub(super) fn decode_router_event(bytes: &[u8]) -> Option<RouterEvent> {
+    let mut p = Parser { b: bytes, i: 0 };
+    let ev = p.router_event()?;
     p.ws();
     (p.i == p.b.len()).then_some(ev)
 }
@@ -179,6 +188,49 @@ impl<'a> Parser<'a> {
                 _ => return None,
             }
         }
+    }
+
+    fn router_event(&mut self) -> Option<RouterEvent> {
+        let (mut worker_id, mut tier, mut event) = (None, None, None);
+        self.object(|p, key| match key {
+            b"worker_id" if worker_id.is_none() => {
+                worker_id = Some(p.u64()?);
+                Some(())
+            }
+            b"storage_tier" if tier.is_none() => {
+                tier = Some(p.tier()?);
+                Some(())
+            }
+            b"event" if event.is_none() => {
+                event = Some(p.event()?);
+                Some(())
+            }
+            _ => None,
+        })?;
+        Some(RouterEvent {
+            worker_id: worker_id?,
+            storage_tier: tier.unwrap_or_default(),
+            event: event?,
+        })
+    }
+
+    /// A storage tier spelled exactly as serde writes it.
+    fn tier(&mut self) -> Option<StorageTier> {
+        self.eat(b'"')?;
+        let rest = &self.b[self.i..];
+        let (tier, n) = if rest.starts_with(b"device\"") {
+            (StorageTier::Device, 7)
+        } else if rest.starts_with(b"host_pinned\"") {
+            (StorageTier::HostPinned, 12)
+        } else if rest.starts_with(b"disk\"") {
+            (StorageTier::Disk, 5)
+        } else if rest.starts_with(b"external\"") {
+            (StorageTier::External, 9)
+        } else {
+            return None;
+        };
+        self.i += n;
+        Some(tier)
     }
 
     fn event(&mut self) -> Option<KvCacheEvent> {

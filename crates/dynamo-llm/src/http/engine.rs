@@ -99,6 +99,12 @@ pub trait WorkerSelector: Send + Sync + 'static {
             })
         })
     }
+
+    /// Prometheus text this selector adds to the frontend's `/metrics` (the KV router's
+    /// event ingestion and lag families); empty by default.
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
 }
 
 /// A request's hold on a worker's capacity, booked by a load-aware selector. The frontend

@@ -137,6 +137,27 @@ fn not_serving(model: &ModelEntry) -> Vec<u64> {
 }
 
 impl WorkerSelector for KvSelector {
+    fn metrics_text(&self) -> String {
+        let routers: Vec<Arc<KvRouter>> = self
+            .routers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        let rows: Vec<_> = routers
+            .iter()
+            .map(|r| {
+                let e = r.endpoint();
+                (
+                    (e.namespace.as_str(), e.component.as_str(), e.name.as_str()),
+                    r.event_stats().snapshot(),
+                )
+            })
+            .collect();
+        kv_routing::event_stats::render_prometheus(&rows)
+    }
+
     fn select(&self, model: &ModelEntry, _client: &Client, request: &RoutedRequest<'_>) -> Route {
         // Query only (no booking): callers that do not report completion.
         let RoutedRequest::Tokens(req) = request else {

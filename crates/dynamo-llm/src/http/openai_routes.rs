@@ -1227,7 +1227,7 @@ pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        shared.metrics.render(),
+        shared.metrics.render() + &shared.selector.metrics_text(),
     )
         .into_response()
 }

@@ -132,6 +132,9 @@ pub enum TopicMessage {
     Payload {
         /// The event-plane publisher's id.
         publisher_id: u64,
+        /// When it was published (the envelope's time: publisher's clock, milliseconds
+        /// since the Unix epoch).
+        published_at_ms: u64,
         /// The payload.
         payload: Bytes,
     },
@@ -197,6 +200,7 @@ pub fn subscribe_with_ready(
             let Some(event) = event else { break };
             let msg = TopicMessage::Payload {
                 publisher_id: event.publisher_id,
+                published_at_ms: event.published_at_ms,
                 payload: event.payload,
             };
             if tx.send(msg).is_err() {

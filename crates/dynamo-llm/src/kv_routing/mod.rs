@@ -40,6 +40,7 @@
 
 mod block_events;
 pub mod bus;
+pub mod event_stats;
 mod publisher;
 pub mod replica_sync;
 mod router;
@@ -49,6 +50,7 @@ pub mod zmq_pub;
 use std::sync::{Mutex, MutexGuard};
 
 pub use block_events::BlockManagerEventSink;
+pub use event_stats::{KvEventStats, KvEventStatsSnapshot};
 pub use publisher::{ActiveLoad, KvEventPublisher, WorkerMetricsPublisher};
 pub use router::{Booking, KvRouter, RouteOptions, RoutedStream};
 

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use dynamo_kv_router::hashing::BlockExtraInfo;
 use dynamo_kv_router::kv_router::{EventOutcome, KvRouterCore, RouteRequest};
-use dynamo_kv_router::protocols::{RouterEvent, WorkerWithDpRank, decode_json_router_event};
+use dynamo_kv_router::protocols::{
+    KvCacheEventData, RouterEvent, WorkerWithDpRank, decode_json_router_event,
+};
 use dynamo_kv_router::recovery::WorkerKvQueryResponse;
 use dynamo_kv_router::scheduling::Selection;
 use dynamo_kv_router::scheduling::config::{KvRouterConfig, RouterConfigOverride};
@@ -20,6 +22,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::bus::{self, TopicMessage};
+use super::event_stats::{KvEventStats, now_ms};
 use super::publisher::{ActiveLoad, query_worker};
 use super::{KV_EVENTS_TOPIC, KV_METRICS_TOPIC, Result, lock};
 
@@ -27,6 +30,8 @@ use super::{KV_EVENTS_TOPIC, KV_METRICS_TOPIC, Result, lock};
 const RECOVERY_BUFFER: usize = 1024;
 /// How often a queued request re-checks the load when nothing signalled.
 const QUEUE_POLL: Duration = Duration::from_millis(20);
+/// Events the event loop takes off its queue at once (one wake-up, one clock read).
+const EVENT_BATCH: usize = 128;
 
 /// Options of one routing decision.
 #[derive(Debug, Clone, Default)]
@@ -89,6 +94,8 @@ struct Shared {
     epoch: Instant,
     /// Signalled (one permit) when a rank is registered, for replica sync.
     rank_joined: Notify,
+    /// KV event ingestion counters and lag.
+    events: KvEventStats,
 }
 
 impl super::replica_sync::SyncedRouter for Shared {
@@ -229,6 +236,7 @@ impl KvRouter {
             queue: Mutex::new(RouterQueue::new(policy)),
             epoch: Instant::now(),
             rank_joined: Notify::new(),
+            events: KvEventStats::default(),
         });
         let stop = CancellationToken::new();
         let ns = endpoint.namespace.clone();
@@ -412,6 +420,12 @@ impl KvRouter {
     /// The capacity a rank reported on `kv_metrics` (`None` before its first report).
     pub fn capacity(&self, worker: WorkerWithDpRank) -> Option<WorkerCapacity> {
         lock(&self.shared.capacity).get(&worker).copied()
+    }
+
+    /// KV event ingestion: events and blocks applied, queue depth, publish-to-applied lag
+    /// (see [`super::event_stats`]).
+    pub fn event_stats(&self) -> &KvEventStats {
+        &self.shared.events
     }
 
     /// Requests waiting in the router queue.
@@ -738,22 +752,32 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
             let _ = tx.send((worker, res));
         });
     };
-    let mut recovering: HashMap<WorkerWithDpRank, VecDeque<RouterEvent>> = HashMap::new();
+    // Buffered live events of recovering ranks, with their publication times.
+    let mut recovering: HashMap<WorkerWithDpRank, VecDeque<(RouterEvent, u64)>> = HashMap::new();
+    let stats = &shared.events;
     let handle =
-        |event: RouterEvent, recovering: &mut HashMap<WorkerWithDpRank, VecDeque<RouterEvent>>| {
+        |event: RouterEvent,
+         published_at_ms: u64,
+         now: u64,
+         recovering: &mut HashMap<WorkerWithDpRank, VecDeque<(RouterEvent, u64)>>| {
             let worker = event.worker();
             if let Some(buf) = recovering.get_mut(&worker) {
                 if buf.len() >= RECOVERY_BUFFER {
                     buf.pop_front();
                 }
-                buf.push_back(event);
+                buf.push_back((event, published_at_ms));
                 return;
             }
             shared.ensure_rank(worker);
-            match shared.core.apply_event(&event) {
+            let outcome = shared.core.apply_event(&event);
+            if matches!(outcome, EventOutcome::Applied | EventOutcome::Rejected(_)) {
+                stats.applied(event_blocks(&event), published_at_ms, now);
+            }
+            match outcome {
                 EventOutcome::Gap { expected, got, .. } => {
                     tracing::debug!(?worker, expected, got, "KV event gap; recovering");
-                    recovering.insert(worker, VecDeque::from([event]));
+                    stats.gap();
+                    recovering.insert(worker, VecDeque::from([(event, published_at_ms)]));
                     let tx = rec_tx.clone();
                     let rt = runtime.clone();
                     let (ns, comp) = (namespace.clone(), component.clone());
@@ -763,21 +787,27 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
                     });
                 }
                 EventOutcome::Rejected(e) => {
+                    stats.rejected();
                     tracing::debug!(?worker, error = %e, "KV event rejected");
                 }
                 EventOutcome::Applied | EventOutcome::Duplicate => {}
             }
         };
+    let mut batch: Vec<TopicMessage> = Vec::with_capacity(EVENT_BATCH);
     loop {
         tokio::select! {
-            msg = rx.recv() => match msg {
-                None => break,
-                Some(TopicMessage::Payload { payload, .. }) => {
+            n = rx.recv_many(&mut batch, EVENT_BATCH) => {
+                if n == 0 {
+                    break;
+                }
+                let now = now_ms();
+                for TopicMessage::Payload { payload, published_at_ms, .. } in batch.drain(..) {
                     match decode_json_router_event(&payload) {
-                        Ok(event) => handle(event, &mut recovering),
+                        Ok(event) => handle(event, published_at_ms, now, &mut recovering),
                         Err(e) => tracing::debug!(error = %e, "malformed KV event"),
                     }
                 }
+                stats.set_queued(rx.len());
             },
             Some((worker, res)) = rec_rx.recv() => {
                 let Some(buf) = recovering.remove(&worker) else { continue };
@@ -791,15 +821,16 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
                         // Nothing to recover from: accept the loss and carry on from the
                         // first buffered event.
                         tracing::warn!(?worker, error = %e, "KV recovery failed; events lost");
-                        let last = buf.front().and_then(|ev| ev.event.event_id.checked_sub(1));
+                        let last = buf.front().and_then(|(ev, _)| ev.event.event_id.checked_sub(1));
                         let _ = shared.core.recover(
                             worker,
                             WorkerKvQueryResponse::Events { events: Vec::new(), last_event_id: last },
                         );
                     }
                 }
-                for event in buf {
-                    handle(event, &mut recovering);
+                let now = now_ms();
+                for (event, published_at_ms) in buf {
+                    handle(event, published_at_ms, now, &mut recovering);
                 }
             }
             // Fired, or dropped because the subscription failed: either way nothing more
@@ -834,5 +865,14 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
             }
             () = stop.cancelled() => break,
         }
+    }
+}
+
+/// Blocks an event carries (stored or removed; 0 for `cleared`).
+fn event_blocks(event: &RouterEvent) -> usize {
+    match &event.event.data {
+        KvCacheEventData::Stored(s) => s.blocks.len(),
+        KvCacheEventData::Removed(r) => r.block_hashes.len(),
+        KvCacheEventData::Cleared => 0,
     }
 }
