@@ -7,7 +7,7 @@
 use dynamo_kv_router::indexer::RadixTree;
 use dynamo_kv_router::protocols::{
     decode_json_event, decode_json_event_serde, decode_json_router_event,
-    decode_msgpack_router_event, encode_json_router_event, encode_msgpack_router_event,
+    decode_json_router_event_serde, decode_msgpack_router_event, encode_json_router_event, encode_msgpack_router_event,
 };
 use libfuzzer_sys::fuzz_target;
 
@@ -15,6 +15,10 @@ fuzz_target!(|data: &[u8]| {
     let mut tree = RadixTree::default();
     // The fast JSON path must agree with serde_json on every input.
     assert_eq!(decode_json_event(data), decode_json_event_serde(data));
+    assert_eq!(
+        decode_json_router_event(data),
+        decode_json_router_event_serde(data)
+    );
     if let Ok(ev) = decode_json_event(data) {
         let _ = tree.apply_event(1, &ev);
         let _ = tree.apply_event(1, &ev);

@@ -214,6 +214,20 @@ pub fn decode_json_event_serde(bytes: &[u8]) -> Result<KvCacheEvent> {
 /// # Errors
 /// [`Error::Decode`] on malformed input.
 pub fn decode_json_router_event(bytes: &[u8]) -> Result<RouterEvent> {
+    // The event plane carries one of these per KV event: canonical ones take the fast path
+    // (as `decode_json_event`), anything else serde_json.
+    if let Some(ev) = fast_json::decode_router_event(bytes) {
+        return Ok(ev);
+    }
+    decode_json_router_event_serde(bytes)
+}
+
+/// [`decode_json_router_event`] without the fast path (tests compare the two).
+///
+/// # Errors
+/// As [`decode_json_router_event`].
+#[doc(hidden)]
+pub fn decode_json_router_event_serde(bytes: &[u8]) -> Result<RouterEvent> {
     serde_json::from_slice(bytes).map_err(|e| decode_error("RouterEvent", e))
 }
 
@@ -468,7 +482,95 @@ mod tests {
         }
     }
 
+    /// JSON texts of router events: an event text (see [`event_texts`]) wrapped with a
+    /// worker id and maybe a storage tier, in either order, then maybe mutated.
+    fn router_event_texts() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        let tier = prop_oneof![
+            Just(None),
+            Just(Some(r#""device""#)),
+            Just(Some(r#""host_pinned""#)),
+            Just(Some(r#""disk""#)),
+            Just(Some(r#""external""#)),
+            Just(Some(r#""gpu""#)),
+            Just(Some("null")),
+        ];
+        let id = prop_oneof![
+            any::<u64>().prop_map(|v| v.to_string()),
+            Just("-3".to_owned()),
+            Just("1.5".to_owned()),
+        ];
+        (
+            id,
+            tier,
+            event_texts(),
+            any::<bool>(),
+            proptest::option::of((any::<usize>(), any::<u8>())),
+        )
+            .prop_map(|(id, tier, event, swap, m)| {
+                let event = String::from_utf8_lossy(&event).into_owned();
+                let mut fields = vec![format!(r#""worker_id":{id}"#)];
+                if let Some(t) = tier {
+                    fields.push(format!(r#""storage_tier": {t}"#));
+                }
+                fields.push(format!(r#""event":{event}"#));
+                if swap {
+                    fields.reverse();
+                }
+                let mut bytes = format!("{{{}}}", fields.join(",")).into_bytes();
+                if let Some((pos, byte)) = m {
+                    let n = bytes.len();
+                    bytes[pos % n] = byte;
+                }
+                bytes
+            })
+    }
+
+    #[test]
+    fn canonical_router_events_take_the_fast_path() {
+        let ev = RouterEvent {
+            worker_id: u64::MAX,
+            storage_tier: StorageTier::HostPinned,
+            event: KvCacheEvent {
+                event_id: 3,
+                data: KvCacheEventData::Stored(KvCacheStoreData {
+                    parent_hash: Some(ExternalSequenceBlockHash(9)),
+                    start_position: Some(4),
+                    blocks: vec![KvCacheStoredBlockData::new(1, 2)],
+                }),
+                dp_rank: 1,
+            },
+        };
+        let text = encode_json_router_event(&ev);
+        assert_eq!(
+            fast_json::decode_router_event(text.as_bytes()),
+            Some(ev.clone())
+        );
+        assert_eq!(decode_json_router_event(text.as_bytes()), Ok(ev));
+        let no_tier = br#"{"worker_id":1,"event":{"event_id":0,"data":"cleared"}}"#;
+        let fast = fast_json::decode_router_event(no_tier).expect("fast path");
+        assert_eq!(fast.storage_tier, StorageTier::Device);
+        assert_eq!(Ok(fast), decode_json_router_event_serde(no_tier));
+        let slow: &[&[u8]] = &[
+            br#"{"worker_id":1,"event":{"event_id":0,"data":"cleared"},"x":1}"#,
+            br#"{"worker_id":1,"worker_id":2,"event":{"event_id":0,"data":"cleared"}}"#,
+            br#"{"worker_id":1,"storage_tier":"Device","event":{"event_id":0,"data":"cleared"}}"#,
+        ];
+        for slow in slow {
+            assert!(fast_json::decode_router_event(slow).is_none());
+        }
+    }
+
     proptest::proptest! {
+        #[test]
+        fn fast_json_router_path_agrees_with_serde(text in router_event_texts()) {
+            let serde = decode_json_router_event_serde(&text);
+            if let Some(fast) = fast_json::decode_router_event(&text) {
+                proptest::prop_assert_eq!(Ok(fast), serde.clone(), "{}", String::from_utf8_lossy(&text));
+            }
+            proptest::prop_assert_eq!(decode_json_router_event(&text), serde);
+        }
+
         #[test]
         fn fast_json_path_agrees_with_serde(text in event_texts()) {
             let serde = decode_json_event_serde(&text);
