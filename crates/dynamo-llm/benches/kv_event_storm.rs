@@ -550,8 +550,8 @@ fn main() {
     for d in drivers {
         let _ = d.join();
     }
-    pub_drt.shutdown();
-    router_drt.shutdown();
+    pub_rt.block_on(async { pub_drt.shutdown() });
+    router_rt.block_on(async { router_drt.shutdown() });
     drop(router);
     router_rt.shutdown_timeout(Duration::from_secs(1));
     pub_rt.shutdown_timeout(Duration::from_secs(1));
