@@ -109,7 +109,6 @@ struct RouterCore {
     /// Logical worker id -> scheduler ids by attention-DP rank.
     workers: BTreeMap<usize, Vec<usize>>,
     capacity: WorkerCapacity,
-    block_size: u32,
     event_ids: FxHashMap<(usize, u32), u64>,
 }
 
@@ -148,7 +147,6 @@ impl RouterCore {
             scheduler,
             workers: BTreeMap::new(),
             capacity,
-            block_size,
             event_ids: FxHashMap::default(),
         };
         for w in topology {
