@@ -155,9 +155,9 @@ impl ZmqKvEventSink {
 #[cfg(test)]
 mod tests {
     use dynamo_kv_router::engine_events::{EngineEvent, decode_engine_batch};
+    use dynamo_kv_router::hashing::LocalBlockHash;
     use dynamo_kv_router::protocols::{
         ExternalSequenceBlockHash, KvCacheRemoveData, KvCacheStoreData, KvCacheStoredBlockData,
-        LocalBlockHash,
     };
 
     use super::*;
