@@ -316,7 +316,7 @@ fn start_nats() -> (Child, u16) {
         .and_then(|l| l.local_addr())
         .expect("free port")
         .port();
-    let child = Command::new("nats-server")
+    let mut child = Command::new("nats-server")
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -328,6 +328,8 @@ fn start_nats() -> (Child, u16) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let _ = child.kill();
+    let _ = child.wait();
     panic!("nats-server did not start");
 }
 

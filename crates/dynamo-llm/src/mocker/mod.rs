@@ -336,7 +336,8 @@ impl MockEngine {
         for i in seq.held..after_full {
             let parent = i.checked_sub(1).map(|p| seq.seq[p]);
             let tokens = &seq.tokens[i * bs..(i + 1) * bs];
-            self.cache.register(seq.seq[i], seq.local[i], parent, tokens);
+            self.cache
+                .register(seq.seq[i], seq.local[i], parent, tokens);
         }
         seq.held = after_full;
         seq.tail = after_tail;

@@ -800,9 +800,7 @@ impl SelectionService {
                 "decay_fraction must be between 0.0 and 1.0",
             ));
         }
-        self.count_err(self.on_reservation(id, |s| {
-            s.add_output_block_decayed(id, decay_fraction)
-        }))
+        self.count_err(self.on_reservation(id, |s| s.add_output_block_decayed(id, decay_fraction)))
     }
 
     /// The reservation finished: release its load.
