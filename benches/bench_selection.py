@@ -288,7 +288,8 @@ def main() -> None:
     from _common import machine, run_under_reference
 
     os.environ["BENCH_PUB_PYTHON"] = sys.executable
-    if a.publisher == "rust":
+    if a.publisher == "rust" and "BENCH_PUB_BIN" not in os.environ:
+        # BENCH_PUB_BIN set: use that publisher binary as it is (no cargo build).
         root = Path(__file__).resolve().parent.parent
         target = Path(
             os.environ.get("CARGO_TARGET_DIR", Path.home() / ".cache" / "dynamo-rs-target")
