@@ -57,6 +57,14 @@
 //!   holders changes. Flags are set
 //!   conservatively (a flag only costs a scan) and cleared when the node is freed; `DUPS`
 //!   also when at most one holder is left.
+//! * `wide`: a node held by more than 64 ranks (a system prompt cached across a large
+//!   fleet) also keeps a holder set, one bit per worker slot plus the rare ranks that hold
+//!   it twice (`tree/wide.rs`), flagged `WIDE` in `meta`. "Does this rank hold it?" is then
+//!   a bit test, so such a node's `DUPS` and `BROKEN` are exact rather than conservative
+//!   (a conservative flag on a prefix shared by 1,000 workers made every query scan 1,000
+//!   holders per block), and a query enumerates or filters its holders with bit
+//!   operations instead of walking its list. It goes back to the list alone below 32
+//!   holders.
 //! * free node ids are kept as runs of consecutive ids, so that a chain stored after
 //!   evictions reuses consecutive ids and stays implicit.
 //!

@@ -295,36 +295,41 @@ impl Scheduler {
                 vec![w]
             }
             None => {
-                let allowed: Vec<_> = st
-                    .workers
-                    .iter()
-                    .filter(|(_, w)| constraints.allows(&w.taints))
-                    .collect();
-                if allowed.is_empty() {
+                // One pass over the workers (this runs per request over the whole fleet):
+                // the idle ones among the allowed and not avoided, and, in case every
+                // allowed worker is avoided, the idle avoided ones. Avoided workers only
+                // when nothing else is left: better a probe of a worker believed down than
+                // no answer at all.
+                let (mut allowed, mut preferred) = (0usize, 0usize);
+                let mut idle = Vec::with_capacity(st.workers.len());
+                let mut idle_avoided = Vec::new();
+                for (id, w) in &st.workers {
+                    if !constraints.allows(&w.taints) {
+                        continue;
+                    }
+                    allowed += 1;
+                    let avoided = req.avoid.contains(&id.worker_id);
+                    preferred += usize::from(!avoided);
+                    if thresholds.is_busy(&w.capacity, w.seqs.active_prefill_tokens()) {
+                        continue;
+                    }
+                    if avoided {
+                        idle_avoided.push((id, w));
+                    } else {
+                        idle.push((id, w));
+                    }
+                }
+                if allowed == 0 {
                     return Err(Error::NoEligibleWorkers);
                 }
-                // Avoided workers only when nothing else is left: better a probe of a
-                // worker believed down than no answer at all.
-                let preferred: Vec<_> = allowed
-                    .iter()
-                    .copied()
-                    .filter(|(r, _)| !req.avoid.contains(&r.worker_id))
-                    .collect();
-                let allowed = if preferred.is_empty() {
-                    allowed
+                let (idle, considered) = if preferred == 0 {
+                    (idle_avoided, allowed)
                 } else {
-                    preferred
+                    (idle, preferred)
                 };
-                let idle: Vec<_> = allowed
-                    .iter()
-                    .copied()
-                    .filter(|(_, w)| {
-                        !thresholds.is_busy(&w.capacity, w.seqs.active_prefill_tokens())
-                    })
-                    .collect();
                 if idle.is_empty() {
                     return Err(Error::AllWorkersBusy {
-                        workers: allowed.len(),
+                        workers: considered,
                     });
                 }
                 idle

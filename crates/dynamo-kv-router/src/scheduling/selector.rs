@@ -39,12 +39,19 @@ pub struct RoutingConstraints {
 
 impl RoutingConstraints {
     /// Whether a worker with `taints` satisfies the hard constraints.
+    #[inline]
     pub fn allows(&self, taints: &BTreeSet<String>) -> bool {
-        self.required_taints.is_subset(taints)
+        self.required_taints.is_empty() || self.required_taints.is_subset(taints)
     }
 
     /// Cost multiplier for a worker with `taints`, in `[e^-1, e]`.
+    #[inline]
     pub fn cost_multiplier(&self, taints: &BTreeSet<String>) -> f64 {
+        // exp(-tanh(0)) is exactly 1: skip the transcendental calls (once per worker and
+        // request).
+        if self.preferred_taints.is_empty() {
+            return 1.0;
+        }
         let sum: f64 = self
             .preferred_taints
             .iter()

@@ -193,6 +193,10 @@ impl ActiveSequences {
 
     /// How many of `blocks` are not yet held by an in-flight request.
     pub fn new_blocks(&self, blocks: &[SequenceHash]) -> usize {
+        // An idle worker (most of a large fleet at any moment) holds nothing: no lookups.
+        if self.block_refs.is_empty() {
+            return blocks.len();
+        }
         blocks
             .iter()
             .filter(|b| !self.block_refs.contains_key(b))

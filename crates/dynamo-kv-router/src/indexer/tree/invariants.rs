@@ -1,6 +1,8 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
-use super::{BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, node_of};
+use super::{
+    BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, WIDE, WIDE_DROP, WIDE_MIN, node_of,
+};
 
 impl RadixTree {
     /// Check every structural invariant (tests and debugging).
@@ -74,6 +76,29 @@ impl RadixTree {
                     "{id} has duplicates unflagged"
                 );
             }
+            // A wide node's holder set is exact (so is its `DUPS`); the others are narrow.
+            if m & WIDE != 0 {
+                let set = self
+                    .wide
+                    .get(&(id as u32))
+                    .expect("wide node without a set");
+                assert_eq!(set.residencies(), holders.len(), "holder set count of {id}");
+                for &h in &distinct {
+                    let n = holders.iter().filter(|&&x| x == h).count();
+                    assert_eq!(set.multiplicity(h) as usize, n, "multiplicity in {id}");
+                }
+                assert_eq!(m & DUPS != 0, set.has_dups(), "DUPS of wide {id}");
+                assert!(
+                    m & COUNT_MASK >= WIDE_DROP,
+                    "wide {id} below the drop limit"
+                );
+            } else {
+                assert!(
+                    !self.wide.contains_key(&(id as u32)),
+                    "narrow {id} has a set"
+                );
+                assert!(m & COUNT_MASK <= WIDE_MIN, "narrow {id} above the limit");
+            }
             let parent = self.nodes[id].parent;
             if parent != super::ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
                 let mut up = Vec::new();
@@ -86,6 +111,12 @@ impl RadixTree {
                 }
             }
         }
+        let wide_nodes = live
+            .iter()
+            .enumerate()
+            .filter(|&(id, &l)| l && self.nodes[id].meta & WIDE != 0)
+            .count();
+        assert_eq!(self.wide.len(), wide_nodes, "holder sets of freed nodes");
         let explicit = (1..self.nodes.len())
             .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
             .count();

@@ -5,6 +5,7 @@ mod dump;
 mod ext_table;
 mod free_runs;
 mod invariants;
+mod wide;
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -15,6 +16,7 @@ use rustc_hash::FxHashMap;
 
 use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
+use self::wide::HolderSet;
 use super::OverlapScores;
 use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
@@ -34,17 +36,26 @@ const EXTRA_BIT: u32 = 1 << 31;
 /// head is `Node::link`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
-/// `meta` bits: number of residencies of the node (low bits) and two flags.
-const COUNT_MASK: u32 = (1 << 29) - 1;
+/// `meta` bits: number of residencies of the node (low bits) and three flags.
+const COUNT_MASK: u32 = (1 << 28) - 1;
 /// Some child of the node may be held by a rank that does not hold the node (a rank
 /// released it while holding a deeper block); see [`RadixTree::find_matches_at`].
 const BROKEN: u32 = 1 << 31;
 /// Some rank may hold the node under two external hashes (its count exceeds its ranks).
 const DUPS: u32 = 1 << 30;
-/// Holder lists up to this long are scanned to keep `DUPS` / `BROKEN` exact; longer ones
-/// set the flag conservatively (bounds the scan on the apply path; a flag only disables
-/// the fast path of queries through that node).
-const SCAN_LIMIT: u32 = 128;
+/// The node is *wide*: it has a [`HolderSet`] in `RadixTree::wide` (exact, O(1) membership).
+const WIDE: u32 = 1 << 28;
+/// A node becomes wide when its holder count exceeds this; narrower nodes answer "does
+/// this rank hold it?" by scanning their holder list, so this bounds that scan on the apply
+/// path. 64 holders: a scan of 64 list entries is a few microseconds, while a holder set
+/// costs one bit per worker slot (125 bytes at 1,000 slots), under a tenth of the 64
+/// residencies' own 24-byte list entries. (Tiny under `cfg(test)`, so that the property
+/// tests' handful of ranks exercises both representations.)
+const WIDE_MIN: u32 = if cfg!(test) { 3 } else { 64 };
+/// A wide node goes back to its list alone when its holder count falls below this (half of
+/// [`WIDE_MIN`]: hysteresis, so a count oscillating around the limit does not rebuild the
+/// set at every event).
+const WIDE_DROP: u32 = if cfg!(test) { 2 } else { 32 };
 /// From this many live `(rank, block)` pairs up, an event's lookup buckets are warmed
 /// before its probes (see [`RadixTree::warm_lookup`]): below it the tables (8 bytes a
 /// bucket, all ranks together) mostly stay in cache and the extra pass costs more than it
@@ -215,6 +226,8 @@ pub struct RadixTree {
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
+    /// Holder sets of the nodes flagged `WIDE` (more than [`WIDE_MIN`] holders).
+    wide: FxHashMap<u32, HolderSet>,
     /// Live residencies (`(worker rank, block)` pairs).
     residencies: usize,
     recent: Option<RecentUses>,
@@ -240,6 +253,7 @@ impl RadixTree {
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
+            wide: FxHashMap::default(),
             residencies: 0,
             recent: expiration.map(|window| RecentUses {
                 window,
@@ -305,6 +319,8 @@ impl RadixTree {
                 .map(|s| s.lookup.heap_bytes())
                 .sum::<usize>()
             + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
+            + self.wide.capacity() * (size_of::<(u32, HolderSet)>() + 1)
+            + self.wide.values().map(HolderSet::heap_bytes).sum::<usize>()
     }
 
     /// Apply one event of `worker_id` (the rank is the event's `dp_rank`).
@@ -569,29 +585,44 @@ impl RadixTree {
                     break;
                 };
                 if depth == 0 {
-                    self.for_each_residency(child, |slot| active.push(slot));
-                    // A rank holding the block under two hashes is one rank.
-                    if self.nodes[child as usize].meta & DUPS != 0 {
-                        let mut seen = rustc_hash::FxHashSet::default();
-                        active.retain(|&s| seen.insert(s));
+                    if let Some(set) = self.holder_set(child) {
+                        set.for_each(|slot| active.push(slot));
+                    } else {
+                        self.for_each_residency(child, |slot| active.push(slot));
+                        // A rank holding the block under two hashes is one rank.
+                        if self.nodes[child as usize].meta & DUPS != 0 {
+                            let mut seen = rustc_hash::FxHashSet::default();
+                            active.retain(|&s| seen.insert(s));
+                        }
                     }
                     first.extend_from_slice(active);
                 } else if !self.same_holders(node, child) {
                     // Ranks that hold `child` go on; the others score `depth`.
-                    *stamp = stamp.wrapping_add(1);
-                    if *stamp == 0 {
-                        stamps.fill(0);
-                        *stamp = 1;
-                    }
-                    let s = *stamp;
-                    self.for_each_residency(child, |slot| stamps[slot as usize] = s);
-                    active.retain(|&slot| {
-                        let keep = stamps[slot as usize] == s;
-                        if !keep {
-                            left.push((slot, depth));
+                    if let Some(set) = self.holder_set(child) {
+                        // A wide node: bit tests instead of a pass over its holder list.
+                        active.retain(|&slot| {
+                            let keep = set.contains(slot);
+                            if !keep {
+                                left.push((slot, depth));
+                            }
+                            keep
+                        });
+                    } else {
+                        *stamp = stamp.wrapping_add(1);
+                        if *stamp == 0 {
+                            stamps.fill(0);
+                            *stamp = 1;
                         }
-                        keep
-                    });
+                        let s = *stamp;
+                        self.for_each_residency(child, |slot| stamps[slot as usize] = s);
+                        active.retain(|&slot| {
+                            let keep = stamps[slot as usize] == s;
+                            if !keep {
+                                left.push((slot, depth));
+                            }
+                            keep
+                        });
+                    }
                 }
                 if active.is_empty() {
                     break;
@@ -649,6 +680,16 @@ impl RadixTree {
             self.nodes[child as usize].meta,
         );
         p & BROKEN == 0 && c & DUPS == 0 && c & COUNT_MASK == p & COUNT_MASK
+    }
+
+    /// The holder set of `node` when it is wide.
+    #[inline]
+    fn holder_set(&self, node: u32) -> Option<&HolderSet> {
+        if self.nodes[node as usize].meta & WIDE != 0 {
+            self.wide.get(&node)
+        } else {
+            None
+        }
     }
 
     // ----- internals ---------------------------------------------------------------------
@@ -862,11 +903,10 @@ impl RadixTree {
         false
     }
 
-    /// Whether `slot` is known not to hold `node`: no holders, or a short holder list
-    /// without it.
+    /// Whether `slot` does not hold `node` (exact: a holder set's bit, or a scan of at most
+    /// [`WIDE_MIN`] holders).
     fn lacks(&self, node: u32, slot: u32) -> bool {
-        let count = self.nodes[node as usize].meta & COUNT_MASK;
-        count == 0 || (count <= SCAN_LIMIT && !self.holds(node, slot))
+        self.nodes[node as usize].meta & COUNT_MASK == 0 || !self.holds(node, slot)
     }
 
     /// Attach a residency to `node`; returns its handle. Does not touch lookups.
@@ -877,10 +917,45 @@ impl RadixTree {
         let count = m & COUNT_MASK;
         assert!(count < COUNT_MASK, "radix tree holders per node exceeded");
         let mut flags = m & !COUNT_MASK;
-        if count > 0 && maybe_dup {
+        if m & WIDE != 0 {
+            // Exact: whether the slot already held the node is one bit.
+            if let Some(set) = self.wide.get_mut(&node) {
+                set.add(slot);
+                if set.has_dups() {
+                    flags |= DUPS;
+                } else {
+                    flags &= !DUPS;
+                }
+            }
+        } else if count > 0 && maybe_dup {
             flags |= DUPS;
         }
         self.nodes[node as usize].meta = flags | (count + 1);
+        let handle = self.attach(slot, node, ext);
+        if m & WIDE == 0 && count + 1 > WIDE_MIN {
+            self.widen(node);
+        }
+        handle
+    }
+
+    /// Give `node` a holder set built from its holder list (which makes its `DUPS` exact).
+    fn widen(&mut self, node: u32) {
+        let mut set = HolderSet::default();
+        self.for_each_residency(node, |s| {
+            set.add(s);
+        });
+        let m = &mut self.nodes[node as usize].meta;
+        *m |= WIDE;
+        if set.has_dups() {
+            *m |= DUPS;
+        } else {
+            *m &= !DUPS;
+        }
+        self.wide.insert(node, set);
+    }
+
+    /// Attach a residency of `slot` to `node` (its count already includes it).
+    fn attach(&mut self, slot: u32, node: u32, ext: u64) -> u32 {
         let n = &mut self.nodes[node as usize];
         if n.slot == NIL {
             n.slot = slot;
@@ -937,6 +1012,9 @@ impl RadixTree {
                 *m &= !DUPS;
             }
         }
+        if self.nodes[node as usize].meta & WIDE != 0 {
+            self.narrow(node, slot);
+        }
         self.detach(handle);
         // A node that is still live keeps its parent (freed ones have none).
         if mark
@@ -947,6 +1025,29 @@ impl RadixTree {
                 .is_some_and(|n| n.parent != NIL)
         {
             self.mark_if_orphaning(node, slot, gone);
+        }
+    }
+
+    /// `slot` left the wide `node` (its count already dropped): update the holder set and
+    /// the exact `DUPS`; below [`WIDE_DROP`] holders the node goes back to its list alone.
+    fn narrow(&mut self, node: u32, slot: u32) {
+        let Some(set) = self.wide.get_mut(&node) else {
+            return;
+        };
+        set.remove(slot);
+        let dups = set.has_dups();
+        let m = &mut self.nodes[node as usize].meta;
+        if dups {
+            *m |= DUPS;
+        } else {
+            *m &= !DUPS;
+        }
+        if *m & COUNT_MASK < WIDE_DROP {
+            *m &= !WIDE;
+            self.wide.remove(&node);
+            if self.wide.is_empty() {
+                self.wide = FxHashMap::default();
+            }
         }
     }
 
@@ -962,15 +1063,19 @@ impl RadixTree {
             let c = node + 1;
             self.nodes.get(c as usize).is_some_and(|n| n.parent == node)
                 && c != gone
-                && (self.nodes[c as usize].meta & COUNT_MASK > SCAN_LIMIT || self.holds(c, slot))
+                && self.holds(c, slot)
         };
         if broken {
             self.nodes[node as usize].meta |= BROKEN;
         }
     }
 
-    /// Whether `slot` holds `node` (scans its holders).
+    /// Whether `slot` holds `node` (a bit test for wide nodes; otherwise scans at most
+    /// [`WIDE_MIN`] holders).
     fn holds(&self, node: u32, slot: u32) -> bool {
+        if let Some(set) = self.holder_set(node) {
+            return set.contains(slot);
+        }
         let mut found = false;
         self.for_each_residency(node, |s| found |= s == slot);
         found
@@ -1063,6 +1168,7 @@ impl RadixTree {
         self.extras = Vec::new();
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
+        self.wide = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
