@@ -177,9 +177,23 @@ fn decode_event(event: &Value) -> Result<EngineEvent> {
 
 /// Decode one msgpack payload.
 ///
+/// The usual shape (vLLM's tagged arrays, integer hashes, string media) is read straight
+/// from the bytes without building a msgpack value tree; anything else (map-encoded
+/// events, byte-string hashes, unexpected field types, malformed bytes) goes through the
+/// general decoder, which also words the errors. Both give the same batch for any payload
+/// the direct reader accepts.
+///
 /// # Errors
 /// [`Error::Decode`] describing the first malformed part.
 pub fn decode_engine_batch(payload: &[u8]) -> Result<EngineEventBatch> {
+    if let Some(batch) = direct::decode(payload) {
+        return Ok(batch);
+    }
+    decode_engine_batch_general(payload)
+}
+
+/// The general decoder: the payload as a msgpack value tree, either event encoding.
+fn decode_engine_batch_general(payload: &[u8]) -> Result<EngineEventBatch> {
     let mut reader = payload;
     let value = rmpv::decode::read_value_ref(&mut reader)
         .map_err(|e| err(e.to_string()))?
@@ -213,7 +227,272 @@ pub fn decode_engine_batch(payload: &[u8]) -> Result<EngineEventBatch> {
     })
 }
 
+/// A direct reader of the common payload shape: `None` for anything it does not handle
+/// (the caller falls back to the general decoder), never a different answer.
+mod direct {
+    use super::{EngineEvent, EngineEventBatch, medium_to_tier};
+    use crate::protocols::StorageTier;
+
+    /// An integer as msgpack types it.
+    #[derive(Clone, Copy)]
+    enum Int {
+        U(u64),
+        I(i64),
+    }
+
+    impl Int {
+        fn as_u64(self) -> Option<u64> {
+            match self {
+                Int::U(u) => Some(u),
+                Int::I(i) => u64::try_from(i).ok(),
+            }
+        }
+
+        /// The hash reading of [`super::hash`]: signed, or unsigned reinterpreted.
+        fn as_hash(self) -> i64 {
+            match self {
+                Int::U(u) => u as i64,
+                Int::I(i) => i,
+            }
+        }
+    }
+
+    struct Cursor<'a> {
+        bytes: &'a [u8],
+    }
+
+    impl<'a> Cursor<'a> {
+        fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+            if self.bytes.len() < n {
+                return None;
+            }
+            let (head, rest) = self.bytes.split_at(n);
+            self.bytes = rest;
+            Some(head)
+        }
+
+        /// Capacity for `n` entries that each take at least one more byte.
+        fn capacity(&self, n: usize) -> usize {
+            n.min(self.bytes.len())
+        }
+
+        fn be<const N: usize>(&mut self) -> Option<[u8; N]> {
+            self.take(N)?.try_into().ok()
+        }
+
+        fn peek(&self) -> Option<u8> {
+            self.bytes.first().copied()
+        }
+
+        fn byte(&mut self) -> Option<u8> {
+            Some(self.take(1)?[0])
+        }
+
+        /// Skip a nil; true when there was one.
+        fn nil(&mut self) -> bool {
+            if self.peek() == Some(0xc0) {
+                self.bytes = &self.bytes[1..];
+                true
+            } else {
+                false
+            }
+        }
+
+        fn array_len(&mut self) -> Option<usize> {
+            match self.byte()? {
+                b @ 0x90..=0x9f => Some(usize::from(b & 0x0f)),
+                0xdc => Some(usize::from(u16::from_be_bytes(self.be()?))),
+                0xdd => usize::try_from(u32::from_be_bytes(self.be()?)).ok(),
+                _ => None,
+            }
+        }
+
+        fn int(&mut self) -> Option<Int> {
+            Some(match self.byte()? {
+                b @ 0x00..=0x7f => Int::U(u64::from(b)),
+                b @ 0xe0..=0xff => Int::I(i64::from(b as i8)),
+                0xcc => Int::U(u64::from(self.byte()?)),
+                0xcd => Int::U(u64::from(u16::from_be_bytes(self.be()?))),
+                0xce => Int::U(u64::from(u32::from_be_bytes(self.be()?))),
+                0xcf => Int::U(u64::from_be_bytes(self.be()?)),
+                0xd0 => Int::I(i64::from(self.byte()? as i8)),
+                0xd1 => Int::I(i64::from(i16::from_be_bytes(self.be()?))),
+                0xd2 => Int::I(i64::from(i32::from_be_bytes(self.be()?))),
+                0xd3 => Int::I(i64::from_be_bytes(self.be()?)),
+                _ => return None,
+            })
+        }
+
+        fn str(&mut self) -> Option<&'a str> {
+            let len = match self.byte()? {
+                b @ 0xa0..=0xbf => usize::from(b & 0x1f),
+                0xd9 => usize::from(self.byte()?),
+                0xda => usize::from(u16::from_be_bytes(self.be()?)),
+                0xdb => usize::try_from(u32::from_be_bytes(self.be()?)).ok()?,
+                _ => return None,
+            };
+            std::str::from_utf8(self.take(len)?).ok()
+        }
+
+        /// A number read as `f64` (the timestamp).
+        fn number(&mut self) -> Option<f64> {
+            match self.peek()? {
+                0xca => {
+                    self.byte()?;
+                    Some(f64::from(f32::from_be_bytes(self.be()?)))
+                }
+                0xcb => {
+                    self.byte()?;
+                    Some(f64::from_be_bytes(self.be()?))
+                }
+                _ => match self.int()? {
+                    Int::I(i) => Some(i as f64),
+                    Int::U(u) => i64::try_from(u).ok().map(|i| i as f64),
+                },
+            }
+        }
+
+        fn hashes(&mut self) -> Option<Vec<i64>> {
+            let n = self.array_len()?;
+            let mut out = Vec::with_capacity(self.capacity(n));
+            for _ in 0..n {
+                out.push(self.int()?.as_hash());
+            }
+            Some(out)
+        }
+
+        fn tokens(&mut self) -> Option<Vec<u32>> {
+            let n = self.array_len()?;
+            let mut out = Vec::with_capacity(self.capacity(n));
+            for _ in 0..n {
+                out.push(u32::try_from(self.int()?.as_u64()?).ok()?);
+            }
+            Some(out)
+        }
+
+        fn opt_str(&mut self) -> Option<Option<&'a str>> {
+            if self.nil() {
+                Some(None)
+            } else {
+                self.str().map(Some)
+            }
+        }
+
+        fn tier(&mut self) -> Option<StorageTier> {
+            Some(self.opt_str()?.map_or(StorageTier::Device, medium_to_tier))
+        }
+
+        fn event(&mut self) -> Option<EngineEvent> {
+            let len = self.array_len()?;
+            if len == 0 {
+                return None;
+            }
+            match self.str()? {
+                "BlockStored" if (5..=8).contains(&len) => {
+                    let block_hashes = self.hashes()?;
+                    let parent_block_hash = if self.nil() {
+                        None
+                    } else {
+                        Some(self.int()?.as_hash())
+                    };
+                    let token_ids = self.tokens()?;
+                    let block_size = usize::try_from(self.int()?.as_u64()?).ok()?;
+                    if len > 5 && !self.nil() {
+                        // lora_id: an integer, not used.
+                        self.int()?;
+                    }
+                    let tier = if len > 6 {
+                        self.tier()?
+                    } else {
+                        StorageTier::Device
+                    };
+                    let lora_name = if len > 7 {
+                        self.opt_str()?.map(str::to_owned)
+                    } else {
+                        None
+                    };
+                    Some(EngineEvent::BlockStored {
+                        block_hashes,
+                        parent_block_hash,
+                        token_ids,
+                        block_size,
+                        lora_name,
+                        tier,
+                    })
+                }
+                "BlockRemoved" if (2..=3).contains(&len) => {
+                    let block_hashes = self.hashes()?;
+                    let tier = if len > 2 {
+                        self.tier()?
+                    } else {
+                        StorageTier::Device
+                    };
+                    Some(EngineEvent::BlockRemoved { block_hashes, tier })
+                }
+                "AllBlocksCleared" if len == 1 => Some(EngineEvent::AllBlocksCleared),
+                _ => None,
+            }
+        }
+    }
+
+    /// `[timestamp, [event, ...], dp_rank?]` with tagged-array events, or `None`.
+    pub(super) fn decode(payload: &[u8]) -> Option<EngineEventBatch> {
+        let mut c = Cursor { bytes: payload };
+        let len = c.array_len()?;
+        if !(2..=3).contains(&len) {
+            return None;
+        }
+        let timestamp = c.number()?;
+        let n = c.array_len()?;
+        let mut events = Vec::with_capacity(c.capacity(n));
+        for _ in 0..n {
+            events.push(c.event()?);
+        }
+        let dp_rank = if len < 3 || c.nil() {
+            None
+        } else {
+            Some(u32::try_from(c.int()?.as_u64()?).ok()?)
+        };
+        Some(EngineEventBatch {
+            timestamp,
+            events,
+            dp_rank,
+        })
+    }
+}
+
 impl EngineEvent {
+    /// [`Self::to_publish_input`] without copying the event's token ids and hashes.
+    pub fn into_publish_input(self, cache_salt: Option<&str>) -> PublishInput {
+        match self {
+            EngineEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                mut token_ids,
+                block_size,
+                lora_name,
+                ..
+            } => {
+                let bs = block_size.max(1);
+                let mut num_block_tokens: Vec<usize> =
+                    token_ids.chunks(bs).map(<[u32]>::len).collect();
+                num_block_tokens.resize(block_hashes.len(), 0);
+                token_ids.truncate(num_block_tokens.iter().sum());
+                PublishInput::Stored(StoredInput {
+                    token_ids,
+                    num_block_tokens,
+                    block_hashes,
+                    parent_hash: parent_block_hash,
+                    lora_name,
+                    cache_salt: cache_salt.map(str::to_owned),
+                    ..Default::default()
+                })
+            }
+            EngineEvent::BlockRemoved { block_hashes, .. } => PublishInput::Removed(block_hashes),
+            EngineEvent::AllBlocksCleared => PublishInput::Cleared,
+        }
+    }
+
     /// The publisher input for this event. Stored token ids are split into blocks of the
     /// engine's `block_size` (a trailing partial block is kept and then dropped by the
     /// publisher's size check).
@@ -364,10 +643,157 @@ mod tests {
         assert!(decode_engine_batch(&[0xc1]).is_err());
     }
 
+    /// A field value of any of the types an engine (or a broken one) might send.
+    fn any_field() -> impl Strategy<Value = Value> {
+        let int = prop_oneof![
+            (0u64..200).prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-40i64..0).prop_map(Value::from),
+        ];
+        prop_oneof![
+            int.clone(),
+            Just(Value::Nil),
+            Just(Value::from("GPU")),
+            Just(Value::from("cpu_tier2")),
+            Just(Value::from("lora-a")),
+            Just(Value::Binary(vec![1, 2, 3, 4, 5, 6, 7, 8, 9])),
+            any::<f64>().prop_map(Value::F64),
+            any::<f32>().prop_map(Value::F32),
+            proptest::collection::vec(int, 0..6).prop_map(Value::Array),
+            proptest::collection::vec((0u64..70_000).prop_map(Value::from), 0..40)
+                .prop_map(Value::Array),
+            Just(Value::Array(vec![Value::Nil])),
+            Just(Value::Map(vec![("type".into(), "AllBlocksCleared".into())])),
+        ]
+    }
+
+    fn any_event() -> impl Strategy<Value = Value> {
+        let tag = prop_oneof![
+            Just(Value::from("BlockStored")),
+            Just(Value::from("BlockRemoved")),
+            Just(Value::from("AllBlocksCleared")),
+            Just(Value::from("Other")),
+            Just(Value::from(3)),
+        ];
+        (tag, proptest::collection::vec(any_field(), 0..9)).prop_map(|(tag, mut fields)| {
+            fields.insert(0, tag);
+            Value::Array(fields)
+        })
+    }
+
+    fn any_payload() -> impl Strategy<Value = Value> {
+        (
+            any_field(),
+            proptest::collection::vec(any_event(), 0..4),
+            proptest::option::of(any_field()),
+            0usize..3,
+        )
+            .prop_map(|(ts, events, dp, extra)| {
+                let mut items = vec![ts, Value::Array(events)];
+                items.extend(dp);
+                items.extend(std::iter::repeat_n(Value::Nil, extra));
+                Value::Array(items)
+            })
+    }
+
+    /// Well-formed events with every field type the direct reader takes.
+    fn good_event() -> impl Strategy<Value = Value> {
+        let hashes = proptest::collection::vec(any::<i64>().prop_map(Value::from), 1..4);
+        let tokens = proptest::collection::vec(any::<u32>().prop_map(Value::from), 0..40);
+        let medium = prop_oneof![Just(Value::Nil), Just("GPU".into()), Just("CPU".into())];
+        let lora = prop_oneof![Just(Value::Nil), Just("a".into())];
+        let parent = prop_oneof![Just(Value::Nil), any::<u64>().prop_map(Value::from)];
+        prop_oneof![
+            (
+                hashes.clone(),
+                parent,
+                tokens,
+                1u64..64,
+                medium.clone(),
+                lora,
+                5usize..=8
+            )
+                .prop_map(|(h, p, t, bs, m, l, len)| {
+                    let mut v = vec![
+                        "BlockStored".into(),
+                        Value::Array(h),
+                        p,
+                        Value::Array(t),
+                        bs.into(),
+                        Value::Nil,
+                        m,
+                        l,
+                    ];
+                    v.truncate(len);
+                    Value::Array(v)
+                }),
+            (hashes, medium).prop_map(|(h, m)| Value::Array(vec![
+                "BlockRemoved".into(),
+                Value::Array(h),
+                m
+            ])),
+            Just(Value::Array(vec!["AllBlocksCleared".into()])),
+        ]
+    }
+
+    #[test]
+    fn the_direct_reader_takes_the_usual_shape() {
+        let payload = Value::Array(vec![
+            Value::F64(1.5),
+            Value::Array(vec![Value::Array(vec![
+                "BlockStored".into(),
+                ints(&[-5, 6]),
+                Value::Nil,
+                ints(&[1, 2, 3, 4, 5, 6, 7, 8]),
+                4.into(),
+                Value::Nil,
+                "GPU".into(),
+            ])]),
+            0.into(),
+        ]);
+        let bytes = encode(&payload);
+        assert!(direct::decode(&bytes).is_some());
+        assert_eq!(
+            direct::decode(&bytes),
+            decode_engine_batch_general(&bytes).ok()
+        );
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode_engine_batch(&bytes);
+        }
+
+        /// Whatever the direct reader accepts, the general decoder decodes the same way.
+        #[test]
+        fn direct_reader_agrees_with_the_general_decoder(payload in any_payload()) {
+            let bytes = encode(&payload);
+            if let Some(batch) = direct::decode(&bytes) {
+                prop_assert_eq!(Ok(batch), decode_engine_batch_general(&bytes).map_err(|e| e.to_string()));
+            }
+        }
+
+        #[test]
+        fn well_formed_payloads_take_the_direct_reader(
+            ts in any::<f64>(),
+            events in proptest::collection::vec(good_event(), 0..5),
+            dp in proptest::option::of(any::<u32>()),
+        ) {
+            let mut items = vec![Value::F64(ts), Value::Array(events)];
+            items.extend(dp.map(Value::from));
+            let bytes = encode(&Value::Array(items));
+            let direct = direct::decode(&bytes);
+            prop_assert!(direct.is_some());
+            let general = decode_engine_batch_general(&bytes).map_err(|e| e.to_string());
+            // NaN timestamps compare unequal: compare the rest then.
+            if ts.is_nan() {
+                let (d, g) = (direct.unwrap(), general.unwrap());
+                prop_assert_eq!((d.events, d.dp_rank), (g.events, g.dp_rank));
+            } else {
+                prop_assert_eq!(Ok(direct.unwrap()), general);
+            }
         }
     }
 }
