@@ -5,7 +5,7 @@
 //!
 //! Usage: `zmq_kv_publisher N K BLOCK_SIZE`; prints the ports as a JSON list, then reads
 //! commands on stdin: `warm` (block 0 on every socket), `burst` (blocks 1..=K on every
-//! socket, then prints `sent`), `exit`. Block `j` holds tokens `j*BS .. (j+1)*BS` and has
+//! socket, then prints `sent`), `clear` (`AllBlocksCleared` on every socket), `exit`. Block `j` holds tokens `j*BS .. (j+1)*BS` and has
 //! hash `1000 + j`, parent `999 + j` (vLLM's tagged-array event encoding).
 
 #![expect(
@@ -30,10 +30,18 @@ fn payload(j: u64, bs: u64) -> Vec<u8> {
         Option::<u32>::None,
         "GPU",
     );
-    let ts = std::time::SystemTime::now()
+    rmp_serde::to_vec(&(now(), [event], 0u32)).expect("in-memory encode")
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    rmp_serde::to_vec(&(ts, [event], 0u32)).expect("in-memory encode")
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// vLLM's `AllBlocksCleared` (a tagged array with no fields).
+fn cleared() -> Vec<u8> {
+    rmp_serde::to_vec(&(now(), [("AllBlocksCleared",)], 0u32)).expect("in-memory encode")
 }
 
 fn main() {
@@ -72,6 +80,12 @@ fn main() {
                     }
                 }
                 println!("sent");
+            }
+            "clear" => {
+                let m = cleared();
+                for p in &pubs {
+                    p.publish(m.clone());
+                }
             }
             "exit" => break,
             _ => {}

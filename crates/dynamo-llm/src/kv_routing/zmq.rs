@@ -165,9 +165,78 @@ pub(crate) fn dial_address(endpoint: &str) -> String {
         .replace('*', "127.0.0.1")
 }
 
+/// Read buffer of a SUB connection (grown for a larger message).
+const SUB_BUFFER: usize = 256 * 1024;
+
 /// A SUB socket's connection to one PUB socket.
+///
+/// Bytes are read into one buffer and messages are parsed in place, so a subscriber can
+/// take every message that has already arrived in one go ([`Self::fill`], then
+/// [`Self::next_buffered`] until `None`) without copying frames.
 pub(crate) struct SubConnection {
-    stream: BufReader<TcpStream>,
+    stream: TcpStream,
+    buf: Vec<u8>,
+    /// Start of the unparsed bytes in `buf`.
+    start: usize,
+    /// Frame ranges of the message last returned by `next_buffered`.
+    parts: Vec<(usize, usize)>,
+}
+
+/// Where the next frame in `bytes` lies: `(flags, body start, body end)`, or `None` when
+/// it has not fully arrived.
+fn frame_at(bytes: &[u8], at: usize) -> std::io::Result<Option<(u8, usize, usize)>> {
+    let Some(&flags) = bytes.get(at) else {
+        return Ok(None);
+    };
+    let (size, header) = if flags & FLAG_LONG != 0 {
+        let Some(len) = bytes.get(at + 1..at + 9) else {
+            return Ok(None);
+        };
+        let mut be = [0u8; 8];
+        be.copy_from_slice(len);
+        (u64::from_be_bytes(be), 9)
+    } else {
+        let Some(&len) = bytes.get(at + 1) else {
+            return Ok(None);
+        };
+        (u64::from(len), 2)
+    };
+    if size > MAX_FRAME {
+        return Err(io_err(format!("frame of {size} bytes exceeds the limit")));
+    }
+    let body = at + header;
+    let end = body + size as usize;
+    Ok((end <= bytes.len()).then_some((flags, body, end)))
+}
+
+/// The frames of one message, borrowed from a [`SubConnection`]'s buffer.
+pub(crate) struct Frames<'a> {
+    buf: &'a [u8],
+    parts: &'a [(usize, usize)],
+}
+
+impl<'a> Frames<'a> {
+    /// Number of frames (at least one).
+    pub(crate) fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Frame `i`.
+    pub(crate) fn get(&self, i: usize) -> Option<&'a [u8]> {
+        let &(b, e) = self.parts.get(i)?;
+        Some(&self.buf[b..e])
+    }
+
+    /// The last frame (the payload of an engine message).
+    pub(crate) fn last(&self) -> Option<&'a [u8]> {
+        self.get(self.parts.len().checked_sub(1)?)
+    }
+
+    /// Every frame, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let buf = self.buf;
+        self.parts.iter().map(move |&(b, e)| &buf[b..e])
+    }
 }
 
 impl SubConnection {
@@ -181,13 +250,83 @@ impl SubConnection {
         sub.extend_from_slice(topic);
         s.write_all(&short_frame(0, &sub)).await?;
         Ok(Self {
-            stream: BufReader::with_capacity(256 * 1024, s),
+            stream: s,
+            buf: Vec::with_capacity(SUB_BUFFER),
+            start: 0,
+            parts: Vec::with_capacity(4),
         })
+    }
+
+    /// Wait for more bytes from the publisher (at least one).
+    ///
+    /// # Errors
+    /// The connection broke or the publisher closed it.
+    pub(crate) async fn fill(&mut self) -> std::io::Result<()> {
+        if self.start > 0 {
+            // Keep only the unparsed tail (a partial message), at the front.
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+        if self.buf.is_empty() && self.buf.capacity() > 4 * SUB_BUFFER {
+            // A large message has gone: give its memory back.
+            self.buf.shrink_to(SUB_BUFFER);
+        }
+        if self.buf.capacity() - self.buf.len() < SUB_BUFFER / 4 {
+            self.buf.reserve(SUB_BUFFER);
+        }
+        if self.stream.read_buf(&mut self.buf).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the publisher closed the connection",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The next message that has fully arrived, its frames borrowed from the buffer
+    /// (commands such as heartbeats are skipped); `None` until [`Self::fill`] brings more.
+    ///
+    /// # Errors
+    /// A frame over the size limit or a message with too many parts (the connection
+    /// cannot be read further).
+    pub(crate) fn next_buffered(&mut self) -> std::io::Result<Option<Frames<'_>>> {
+        let mut at = self.start;
+        self.parts.clear();
+        loop {
+            let Some((flags, body, end)) = frame_at(&self.buf, at)? else {
+                return Ok(None);
+            };
+            at = end;
+            if flags & FLAG_COMMAND != 0 {
+                if self.parts.is_empty() {
+                    // Commands between messages are consumed with them.
+                    self.start = at;
+                }
+                continue;
+            }
+            self.parts.push((body, end));
+            if flags & FLAG_MORE == 0 {
+                break;
+            }
+            if self.parts.len() >= MAX_PARTS {
+                return Err(io_err("too many message parts"));
+            }
+        }
+        self.start = at;
+        Ok(Some(Frames {
+            buf: &self.buf,
+            parts: &self.parts,
+        }))
     }
 
     /// The next message (commands such as heartbeats are skipped).
     pub(crate) async fn recv(&mut self) -> std::io::Result<Vec<Vec<u8>>> {
-        read_message(&mut self.stream, |_| {}).await
+        loop {
+            if let Some(m) = self.next_buffered()? {
+                return Ok(m.iter().map(<[u8]>::to_vec).collect());
+            }
+            self.fill().await?;
+        }
     }
 }
 
@@ -405,6 +544,56 @@ pub(crate) async fn request_replay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Messages split across reads at every kind of boundary, a command between messages
+    /// and a frame larger than the read buffer all come out whole and in order.
+    #[tokio::test]
+    async fn buffered_reader_reassembles_messages() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let big = vec![7u8; SUB_BUFFER + 12_345];
+        let mut expected: Vec<Vec<Vec<u8>>> = Vec::new();
+        let mut wire = Vec::new();
+        for i in 0..200u32 {
+            let parts = vec![
+                b"".to_vec(),
+                u64::from(i).to_be_bytes().to_vec(),
+                vec![i as u8; (i as usize * 7) % 400],
+            ];
+            wire.extend_from_slice(&encode_message(&parts));
+            expected.push(parts);
+            if i == 50 {
+                wire.extend_from_slice(&short_frame(FLAG_COMMAND, b"\x04PING"));
+            }
+            if i == 120 {
+                let parts = vec![b"t".to_vec(), big.clone()];
+                wire.extend_from_slice(&encode_message(&parts));
+                expected.push(parts);
+            }
+        }
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            handshake(&mut s, "PUB").await.unwrap();
+            let _subscription = read_frame(&mut s).await.unwrap();
+            // Odd-sized writes, flushed one by one: frames split everywhere.
+            for chunk in wire.chunks(997) {
+                s.write_all(chunk).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            s
+        });
+        let mut sub = SubConnection::connect(&address, b"").await.unwrap();
+        for want in &expected {
+            assert_eq!(&sub.recv().await.unwrap(), want);
+        }
+        let s = server.await.unwrap();
+        drop(s);
+        assert!(
+            sub.recv().await.is_err(),
+            "a closed publisher ends the connection"
+        );
+    }
 
     #[test]
     fn greeting_and_ready_layout() {

@@ -44,6 +44,33 @@ fn bind(host: &str, port: u16) -> std::io::Result<std::net::TcpListener> {
     Ok(listener)
 }
 
+/// Accept connections on `listener` (on `handle`) until `stop` fires, serving each with
+/// the task `serve(stream, stop)`.
+fn accept_loop<F, Fut>(
+    handle: &tokio::runtime::Handle,
+    listener: std::net::TcpListener,
+    stop: CancellationToken,
+    serve: F,
+) where
+    F: Fn(TcpStream, CancellationToken) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    handle.spawn(async move {
+        let Ok(listener) = TcpListener::from_std(listener) else {
+            return;
+        };
+        loop {
+            let conn = tokio::select! {
+                c = listener.accept() => c,
+                () = stop.cancelled() => return,
+            };
+            if let Ok((stream, _)) = conn {
+                tokio::spawn(serve(stream, stop.clone()));
+            }
+        }
+    });
+}
+
 struct Peer {
     subscriptions: Arc<Mutex<Vec<Vec<u8>>>>,
     tx: mpsc::Sender<Arc<[u8]>>,
@@ -67,20 +94,9 @@ impl PubSocket {
         let address = std_listener.local_addr()?;
         let peers: Arc<Mutex<Vec<Peer>>> = Arc::default();
         let stop = CancellationToken::new();
-        let (p, s) = (peers.clone(), stop.clone());
-        handle.spawn(async move {
-            let Ok(listener) = TcpListener::from_std(std_listener) else {
-                return;
-            };
-            loop {
-                let conn = tokio::select! {
-                    c = listener.accept() => c,
-                    () = s.cancelled() => return,
-                };
-                if let Ok((stream, _)) = conn {
-                    tokio::spawn(serve_subscriber(stream, p.clone(), s.clone()));
-                }
-            }
+        let p = peers.clone();
+        accept_loop(handle, std_listener, stop.clone(), move |stream, s| {
+            serve_subscriber(stream, p.clone(), s)
         });
         Ok(Self {
             address,
@@ -278,20 +294,9 @@ impl EnginePublisher {
                     capacity: replay_buffer.max(1),
                     items: VecDeque::new(),
                 }));
-                let (r, s, t) = (ring.clone(), stop.clone(), topic.to_vec());
-                handle.spawn(async move {
-                    let Ok(listener) = TcpListener::from_std(std_listener) else {
-                        return;
-                    };
-                    loop {
-                        let conn = tokio::select! {
-                            c = listener.accept() => c,
-                            () = s.cancelled() => return,
-                        };
-                        if let Ok((stream, _)) = conn {
-                            tokio::spawn(serve_replay(stream, r.clone(), t.clone(), s.clone()));
-                        }
-                    }
+                let (r, t) = (ring.clone(), topic.to_vec());
+                accept_loop(handle, std_listener, stop.clone(), move |stream, s| {
+                    serve_replay(stream, r.clone(), t.clone(), s)
                 });
                 (Some(ring), Some(address))
             }

@@ -38,8 +38,12 @@ use axum::routing::{delete, get, post};
 use serde::Serialize;
 
 use super::error::SelectionError;
+use super::prom::{Kind, PromText};
 use super::recovery::RecoveryMetrics;
-use super::requests::{OutputBlockRequest, PromptRequest, ReservationRequest, parse_classified};
+use super::requests::{
+    OutputBlockRequest, PromptRequest, ReservationRequest, WithTokenIds, parse_classified,
+    parse_with_tokens,
+};
 use super::service::{SelectionService, lock};
 
 /// Where access-log lines go, and which header carries the trace id.
@@ -129,22 +133,34 @@ fn fail(e: &SelectionError) -> Response {
     reason = "the error is the finished response, returned straight from the handler"
 )]
 pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Response> {
-    parse_classified(bytes).map_err(|(syntax, e)| {
-        if syntax {
-            error_response(
-                StatusCode::BAD_REQUEST,
-                &format!("Failed to parse the request body as JSON: {}", e.message),
-            )
-        } else {
-            error_response(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                &format!(
-                    "Failed to deserialize the JSON body into the target type: {}",
-                    e.message
-                ),
-            )
-        }
-    })
+    parse_classified(bytes).map_err(|(syntax, e)| bad_body(syntax, &e))
+}
+
+/// [`body`] for a prompt body, its `token_ids` read directly (see
+/// [`super::requests::parse_with_tokens`]).
+#[expect(
+    clippy::result_large_err,
+    reason = "the error is the finished response, returned straight from the handler"
+)]
+pub(crate) fn prompt_body<T: WithTokenIds>(bytes: &[u8]) -> Result<T, Response> {
+    parse_with_tokens(bytes).map_err(|(syntax, e)| bad_body(syntax, &e))
+}
+
+fn bad_body(syntax: bool, e: &SelectionError) -> Response {
+    if syntax {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            &format!("Failed to parse the request body as JSON: {}", e.message),
+        )
+    } else {
+        error_response(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            &format!(
+                "Failed to deserialize the JSON body into the target type: {}",
+                e.message
+            ),
+        )
+    }
 }
 
 fn answer<T: Serialize>(status: StatusCode, r: Result<T, SelectionError>) -> Response {
@@ -222,21 +238,23 @@ async fn metrics(State(s): St) -> Response {
 
 pub(crate) fn http_metrics_text(s: &HttpState) -> String {
     let prefix = &s.prefix;
-    let mut text = format!(
-        "# HELP {prefix}_http_requests_total HTTP requests by route and status\n# TYPE {prefix}_http_requests_total counter\n"
-    );
+    let name = format!("{prefix}_http_requests_total");
+    let mut out = PromText::new();
+    out.family(&name, Kind::Counter, "HTTP requests by route and status");
     for ((route, status), n) in lock(&s.requests).iter() {
-        text.push_str(&format!(
-            "{prefix}_http_requests_total{{endpoint=\"{route}\",status=\"{status}\"}} {n}\n"
-        ));
+        out.sample(
+            &name,
+            &[("endpoint", route), ("status", &status.to_string())],
+            n,
+        );
     }
     if let Some(hub) = s.svc.replica_hub() {
-        text.push_str(&hub.metrics_text(prefix));
+        out.push_text(&hub.metrics_text(prefix));
     }
     if let Some(r) = &s.recovery {
-        text.push_str(&r.metrics_text(prefix));
+        out.push_text(&r.metrics_text(prefix));
     }
-    text
+    out.finish()
 }
 
 async fn list_workers(State(s): St, RawQuery(q): RawQuery) -> Response {
@@ -270,7 +288,7 @@ fn with_prompt<T: Serialize>(
     status: StatusCode,
     f: impl FnOnce(&PromptRequest) -> Result<T, SelectionError>,
 ) -> Response {
-    match body::<PromptRequest>(bytes) {
+    match prompt_body::<PromptRequest>(bytes) {
         Ok(req) => answer(status, f(&req)),
         Err(r) => r,
     }
@@ -293,7 +311,7 @@ async fn potential_loads(State(s): St, bytes: Bytes) -> Response {
 }
 
 async fn create_reservation(State(s): St, bytes: Bytes) -> Response {
-    match body::<ReservationRequest>(&bytes) {
+    match prompt_body::<ReservationRequest>(&bytes) {
         Ok(req) => answer(StatusCode::CREATED, s.svc.create_reservation(&req)),
         Err(r) => r,
     }

@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 use super::catalog::WorkerRequest;
 use super::http::{
     HttpState, body, error_response, http_metrics_text, json, not_found, observe, ok, ok_with,
-    prometheus_response,
+    prometheus_response, prompt_body,
 };
-use super::requests::{Hash64, PromptRequest};
+use super::requests::{Hash64, PromptRequest, WithTokenIds};
 
 /// Give an index-only registration what the catalog needs to index it: the KV-event
 /// endpoint stands in for the request endpoint (the indexer never routes), and the ranks
@@ -80,6 +80,12 @@ struct Query {
     routing_group: Option<String>,
     #[serde(default)]
     lora_name: Option<String>,
+}
+
+impl WithTokenIds for Query {
+    fn set_token_ids(&mut self, token_ids: Vec<u32>) {
+        self.token_ids = token_ids;
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,7 +233,7 @@ fn scores(s: &HttpState, req: &PromptRequest) -> Response {
 }
 
 async fn query(State(s): St, bytes: Bytes) -> Response {
-    match body::<Query>(&bytes) {
+    match prompt_body::<Query>(&bytes) {
         Ok(q) => scores(
             &s,
             &PromptRequest {

@@ -4,6 +4,11 @@
 //! `PublisherCore` (which recomputes the blocks' content hashes with the group's block
 //! size and numbers events) and applies them to the group's radix tree.
 //!
+//! * Every message that has already arrived on the connection is handled in one go: the
+//!   frames are parsed in place in the connection's read buffer, the events decoded and
+//!   numbered, and then applied under one tree write lock (at most [`MAX_PENDING`] events
+//!   per lock), so a busy publisher costs one lock per read rather than per message.
+//!
 //! * The connection state is published to the worker's [`LinkCell`], which the catalog
 //!   turns into `not_schedulable_reasons` while the publisher is unreachable.
 //! * A malformed message is counted and skipped; it never stops the listener.
@@ -25,13 +30,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dynamo_kv_router::engine_events::{EngineEvent, decode_engine_batch, decode_sequence};
-use dynamo_kv_router::protocols::{StorageTier, WorkerWithDpRank};
-use dynamo_kv_router::publisher::PublisherCore;
+use dynamo_kv_router::protocols::{RouterEvent, StorageTier, WorkerWithDpRank};
+use dynamo_kv_router::publisher::{PublishInput, PublisherCore};
 use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::service::{Group, lock};
-use crate::kv_routing::zmq::{Backoff, SubConnection, dial_address, request_replay};
+use crate::kv_routing::zmq::{Backoff, Frames, SubConnection, dial_address, request_replay};
+
+/// Most router events built from one connection's buffered messages before they are
+/// applied (bounds how long one tree write lock is held).
+const MAX_PENDING: usize = 256;
 
 /// How long a replay request may take before the gap is given up as unrepaired.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -92,6 +101,8 @@ struct RankState {
     last_seq: Option<u64>,
     replay: Option<String>,
     metrics: Arc<ListenerMetrics>,
+    /// Events decoded and numbered, waiting for one tree write.
+    pending: Vec<RouterEvent>,
 }
 
 /// Start the listener of `rank` on `endpoint` (a validated `host:port` address), with the
@@ -119,6 +130,7 @@ pub(crate) fn spawn(
             last_seq: None,
             replay,
             metrics,
+            pending: Vec::with_capacity(MAX_PENDING),
         };
         let address = dial_address(&endpoint);
         let mut backoff = Backoff::new();
@@ -132,17 +144,19 @@ pub(crate) fn spawn(
                     backoff.reset();
                     *lock(&link) = Link::Up;
                     loop {
-                        let message = tokio::select! {
-                            m = conn.recv() => m,
+                        let filled = tokio::select! {
+                            r = conn.fill() => r,
                             () = stop.cancelled() => return,
                         };
-                        match message {
-                            Ok(m) => state.on_message(&m).await,
-                            Err(e) => {
-                                tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connection lost");
-                                *lock(&link) = Link::Down(format!("connection lost: {e}"));
-                                break;
-                            }
+                        // Every message that has arrived, applied in a few tree writes.
+                        let drained = match filled {
+                            Ok(()) => state.drain(&mut conn).await,
+                            Err(e) => Err(e),
+                        };
+                        if let Err(e) = drained {
+                            tracing::debug!(endpoint = %endpoint, error = %e, "engine ZMQ connection lost");
+                            *lock(&link) = Link::Down(format!("connection lost: {e}"));
+                            break;
                         }
                     }
                 }
@@ -159,7 +173,16 @@ pub(crate) fn spawn(
 }
 
 impl RankState {
-    async fn on_message(&mut self, message: &[Vec<u8>]) {
+    /// Handle every message already buffered on `conn`, then apply what they built.
+    async fn drain(&mut self, conn: &mut SubConnection) -> std::io::Result<()> {
+        while let Some(message) = conn.next_buffered()? {
+            self.on_message(&message).await;
+        }
+        self.flush();
+        Ok(())
+    }
+
+    async fn on_message(&mut self, message: &Frames<'_>) {
         let Some(payload) = message.last() else {
             self.metrics
                 .malformed_frames
@@ -167,7 +190,7 @@ impl RankState {
             return;
         };
         if message.len() >= 3 {
-            let Ok(seq) = decode_sequence(&message[message.len() - 2]) else {
+            let Some(Ok(seq)) = message.get(message.len() - 2).map(decode_sequence) else {
                 self.metrics
                     .malformed_frames
                     .fetch_add(1, Ordering::Relaxed);
@@ -177,19 +200,22 @@ impl RankState {
                 if seq <= last {
                     // The engine restarted (its counter starts again): its cache is new.
                     self.metrics.engine_restarts.fetch_add(1, Ordering::Relaxed);
+                    self.flush();
                     let rank = self.rank;
                     self.group.tree.with_write(|t| t.clear_rank(rank));
                 } else if seq > last + 1 {
                     self.metrics.sequence_gaps.fetch_add(1, Ordering::Relaxed);
+                    self.flush();
                     self.repair(last, seq).await;
                 }
             }
             self.last_seq = Some(seq);
         }
-        self.apply_payload(payload);
+        self.add_payload(payload);
     }
 
-    /// Replay the messages after `last` and before `seq` from the engine's replay socket.
+    /// Replay the messages after `last` and before `seq` from the engine's replay socket
+    /// (applied before this returns).
     async fn repair(&mut self, last: u64, seq: u64) {
         let metrics = self.metrics.clone();
         let Some(replay) = self.replay.clone() else {
@@ -215,8 +241,9 @@ impl RankState {
             }
             expected = s + 1;
             metrics.replayed_messages.fetch_add(1, Ordering::Relaxed);
-            self.apply_payload(&payload);
+            self.add_payload(&payload);
         }
+        self.flush();
         if complete && expected == seq {
             metrics.gaps_repaired.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -224,7 +251,8 @@ impl RankState {
         }
     }
 
-    fn apply_payload(&mut self, payload: &[u8]) {
+    /// Decode one engine payload into router events, queued for the next [`Self::flush`].
+    fn add_payload(&mut self, payload: &[u8]) {
         let metrics = &self.metrics;
         let batch = match decode_engine_batch(payload) {
             Ok(b) => b,
@@ -234,8 +262,8 @@ impl RankState {
                 return;
             }
         };
-        for event in &batch.events {
-            let tier = match event {
+        for event in batch.events {
+            let tier = match &event {
                 EngineEvent::BlockStored { tier, .. } | EngineEvent::BlockRemoved { tier, .. } => {
                     *tier
                 }
@@ -245,20 +273,46 @@ impl RankState {
                 metrics.events_skipped_tier.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            let input = event.to_publish_input(None);
-            match self.publisher.batch(std::slice::from_ref(&input)) {
-                Ok(events) => {
-                    for e in events {
-                        match self.group.tree.apply_event(self.rank.worker_id, &e.event) {
-                            Ok(()) => metrics.events_applied.fetch_add(1, Ordering::Relaxed),
-                            Err(_) => metrics.events_rejected.fetch_add(1, Ordering::Relaxed),
-                        };
-                    }
-                }
+            let built = match event.into_publish_input(None) {
+                PublishInput::Stored(s) => self.publisher.stored(&s),
+                PublishInput::Removed(h) => Ok(self.publisher.removed(&h)),
+                PublishInput::Cleared => Ok(Some(self.publisher.cleared())),
+            };
+            match built {
+                Ok(Some(e)) => self.pending.push(e),
+                Ok(None) => {}
                 Err(_) => {
                     metrics.malformed_frames.fetch_add(1, Ordering::Relaxed);
                 }
             }
+        }
+        if self.pending.len() >= MAX_PENDING {
+            self.flush();
+        }
+    }
+
+    /// Apply the queued events to the tree under one write lock.
+    fn flush(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let worker_id = self.rank.worker_id;
+        let pending = &self.pending;
+        let applied = self.group.tree.with_write(|t| {
+            pending
+                .iter()
+                .filter(|e| t.apply_event(worker_id, &e.event).is_ok())
+                .count()
+        });
+        let rejected = self.pending.len() - applied;
+        self.pending.clear();
+        self.metrics
+            .events_applied
+            .fetch_add(applied as u64, Ordering::Relaxed);
+        if rejected > 0 {
+            self.metrics
+                .events_rejected
+                .fetch_add(rejected as u64, Ordering::Relaxed);
         }
     }
 }

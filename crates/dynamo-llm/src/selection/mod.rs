@@ -36,6 +36,7 @@ pub mod error;
 pub mod http;
 pub mod indexer;
 pub mod listener;
+mod prom;
 pub mod recovery;
 pub mod replica;
 pub mod requests;

@@ -17,11 +17,11 @@
 //!   `--workers` (or within the first second) to have their state recovered.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use super::prom::{Kind, PromText};
 use super::service::{PeerDump, SelectionService};
 
 /// Delay before the first fetch.
@@ -49,29 +49,30 @@ impl RecoveryMetrics {
     /// Prometheus text, names prefixed `prefix_peer_recovery_`.
     pub fn metrics_text(&self, prefix: &str) -> String {
         let g = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let p = format!("{prefix}_peer_recovery");
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP {p}_total Start-up recovery attempts from peers by outcome"
+        let p = |n: &str| format!("{prefix}_peer_recovery_{n}");
+        let mut out = PromText::new();
+        out.by_label(
+            &p("total"),
+            Kind::Counter,
+            "Start-up recovery attempts from peers by outcome",
+            "outcome",
+            [
+                ("recovered", g(&self.recovered)),
+                ("unreachable", g(&self.unreachable)),
+                ("invalid", g(&self.invalid)),
+            ],
+        )
+        .by_label(
+            &p("events_total"),
+            Kind::Counter,
+            "Events of the peer's dump",
+            "outcome",
+            [
+                ("applied", g(&self.events_applied)),
+                ("skipped", g(&self.events_skipped)),
+            ],
         );
-        let _ = writeln!(out, "# TYPE {p}_total counter");
-        for (o, v) in [
-            ("recovered", g(&self.recovered)),
-            ("unreachable", g(&self.unreachable)),
-            ("invalid", g(&self.invalid)),
-        ] {
-            let _ = writeln!(out, "{p}_total{{outcome=\"{o}\"}} {v}");
-        }
-        let _ = writeln!(out, "# HELP {p}_events_total Events of the peer's dump");
-        let _ = writeln!(out, "# TYPE {p}_events_total counter");
-        for (o, v) in [
-            ("applied", g(&self.events_applied)),
-            ("skipped", g(&self.events_skipped)),
-        ] {
-            let _ = writeln!(out, "{p}_events_total{{outcome=\"{o}\"}} {v}");
-        }
-        out
+        out.finish()
     }
 }
 

@@ -35,7 +35,6 @@
 //!   workers all left and came back) are booked on the new scheduler.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,6 +52,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::kv_routing::zmq::{LinkState, subscribe_loop_observed};
 use crate::kv_routing::zmq_pub::PubSocket;
+
+use super::prom::{Kind, PromText};
 
 /// First frame of every replica-sync message (and the peers' subscription).
 pub const TOPIC: &[u8] = b"dynamo.replica_sync";
@@ -285,59 +286,58 @@ impl ReplicaHub {
             .iter()
             .filter(|(_, up)| up.load(Ordering::Relaxed))
             .count();
-        let mut out = String::new();
-        let p = format!("{prefix}_replica_sync");
-        let _ = writeln!(
-            out,
-            "# HELP {p}_peer_links Subscriptions to peers' PUB sockets by state"
+        let p = |n: &str| format!("{prefix}_replica_sync_{n}");
+        let mut out = PromText::new();
+        out.by_label(
+            &p("peer_links"),
+            Kind::Gauge,
+            "Subscriptions to peers' PUB sockets by state",
+            "state",
+            [
+                ("connected", connected),
+                ("down", self.peers.len() - connected),
+            ],
+        )
+        .by_label(
+            &p("messages_total"),
+            Kind::Counter,
+            "Replica sync messages",
+            "direction",
+            [
+                ("sent", g(&m.sent)),
+                ("received", g(&m.received)),
+                ("malformed", g(&m.malformed)),
+            ],
         );
-        let _ = writeln!(out, "# TYPE {p}_peer_links gauge");
-        let _ = writeln!(out, "{p}_peer_links{{state=\"connected\"}} {connected}");
-        let _ = writeln!(
-            out,
-            "{p}_peer_links{{state=\"down\"}} {}",
-            self.peers.len() - connected
-        );
-        let _ = writeln!(out, "# HELP {p}_messages_total Replica sync messages");
-        let _ = writeln!(out, "# TYPE {p}_messages_total counter");
-        for (dir, v) in [
-            ("sent", g(&m.sent)),
-            ("received", g(&m.received)),
-            ("malformed", g(&m.malformed)),
-        ] {
-            let _ = writeln!(out, "{p}_messages_total{{direction=\"{dir}\"}} {v}");
-        }
         for (name, help, kind, v) in [
             (
                 "snapshots_received_total",
                 "Snapshots received from peers",
-                "counter",
+                Kind::Counter,
                 g(&m.snapshots_received),
             ),
             (
                 "peers_expired_total",
                 "Peers forgotten (silent past the TTL, or goodbye)",
-                "counter",
+                Kind::Counter,
                 g(&m.peers_expired),
             ),
             (
                 "peer_replicas",
                 "Peer replicas known (summed over groups)",
-                "gauge",
+                Kind::Gauge,
                 g(&m.peer_replicas),
             ),
             (
                 "peer_bookings",
                 "Peers' bookings held (applied or waiting for their worker)",
-                "gauge",
+                Kind::Gauge,
                 g(&m.peer_bookings),
             ),
         ] {
-            let _ = writeln!(out, "# HELP {p}_{name} {help}");
-            let _ = writeln!(out, "# TYPE {p}_{name} {kind}");
-            let _ = writeln!(out, "{p}_{name} {v}");
+            out.single(&p(name), kind, help, v);
         }
-        out
+        out.finish()
     }
 }
 

@@ -53,6 +53,179 @@ pub fn parse_classified<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, (bool, S
     Err((syntax, err))
 }
 
+/// A body with a `token_ids` list, which [`parse_with_tokens`] reads directly.
+pub trait WithTokenIds: DeserializeOwned {
+    /// Put the directly read `token_ids` in place.
+    fn set_token_ids(&mut self, token_ids: Vec<u32>);
+}
+
+impl WithTokenIds for PromptRequest {
+    fn set_token_ids(&mut self, token_ids: Vec<u32>) {
+        self.token_ids = Some(token_ids);
+    }
+}
+
+impl WithTokenIds for ReservationRequest {
+    fn set_token_ids(&mut self, token_ids: Vec<u32>) {
+        self.prompt.token_ids = Some(token_ids);
+    }
+}
+
+/// [`parse_classified`] for a body whose bulk is a `token_ids` list (a 10k-token prompt is
+/// about 50 KB of digits): the list is read by a tight loop (see [`split_token_ids`]) and
+/// the rest of the body by serde. Any body the direct reader does not take as it is
+/// (another shape, a token that is not a `u32`, an escaped key, ...) goes through
+/// [`parse_classified`], which also words the errors; both read a body the same way.
+///
+/// # Errors
+/// As [`parse_classified`].
+pub fn parse_with_tokens<T: WithTokenIds>(bytes: &[u8]) -> Result<T, (bool, SelectionError)> {
+    if let Some((rest, tokens)) = split_token_ids(bytes)
+        && let Ok(mut v) = serde_json::from_slice::<T>(&rest)
+    {
+        v.set_token_ids(tokens);
+        return Ok(v);
+    }
+    parse_classified(bytes)
+}
+
+/// Read the top-level `"token_ids"` array of a JSON object directly: the tokens and the
+/// body with that array replaced by `[]`. `None` when the body is not an object with such
+/// a member spelled plainly, or the array is not a list of plain non-negative integers
+/// that fit in `u32` (serde then reads it, and reports what is wrong). The rest of the
+/// body is not checked here: serde parses it.
+pub fn split_token_ids(bytes: &[u8]) -> Option<(Vec<u8>, Vec<u32>)> {
+    let ws = |mut i: usize| {
+        while matches!(bytes.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            i += 1;
+        }
+        i
+    };
+    let mut i = ws(0);
+    if bytes.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = ws(i);
+        if bytes.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(bytes, i)?;
+        let key = &bytes[i + 1..key_end - 1];
+        i = ws(key_end);
+        if bytes.get(i) != Some(&b':') {
+            return None;
+        }
+        i = ws(i + 1);
+        if key == b"token_ids" && bytes.get(i) == Some(&b'[') {
+            let (tokens, end) = token_array(bytes, i)?;
+            let mut rest = Vec::with_capacity(bytes.len() - (end - i) + 2);
+            rest.extend_from_slice(&bytes[..i]);
+            rest.extend_from_slice(b"[]");
+            rest.extend_from_slice(&bytes[end..]);
+            return Some((rest, tokens));
+        }
+        i = ws(value_end(bytes, i)?);
+        match bytes.get(i) {
+            Some(b',') => i += 1,
+            _ => return None,
+        }
+    }
+}
+
+/// The index after the JSON string that starts (with its quote) at `start`.
+fn string_end(bytes: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    loop {
+        match bytes.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+}
+
+/// The index after the JSON value that starts at `start` (not validated: serde parses it).
+fn value_end(bytes: &[u8], start: usize) -> Option<usize> {
+    match bytes.get(start)? {
+        b'"' => string_end(bytes, start),
+        b'[' | b'{' => {
+            let mut depth = 0usize;
+            let mut i = start;
+            loop {
+                match bytes.get(i)? {
+                    b'"' => {
+                        i = string_end(bytes, i)?;
+                        continue;
+                    }
+                    b'[' | b'{' => depth += 1,
+                    b']' | b'}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(i + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                i += 1;
+            }
+        }
+        _ => {
+            let mut i = start;
+            while !matches!(
+                bytes.get(i),
+                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                i += 1;
+            }
+            Some(i)
+        }
+    }
+}
+
+/// A JSON array of plain non-negative integers that fit in `u32`, starting at `start`:
+/// the values and the index after the `]`.
+fn token_array(bytes: &[u8], start: usize) -> Option<(Vec<u32>, usize)> {
+    let ws = |mut i: usize| {
+        while matches!(bytes.get(i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            i += 1;
+        }
+        i
+    };
+    // At least two bytes per token ("1,").
+    let mut out = Vec::with_capacity((bytes.len() - start) / 2);
+    let mut i = ws(start + 1);
+    if bytes.get(i) == Some(&b']') {
+        return Some((out, i + 1));
+    }
+    loop {
+        let first = i;
+        let mut v: u64 = 0;
+        while let Some(&d) = bytes.get(i) {
+            if !d.is_ascii_digit() {
+                break;
+            }
+            v = v * 10 + u64::from(d - b'0');
+            if v > u64::from(u32::MAX) {
+                return None;
+            }
+            i += 1;
+        }
+        // No digits, or a leading zero (JSON has none): serde says what is wrong.
+        if i == first || (bytes[first] == b'0' && i - first > 1) {
+            return None;
+        }
+        out.push(v as u32);
+        i = ws(i);
+        match bytes.get(i)? {
+            b',' => i = ws(i + 1),
+            b']' => return Some((out, i + 1)),
+            _ => return None,
+        }
+    }
+}
+
 /// A 64-bit hash given as a signed or unsigned JSON integer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Hash64(pub u64);
@@ -334,6 +507,63 @@ mod tests {
         assert!(e.message.contains("token_ids"), "{}", e.message);
         let e = parse::<ReservationRequest>(br#"{}"#).unwrap_err();
         assert!(e.message.contains("selection_id"), "{}", e.message);
+    }
+
+    #[test]
+    fn token_lists_are_read_directly_and_the_same() {
+        let body = br#" { "model_name" : "m\"token_ids\"", "x": {"token_ids": [9]},
+            "token_ids" : [ 1 , 22,4294967295,0 ] , "routing_group": "g" } "#;
+        let (rest, tokens) = split_token_ids(body).expect("direct");
+        assert_eq!(tokens, [1, 22, 4_294_967_295, 0]);
+        assert!(
+            std::str::from_utf8(&rest)
+                .unwrap()
+                .contains(r#""token_ids" : [] ,"#)
+        );
+        let direct: PromptRequest = parse_with_tokens(body).map_err(|e| e.1).unwrap();
+        let general: PromptRequest = parse(body).unwrap();
+        assert_eq!(direct.token_ids, general.token_ids);
+        assert_eq!(direct.model_name, general.model_name);
+        assert_eq!(direct.routing_group.as_deref(), Some("g"));
+        let r: ReservationRequest =
+            parse_with_tokens(br#"{"selection_id": "a", "token_ids": [5]}"#)
+                .map_err(|e| e.1)
+                .unwrap();
+        assert_eq!(r.prompt.token_ids, Some(vec![5]));
+        assert_eq!(
+            split_token_ids(br#"{"token_ids": []}"#).unwrap().1,
+            Vec::<u32>::new()
+        );
+        // Not taken directly: serde reads them and reports what is wrong.
+        for bad in [
+            &br#"{"token_ids": [1, -2]}"#[..],
+            br#"{"token_ids": [4294967296]}"#,
+            br#"{"token_ids": [1.0]}"#,
+            br#"{"token_ids": [01]}"#,
+            br#"{"token_ids": [1,]}"#,
+            br#"{"token_ids": [1 2]}"#,
+            br#"{"token_ids": "x"}"#,
+            br#"{"token\u005fids": [1]}"#,
+            br#"[1]"#,
+            br#"{"token_ids": [1"#,
+        ] {
+            assert!(
+                split_token_ids(bad).is_none(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        for (bad, syntax) in [
+            (&br#"{"token_ids": [1, -2]}"#[..], false),
+            (br#"{"token_ids": [1,]}"#, true),
+            (br#"{"token_ids": [1], "token_ids": [2]}"#, false),
+            (br#"{"token_ids": [1]"#, true),
+            (br#"{"token_ids": [1]} x"#, true),
+        ] {
+            let e = parse_with_tokens::<PromptRequest>(bad).unwrap_err();
+            let g = parse_classified::<PromptRequest>(bad).unwrap_err();
+            assert_eq!((e.0, &e.1.message), (syntax, &g.1.message));
+        }
     }
 
     #[test]

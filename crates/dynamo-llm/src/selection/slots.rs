@@ -35,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use super::catalog::DEFAULT_GROUP;
 use super::http::{body, error_response, json, not_found, ok, ok_with, prometheus_response};
+use super::prom::{Kind, PromText};
 use super::replica::{ReplicaHub, SyncTarget};
 use super::requests::{Hash64, LoadEntry};
 use super::service::lock;
@@ -373,13 +374,23 @@ async fn health() -> Response {
 async fn metrics(State(t): St) -> Response {
     let groups = lock(&t.groups).len();
     let workers: usize = lock(&t.registrations).values().map(BTreeMap::len).sum();
-    let text = format!(
-        "# HELP dynamo_slot_tracker_models Model + routing-group trackers\n# TYPE dynamo_slot_tracker_models gauge\ndynamo_slot_tracker_models {groups}\n# HELP dynamo_slot_tracker_workers Registered workers\n# TYPE dynamo_slot_tracker_workers gauge\ndynamo_slot_tracker_workers {workers}\n"
+    let mut out = PromText::new();
+    out.single(
+        "dynamo_slot_tracker_models",
+        Kind::Gauge,
+        "Model + routing-group trackers",
+        groups,
+    )
+    .single(
+        "dynamo_slot_tracker_workers",
+        Kind::Gauge,
+        "Registered workers",
+        workers,
     );
-    let text = match &t.replica {
-        Some(hub) => text + &hub.metrics_text("dynamo_slot_tracker"),
-        None => text,
-    };
+    if let Some(hub) = &t.replica {
+        out.push_text(&hub.metrics_text("dynamo_slot_tracker"));
+    }
+    let text = out.finish();
     prometheus_response(text)
 }
 

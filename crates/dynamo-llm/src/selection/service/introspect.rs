@@ -2,7 +2,6 @@
 //! indexer's listener states and raw prefix matches.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dynamo_kv_router::hashing::{BlockHashOptions, LocalBlockHash, compute_block_hash_for_seq};
@@ -11,13 +10,13 @@ use dynamo_kv_router::protocols::WorkerWithDpRank;
 use super::super::catalog::{Lifecycle, WorkerRequest};
 use super::super::error::{Result, SelectionError};
 use super::super::listener::Link;
+use super::super::prom::{Kind, PromText};
 use super::super::requests::PromptRequest;
 use super::{SelectionService, lock};
 
 impl SelectionService {
     /// Prometheus text of the service's gauges and counters, names prefixed `prefix`.
     pub fn metrics_text(&self, prefix: &str) -> String {
-        let mut out = String::new();
         let (mut active, mut pending, mut down) = (0u64, 0u64, 0u64);
         let mut lifecycle: BTreeMap<&'static str, u64> =
             [("incomplete", 0), ("schedulable", 0), ("unschedulable", 0)].into();
@@ -46,122 +45,122 @@ impl SelectionService {
         };
         let m = &self.listeners;
         let g = |v: &AtomicU64| v.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP {prefix}_listeners ZMQ KV-event listeners by status"
+        let name = |n: &str| format!("{prefix}_{n}");
+        let mut out = PromText::new();
+        out.by_label(
+            &name("listeners"),
+            Kind::Gauge,
+            "ZMQ KV-event listeners by status",
+            "status",
+            [("active", active), ("pending", pending), ("down", down)],
+        )
+        .by_label(
+            &name("workers"),
+            Kind::Gauge,
+            "Catalog workers by lifecycle",
+            "lifecycle",
+            lifecycle,
+        )
+        .by_label(
+            &name("kv_events_total"),
+            Kind::Counter,
+            "Engine KV events by outcome",
+            "outcome",
+            [
+                ("applied", g(&m.events_applied)),
+                ("rejected", g(&m.events_rejected)),
+                ("skipped_tier", g(&m.events_skipped_tier)),
+            ],
         );
-        let _ = writeln!(out, "# TYPE {prefix}_listeners gauge");
-        for (s, v) in [("active", active), ("pending", pending), ("down", down)] {
-            let _ = writeln!(out, "{prefix}_listeners{{status=\"{s}\"}} {v}");
-        }
-        let _ = writeln!(out, "# HELP {prefix}_workers Catalog workers by lifecycle");
-        let _ = writeln!(out, "# TYPE {prefix}_workers gauge");
-        for (s, v) in &lifecycle {
-            let _ = writeln!(out, "{prefix}_workers{{lifecycle=\"{s}\"}} {v}");
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {prefix}_kv_events_total Engine KV events by outcome"
-        );
-        let _ = writeln!(out, "# TYPE {prefix}_kv_events_total counter");
-        for (s, v) in [
-            ("applied", g(&m.events_applied)),
-            ("rejected", g(&m.events_rejected)),
-            ("skipped_tier", g(&m.events_skipped_tier)),
-        ] {
-            let _ = writeln!(out, "{prefix}_kv_events_total{{outcome=\"{s}\"}} {v}");
-        }
-        for (name, help, kind, v) in [
+        for (n, help, kind, v) in [
             (
                 "malformed_frames_total",
                 "ZMQ messages that did not decode (skipped)",
-                "counter",
+                Kind::Counter,
                 g(&m.malformed_frames),
             ),
             (
                 "sequence_gaps_total",
                 "Jumps in an engine's message sequence",
-                "counter",
+                Kind::Counter,
                 g(&m.sequence_gaps),
             ),
             (
                 "sequence_gaps_repaired_total",
                 "Sequence gaps whose lost messages were replayed from the engine's replay endpoint",
-                "counter",
+                Kind::Counter,
                 g(&m.gaps_repaired),
             ),
             (
                 "sequence_gaps_unrepaired_total",
                 "Sequence gaps not (completely) replayed: no replay endpoint, or it failed or no longer held them",
-                "counter",
+                Kind::Counter,
                 g(&m.gaps_unrepaired),
             ),
             (
                 "replayed_messages_total",
                 "Engine messages applied from replay answers",
-                "counter",
+                Kind::Counter,
                 g(&m.replayed_messages),
             ),
             (
                 "engine_restarts_total",
                 "Engine sequence restarts seen",
-                "counter",
+                Kind::Counter,
                 g(&m.engine_restarts),
             ),
             (
                 "models",
                 "Model + routing-group indexes",
-                "gauge",
+                Kind::Gauge,
                 models as u64,
             ),
             (
                 "selections_total",
                 "Successful selections",
-                "counter",
+                Kind::Counter,
                 g(&self.counters.selections),
             ),
             (
                 "reservations_total",
                 "Bookings made",
-                "counter",
+                Kind::Counter,
                 g(&self.counters.reservations),
             ),
             (
                 "reservations_active",
                 "Bookings not yet freed",
-                "gauge",
+                Kind::Gauge,
                 reservations as u64,
             ),
             (
                 "errors_total",
                 "Failed selection-service calls",
-                "counter",
+                Kind::Counter,
                 g(&self.counters.errors),
             ),
             (
                 "pending_selections",
                 "Cached selections awaiting a reservation",
-                "gauge",
+                Kind::Gauge,
                 cached as u64,
             ),
             (
                 "pending_selection_bytes",
                 "Estimated bytes of cached selections",
-                "gauge",
+                Kind::Gauge,
                 cache_bytes as u64,
             ),
             (
                 "pending_selection_evictions_total",
                 "Cached selections dropped (TTL, entries, bytes)",
-                "counter",
+                Kind::Counter,
                 evicted,
             ),
         ] {
-            let _ = writeln!(out, "# HELP {prefix}_{name} {help}");
-            let _ = writeln!(out, "# TYPE {prefix}_{name} {kind}");
-            let _ = writeln!(out, "{prefix}_{name} {v}");
+            out.single(&name(n), kind, help, v);
         }
-        out
+        out.finish()
     }
 }
 
