@@ -20,7 +20,8 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
-from test_selection_service import Pub, eventually, worker
+from selection_util import Pub, eventually
+from test_selection_service import worker
 
 from dynamo.llm import SelectionService
 

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 import zmq
+from selection_util import BS, Service, frame, pub, stored, wait_for
 from services import free_port
-from test_selection_services_cli import BS, TOKENS, Service, frame, stored, wait_for
+from test_selection_services_cli import TOKENS
 
 from dynamo.llm import SelectionService
 
@@ -35,13 +36,6 @@ def ctx() -> Iterator[zmq.Context]:
     c.destroy(linger=0)
 
 
-def pub(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
-    s = ctx.socket(zmq.PUB)
-    s.setsockopt(zmq.LINGER, 0)
-    port = s.bind_to_random_port("tcp://127.0.0.1")
-    return s, f"tcp://127.0.0.1:{port}"
-
-
 def synced(module: str, port: int, peers: list[int], *args: str) -> Service:
     return Service(
         module,
@@ -54,11 +48,9 @@ def synced(module: str, port: int, peers: list[int], *args: str) -> Service:
 
 
 def metric(svc: Service, line_start: str) -> float:
-    text = svc.call("GET", "/metrics")[1]
-    for line in text.splitlines():
-        if line.startswith(line_start + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{line_start} not in /metrics:\n{text}")
+    m = svc.metrics()
+    assert line_start in m, f"{line_start} not in /metrics: {sorted(m)}"
+    return m[line_start]
 
 
 def linked(svc: Service, prefix: str, n: int) -> bool:

@@ -6,52 +6,18 @@ pending-selection cache. Shapes and messages are those observed on the reference
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 
 import msgpack
 import pytest
 import zmq
+from selection_util import BS, Pub, eventually, stored
 from services import free_port
 
 from dynamo.llm import SelectionCacheConfig, SelectionService
 from dynamo.llm.exceptions import SelectionServiceError
 
-BS = 4
 TOKENS = list(range(20))
-
-
-def frame(seq: int, events: list, dp_rank: int = 0) -> list[bytes]:
-    return [b"", seq.to_bytes(8, "big"), msgpack.packb([time.time(), events, dp_rank])]
-
-
-def stored(hashes: list[int], parent: int | None, tokens: list[int]) -> list:
-    return ["BlockStored", hashes, parent, tokens, BS, None, "GPU"]
-
-
-class Pub:
-    """A PUB socket on a free loopback port, numbering its messages."""
-
-    def __init__(self, ctx: zmq.Context, port: int | None = None) -> None:
-        self.sock = ctx.socket(zmq.PUB)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        if port is None:
-            self.port = self.sock.bind_to_random_port("tcp://127.0.0.1")
-        else:
-            self.port = port
-            self.sock.bind(f"tcp://127.0.0.1:{port}")
-        self.seq = 0
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://127.0.0.1:{self.port}"
-
-    def send(self, events: list) -> None:
-        self.sock.send_multipart(frame(self.seq, events))
-        self.seq += 1
-
-    def send_raw(self, parts: list[bytes]) -> None:
-        self.sock.send_multipart(parts)
 
 
 @pytest.fixture
@@ -71,20 +37,6 @@ def worker(wid: int, pub: Pub | str, **extra: object) -> dict:
         "kv_events_endpoint": ep,
         **extra,
     }
-
-
-async def eventually(check, timeout: float = 10.0, every: float = 0.02):
-    """Poll ``check`` (sync or async) until it returns a truthy value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if asyncio.iscoroutine(out):
-            out = await out
-        if out:
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(every)
 
 
 async def publish_until(svc: SelectionService, pub: Pub, events: list, wid: int, blocks: int):

@@ -5,89 +5,16 @@ real HTTP client and real pyzmq PUB sockets; clap's parse errors; SIGTERM shutdo
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import msgpack
 import pytest
 import zmq
-from services import free_port
+from selection_util import BS, Service, frame, pub, stored, wait_for
 
-BS = 4
 TOKENS = list(range(16))
-
-
-def frame(seq: int, events: list, dp_rank: int = 0) -> list[bytes]:
-    return [b"", seq.to_bytes(8, "big"), msgpack.packb([time.time(), events, dp_rank])]
-
-
-def stored(hashes: list[int], parent: int | None, tokens: list[int]) -> list:
-    return ["BlockStored", hashes, parent, tokens, BS, None, "GPU"]
-
-
-class Service:
-    """One service process on a free loopback port, stopped with SIGTERM."""
-
-    def __init__(self, module: str, *args: str) -> None:
-        self.port = free_port()
-        env = {**os.environ, "DYN_LOG": "warn"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, "--host", "127.0.0.1", "--port", str(self.port), *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if self.call("GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                _, err = self.proc.communicate(timeout=5)
-                raise AssertionError(f"{module} did not start: {err.decode()}")
-            time.sleep(0.05)
-
-    def call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
-        data = (
-            None
-            if body is None
-            else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        )
-        req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}",
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json", "x-trace-id": "trace-1"},
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                raw = r.read()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            raw, status = e.read(), e.code
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=15)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.communicate(timeout=5)
 
 
 @pytest.fixture
@@ -95,23 +22,6 @@ def ctx() -> Iterator[zmq.Context]:
     c = zmq.Context()
     yield c
     c.destroy(linger=0)
-
-
-def pub(ctx: zmq.Context) -> tuple[zmq.Socket, str]:
-    s = ctx.socket(zmq.PUB)
-    s.setsockopt(zmq.LINGER, 0)
-    port = s.bind_to_random_port("tcp://127.0.0.1")
-    return s, f"tcp://127.0.0.1:{port}"
-
-
-def wait_for(check, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out:
-            return out
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.03)
 
 
 def test_select_service_http_api(ctx: zmq.Context, tmp_path: Path) -> None:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,73 +25,18 @@ from pathlib import Path
 import msgpack
 import pytest
 import zmq
+from selection_util import BS, Service, stored, wait_for
 from serving_util import Procs, free_port, http, wait_for_instances
 
 from dynamo.llm import SelectionService
 from dynamo.llm.tiny_model import write_tiny_model
 
-BS = 4
 
-
-def wait_for(check, timeout: float = 15.0, every: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out:
-            return out
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(every)
-
-
-class SelectService:
+class SelectService(Service):
     """``python -m dynamo.select_service`` on a free loopback port (log to a file)."""
 
     def __init__(self, log: Path) -> None:
-        self.port = free_port()
-        self.log = open(log, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dynamo.select_service", "--host", "127.0.0.1",
-             "--port", str(self.port)],
-            env={**os.environ, "DYN_LOG": "warn"},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        wait_for(lambda: self._up(), timeout=30)
-
-    def _up(self) -> bool:
-        assert self.proc.poll() is None, "select service exited"
-        try:
-            return self.call("GET", "/health")[0] == 200
-        except OSError:
-            return False
-
-    def call(self, method: str, path: str, body: object = None) -> tuple[int, object]:
-        data = None if body is None else json.dumps(body).encode()
-        status, raw = http(method, f"http://127.0.0.1:{self.port}{path}", data)
-        try:
-            return status, json.loads(raw)
-        except ValueError:
-            return status, raw.decode()
-
-    def metrics(self) -> dict[str, float]:
-        _, text = self.call("GET", "/metrics")
-        out = {}
-        for line in str(text).splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                out[name] = float(value)
-        return out
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            assert self.proc.wait(timeout=15) == 0
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
+        super().__init__("dynamo.select_service", log=log)
 
 
 def device_blocks(scores: dict) -> dict[int, int]:
@@ -188,7 +131,7 @@ async def test_mocker_zmq_kv_events_feed_both_selection_services(tmp_path: Path)
     finally:
         svc.shutdown()
         if standalone is not None:
-            standalone.stop()
+            assert standalone.stop() == 0
         procs.close()
 
 
@@ -206,10 +149,6 @@ def test_mocker_zmq_ports_are_validated(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------
 # Gap repair with pyzmq publishers
 # ----------------------------------------------------------------------------------------
-
-
-def stored(hashes: list[int], parent: int | None, tokens: list[int]) -> list:
-    return ["BlockStored", hashes, parent, tokens, BS, None, "GPU"]
 
 
 TOKENS = list(range(100, 132))  # 8 blocks
@@ -294,7 +233,7 @@ def ctx() -> Iterator[zmq.Context]:
 def service(tmp_path: Path) -> Iterator[SelectService]:
     s = SelectService(tmp_path / "select.log")
     yield s
-    s.stop()
+    assert s.stop() == 0
 
 
 def scored(svc: SelectService, wid: int, blocks: int) -> bool:
