@@ -5,6 +5,10 @@
 //! tokenizer and through the per-id byte table) and formatting 16 SSE chunks (through the
 //! chunk structs and `serde_json`, and through the direct writer).
 //!
+//! Tokenisation is measured through `Preprocessor::encode` (the fast path of
+//! `preprocessor/fast_encode.rs` for this tokenizer) and through the tokenizer's own
+//! `encode_fast`, for the chat prompt and a long (about 10k-token) text.
+//!
 //! ```text
 //! cargo bench -p dynamo-llm --bench preprocess
 //! ```
@@ -53,6 +57,24 @@ fn preprocess(c: &mut Criterion) {
     let prompt = pre.render_chat(&req).expect("render");
     c.bench_function("tokenize_prompt", |b| {
         b.iter(|| black_box(pre.encode(black_box(&prompt), false).expect("encode")));
+    });
+    // The same prompt through the tokenizer's own `encode_fast` (what `encode` did before
+    // `fast_encode.rs`), and a long (about 10k-token) prompt both ways.
+    c.bench_function("tokenize_prompt_tokenizer", |b| {
+        b.iter(|| {
+            black_box(
+                pre.tokenizer()
+                    .encode_fast(black_box(prompt.as_str()), false),
+            )
+        });
+    });
+    let long = "The quick brown fox, 42 times over, jumps; it's the routing's cache that counts!\n"
+        .repeat(400);
+    c.bench_function("tokenize_long_prompt", |b| {
+        b.iter(|| black_box(pre.encode(black_box(&long), false).expect("encode")));
+    });
+    c.bench_function("tokenize_long_prompt_tokenizer", |b| {
+        b.iter(|| black_box(pre.tokenizer().encode_fast(black_box(long.as_str()), false)));
     });
     let wire = pre.preprocess_chat(&req).expect("preprocess");
     c.bench_function("detokenize_16_tokens_with_stop_string", |b| {

@@ -28,6 +28,7 @@
 
 pub mod backend;
 pub mod detokenizer;
+mod fast_encode;
 mod length;
 pub mod openai;
 pub mod protocols;
@@ -48,6 +49,7 @@ pub use protocols::{
 pub use template::ChatTemplate;
 
 use detokenizer::TokenBytes;
+use fast_encode::FastEncoder;
 
 use crate::error::{Error, Result};
 use crate::model_card::{
@@ -85,6 +87,9 @@ pub struct Preprocessor {
     /// The tokenizer's per-id bytes for fast detokenization: filled by a background thread
     /// after construction; `Some(None)` when the tokenizer's decoding is not per-token bytes.
     token_bytes: Arc<OnceLock<Option<Arc<TokenBytes>>>>,
+    /// Prompt ids without the tokenizer's offset bookkeeping, when the tokenizer's shape
+    /// allows (`fast_encode.rs`); `None`: every prompt goes through the tokenizer.
+    fast_encoder: Option<Arc<FastEncoder>>,
 }
 
 /// Most images one chat request may carry: each is fetched and decoded, so this bounds
@@ -204,9 +209,17 @@ impl Preprocessor {
         let mut seen = std::collections::HashSet::new();
         eos.retain(|id| seen.insert(*id));
         let tokenizer = Arc::new(tokenizer);
+        let fast_encoder = match FastEncoder::new(&tokenizer) {
+            Ok(f) => Some(Arc::new(f)),
+            Err(why) => {
+                tracing::debug!(model = %card.display_name, %why, "prompts use the tokenizer's own encoder");
+                None
+            }
+        };
         Ok(Self {
             model: card.display_name.clone(),
             token_bytes: build_token_bytes(&tokenizer),
+            fast_encoder,
             tokenizer,
             template,
             eos_token_ids: eos,
@@ -242,6 +255,13 @@ impl Preprocessor {
     /// # Errors
     /// [`Error::Tokenizer`] when the tokenizer fails.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        if let Some(ids) = self
+            .fast_encoder
+            .as_ref()
+            .and_then(|f| f.encode(text, add_special_tokens))
+        {
+            return Ok(ids);
+        }
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|e| e.get_ids().to_vec())
