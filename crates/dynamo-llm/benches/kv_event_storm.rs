@@ -70,6 +70,8 @@ struct Args {
     drivers: usize,
     qps: f64,
     isl: usize,
+    /// Skip the event plane: fill the index directly, then time decisions on it.
+    quiet_only: bool,
 }
 
 impl Args {
@@ -86,6 +88,7 @@ impl Args {
             drivers: 1,
             qps: 1000.0,
             isl: 2048,
+            quiet_only: false,
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -104,6 +107,10 @@ impl Args {
                 "--drivers" => a.drivers = v.parse().expect("--drivers N"),
                 "--qps" => a.qps = v.parse().expect("--qps N"),
                 "--isl" => a.isl = v.parse().expect("--isl tokens"),
+                "--quiet-only" => {
+                    a.quiet_only = true;
+                    take = false;
+                }
                 _ => take = false, // `--bench` and the like from cargo
             }
             i += if take { 2 } else { 1 };
@@ -161,6 +168,8 @@ struct SimWorker {
     id: u64,
     rng: fastrand::Rng,
     counter: u64,
+    /// Next event id (`--quiet-only`; the drivers keep their own).
+    counter_events: u64,
     live: usize,
     reqs: VecDeque<Req>,
     fam_refs: [u32; FAMILIES],
@@ -188,6 +197,7 @@ impl SimWorker {
             id,
             rng: fastrand::Rng::with_seed(id),
             counter: 0,
+            counter_events: 0,
             live: 0,
             reqs: VecDeque::new(),
             fam_refs: [0; FAMILIES],
@@ -407,6 +417,14 @@ fn main() {
             .upsert_worker(*r, BTreeSet::new(), WorkerCapacity::default());
     }
 
+    if args.quiet_only {
+        quiet_only(&args, &router, &families, &ranks);
+        router_rt.block_on(async { router_drt.shutdown() });
+        drop(router);
+        router_rt.shutdown_timeout(Duration::from_secs(1));
+        return;
+    }
+
     // Publishers.
     let pub_rt = runtime("storm-pub", args.pub_threads);
     let setup = Instant::now();
@@ -563,6 +581,68 @@ fn main() {
     }
 }
 
+/// `--quiet-only`: apply `--warmup` seconds' worth of the storm's events (at `--rate`)
+/// straight to the router's index, without the event plane, then time back-to-back routing
+/// decisions for `--secs` seconds on the quiet, filled index. For profiling `best_worker`
+/// (`perf record -g` on this binary) without the publishers' noise.
+fn quiet_only(args: &Args, router: &KvRouter, families: &Families, ranks: &[WorkerWithDpRank]) {
+    let mut sims: Vec<SimWorker> = ranks.iter().map(|r| SimWorker::new(r.worker_id)).collect();
+    let total = (args.rate * args.warmup) as u64;
+    let (mut blocks, mut events) = (0u64, 0u64);
+    let fill = Instant::now();
+    while blocks < total {
+        for sim in &mut sims {
+            let data = sim.next_event(families, args.capacity);
+            blocks += blocks_of(&data) as u64;
+            let ev = RouterEvent {
+                worker_id: sim.id,
+                storage_tier: StorageTier::Device,
+                event: KvCacheEvent {
+                    event_id: sim.counter_events,
+                    data,
+                    dp_rank: 0,
+                },
+            };
+            sim.counter_events += 1;
+            let _ = router.core().apply_event(&ev);
+            events += 1;
+        }
+    }
+    let fill = fill.elapsed().as_secs_f64();
+    println!(
+        "quiet-only: applied {events} events ({blocks} blocks) directly in {fill:.2} s ({:.0} block events/s on one thread)",
+        blocks as f64 / fill
+    );
+    let prompts = prompts(families, args.isl);
+    let mut times = Vec::new();
+    let mut hits = 0u64;
+    let t0 = Instant::now();
+    let mut k = 0usize;
+    while t0.elapsed().as_secs_f64() < args.secs {
+        let tokens = &prompts[k % prompts.len()];
+        k += 1;
+        let t = Instant::now();
+        let sel = router.core().best_worker(&RouteRequest {
+            tokens,
+            ..Default::default()
+        });
+        times.push(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX));
+        if sel.is_ok_and(|s| s.overlap_blocks > 0) {
+            hits += 1;
+        }
+    }
+    times.sort_unstable();
+    println!(
+        "routing decision, quiet filled index ({} decisions back to back, {} tokens, {} workers): p50 {} us, p99 {} us, max {} us; with a cached prefix: {hits}",
+        times.len(),
+        args.isl,
+        ranks.len(),
+        fmt_us(percentile(&times, 0.5)),
+        fmt_us(percentile(&times, 0.99)),
+        fmt_us(times.last().copied().unwrap_or(0)),
+    );
+}
+
 struct Phases<'a> {
     start: &'a Barrier,
     stop_pub: &'a AtomicBool,
@@ -592,6 +672,15 @@ fn prompts(families: &Families, isl: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Nanoseconds this thread has spent runnable but waiting for a CPU (second field of
+/// `/proc/thread-self/schedstat`); 0 where unavailable.
+fn runqueue_wait_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
 fn fmt_us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
 }
@@ -619,6 +708,9 @@ fn run(
             .name("storm-query".into())
             .spawn_scoped(scope, || {
                 let (mut storm, mut idle) = (Vec::new(), Vec::new());
+                // Per storm decision: wall time less the time the thread sat runnable but
+                // preempted (a 2-core box shared by the storm's own threads).
+                let mut storm_unpreempted = Vec::new();
                 let mut overlap_hits = 0u64;
                 let period = Duration::from_secs_f64(1.0 / args.qps);
                 let mut next = Instant::now();
@@ -630,19 +722,24 @@ fn run(
                     }
                     let tokens = &prompts[k % prompts.len()];
                     k += 1;
+                    let wait0 = runqueue_wait_ns();
                     let t = Instant::now();
                     let sel = router.core().best_worker(&RouteRequest {
                         tokens,
                         ..Default::default()
                     });
                     let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    let preempted = runqueue_wait_ns().saturating_sub(wait0);
                     if let Ok(sel) = &sel
                         && sel.overlap_blocks > 0
                     {
                         overlap_hits += 1;
                     }
                     match p {
-                        STORM => storm.push(ns),
+                        STORM => {
+                            storm.push(ns);
+                            storm_unpreempted.push(ns.saturating_sub(preempted));
+                        }
                         IDLE => idle.push(ns),
                         _ => {}
                     }
@@ -654,7 +751,7 @@ fn run(
                         next = now;
                     }
                 }
-                (storm, idle, overlap_hits, k)
+                (storm, idle, overlap_hits, k, storm_unpreempted)
             })
             .expect("query thread");
         // Lag sampler.
@@ -743,7 +840,8 @@ fn run(
         phase.store(IDLE, Ordering::Relaxed);
         std::thread::sleep(Duration::from_secs(2));
         phase.store(DONE, Ordering::Relaxed);
-        let (storm, idle, hits, decisions) = query.join().expect("query thread");
+        let (storm, idle, hits, decisions, mut unpreempted) = query.join().expect("query thread");
+        unpreempted.sort_unstable();
         let (ages, overflow, max_queue, max_backlog) = sampler.join().expect("sampler");
         let s2 = stats.snapshot();
 
@@ -817,6 +915,12 @@ fn run(
             fmt_us(percentile(&storm, 0.5)),
             fmt_us(percentile(&storm, 0.99)),
             fmt_us(storm.last().copied().unwrap_or(0))
+        );
+        println!(
+            "  the same less time preempted (runnable, waiting for a CPU; /proc/thread-self/schedstat): p50 {} us, p99 {} us, max {} us",
+            fmt_us(percentile(&unpreempted, 0.5)),
+            fmt_us(percentile(&unpreempted, 0.99)),
+            fmt_us(unpreempted.last().copied().unwrap_or(0))
         );
         println!(
             "routing decision idle, filled index ({} decisions): p50 {} us, p99 {} us, max {} us; decisions with a cached prefix: {hits}/{decisions}",

@@ -794,6 +794,9 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
             }
         };
     let mut batch: Vec<TopicMessage> = Vec::with_capacity(EVENT_BATCH);
+    // Registered once rather than at every wake-up (see `bus::subscribe_with_ready`).
+    let cancelled = stop.cancelled();
+    tokio::pin!(cancelled);
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, EVENT_BATCH) => {
@@ -863,7 +866,7 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
                     Err(e) => tracing::debug!(?worker, error = %e, "no initial KV sync (no local indexer?)"),
                 }
             }
-            () = stop.cancelled() => break,
+            () = &mut cancelled => break,
         }
     }
 }

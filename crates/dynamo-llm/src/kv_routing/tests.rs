@@ -42,6 +42,51 @@ fn stored(tokens: &[u32], block: usize, base: i64) -> StoredInput {
     }
 }
 
+/// One test's scene: an endpoint in a fresh namespace (so tests running side by side do
+/// not see each other's workers) and a KV router over it with 4-token blocks, on its own
+/// runtime.
+struct Scene {
+    ns: String,
+    ep: EndpointId,
+    router_rt: DistributedRuntime,
+    router: Arc<KvRouter>,
+}
+
+impl Scene {
+    /// Must be called inside the tokio runtime (the router starts its tasks).
+    fn new(prefix: &str, component: &str, config: KvRouterConfig) -> Self {
+        let ns = format!("{prefix}{}", fastrand::u32(..));
+        let ep = EndpointId::new(&ns, component, "generate").unwrap();
+        let router_rt = runtime();
+        let router = KvRouter::new(&router_rt, &ep, 4, config, LoadThresholds::default()).unwrap();
+        Self {
+            ns,
+            ep,
+            router_rt,
+            router,
+        }
+    }
+
+    /// Serve the endpoint on `worker` with `handler` until `stop` is cancelled.
+    fn serve(
+        &self,
+        worker: &DistributedRuntime,
+        handler: Arc<dyn Handler>,
+        stop: CancellationToken,
+    ) {
+        let (w, ep) = (worker.clone(), self.ep.clone());
+        tokio::spawn(async move { w.serve_endpoint_until(&ep, handler, false, stop).await });
+    }
+
+    /// Stop the router, then `workers` and the router's runtime.
+    fn shutdown(self, workers: &[DistributedRuntime]) {
+        self.router.shutdown();
+        for w in workers.iter().chain([&self.router_rt]) {
+            w.shutdown();
+        }
+    }
+}
+
 async fn until(mut f: impl FnMut() -> bool) {
     for _ in 0..200 {
         if f() {
@@ -56,34 +101,21 @@ async fn until(mut f: impl FnMut() -> bool) {
 fn routes_to_prefix_holder_recovers_and_forgets() {
     let rt = dynamo_runtime::tokio_runtime().unwrap();
     rt.block_on(async {
-        let ns = format!("kvr{}", fastrand::u32(..));
-        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let scene = Scene::new("kvr", "backend", KvRouterConfig::default());
+        let (ep, router) = (&scene.ep, &scene.router);
         let workers: Vec<DistributedRuntime> = (0..2).map(|_| runtime()).collect();
         let stops: Vec<CancellationToken> =
             workers.iter().map(|_| CancellationToken::new()).collect();
         for (w, stop) in workers.iter().zip(&stops) {
-            let (w, ep, stop) = (w.clone(), ep.clone(), stop.clone());
-            tokio::spawn(async move {
-                w.serve_endpoint_until(&ep, Arc::new(Echo), false, stop)
-                    .await
-            });
+            scene.serve(w, Arc::new(Echo), stop.clone());
         }
         let pubs: Vec<KvEventPublisher> = workers
             .iter()
             .map(|w| {
-                KvEventPublisher::new(w, &ep, WorkerWithDpRank::new(w.connection_id(), 0), 4, true)
+                KvEventPublisher::new(w, ep, WorkerWithDpRank::new(w.connection_id(), 0), 4, true)
                     .unwrap()
             })
             .collect();
-        let router_rt = runtime();
-        let router = KvRouter::new(
-            &router_rt,
-            &ep,
-            4,
-            KvRouterConfig::default(),
-            LoadThresholds::default(),
-        )
-        .unwrap();
         assert!(router.wait_for_workers(Duration::from_secs(2)).await);
         until(|| router.core().workers().len() == 2).await;
         until(|| pubs.iter().all(|p| p.subscriber_count() == 1)).await;
@@ -114,9 +146,9 @@ fn routes_to_prefix_holder_recovers_and_forgets() {
                 .unwrap()
                 .active_requests
         };
-        assert_eq!(load(&router), 1);
+        assert_eq!(load(router), 1);
         router.free("r1").unwrap();
-        assert_eq!(load(&router), 0);
+        assert_eq!(load(router), 0);
 
         // generate: dispatched to the chosen worker, booking released at the end.
         let mut stream = router
@@ -129,11 +161,11 @@ fn routes_to_prefix_holder_recovers_and_forgets() {
             .await
             .unwrap();
         assert_eq!(stream.selection().worker.worker_id, w1);
-        assert_eq!(load(&router), 1);
+        assert_eq!(load(router), 1);
         assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"1");
         assert_eq!(&stream.next().await.unwrap().unwrap()[..], b"2");
         assert!(stream.next().await.is_none());
-        assert_eq!(load(&router), 0);
+        assert_eq!(load(router), 0);
         drop(stream);
 
         // Lost events are recovered from the worker-local indexer.
@@ -152,7 +184,7 @@ fn routes_to_prefix_holder_recovers_and_forgets() {
 
         // Metrics reach the scheduler (no panic, rank known).
         let metrics =
-            WorkerMetricsPublisher::new(&workers[0], &ep, workers[0].connection_id()).unwrap();
+            WorkerMetricsPublisher::new(&workers[0], ep, workers[0].connection_id()).unwrap();
         until(|| metrics.subscriber_count() == 1).await;
         metrics.publish(0, Some(3), Some(3));
 
@@ -174,10 +206,7 @@ fn routes_to_prefix_holder_recovers_and_forgets() {
             .unwrap();
         assert_eq!(sel.overlap_blocks, 0);
 
-        router.shutdown();
-        for w in workers.iter().chain([&router_rt]) {
-            w.shutdown();
-        }
+        scene.shutdown(&workers);
     });
 }
 
@@ -188,30 +217,20 @@ fn mocker_events_reach_the_router() {
 
     let rt = dynamo_runtime::tokio_runtime().unwrap();
     rt.block_on(async {
-        let ns = format!("kvm{}", fastrand::u32(..));
-        let ep = EndpointId::new(&ns, "mocker", "generate").unwrap();
+        let scene = Scene::new("kvm", "mocker", KvRouterConfig::default());
+        let (ep, router) = (&scene.ep, &scene.router);
         let workers: Vec<DistributedRuntime> = (0..2).map(|_| runtime()).collect();
         for w in &workers {
-            let (w, ep) = (w.clone(), ep.clone());
-            tokio::spawn(async move { w.serve_endpoint(&ep, Arc::new(Echo), false).await });
+            scene.serve(w, Arc::new(Echo), CancellationToken::new());
         }
-        let router_rt = runtime();
-        let router = KvRouter::new(
-            &router_rt,
-            &ep,
-            4,
-            KvRouterConfig::default(),
-            LoadThresholds::default(),
-        )
-        .unwrap();
         until(|| router.core().workers().len() == 2).await;
         let w1 = &workers[1];
         let publisher = Arc::new(
-            KvEventPublisher::new_raw(w1, &ep, WorkerWithDpRank::new(w1.connection_id(), 0), true)
+            KvEventPublisher::new_raw(w1, ep, WorkerWithDpRank::new(w1.connection_id(), 0), true)
                 .unwrap(),
         );
         until(|| publisher.subscriber_count() == 1).await;
-        let metrics = WorkerMetricsPublisher::new(w1, &ep, w1.connection_id()).unwrap();
+        let metrics = WorkerMetricsPublisher::new(w1, ep, w1.connection_id()).unwrap();
         until(|| metrics.subscriber_count() == 1).await;
         let args = MockEngineArgs {
             block_size: 4,
@@ -244,10 +263,7 @@ fn mocker_events_reach_the_router() {
         assert_eq!(sel.overlap_blocks, 8);
         assert!(publisher.next_event_id() > 0);
         assert!(publisher.publish_stored(&stored(&prompt, 4, 1)).is_err());
-        router.shutdown();
-        for w in workers.iter().chain([&router_rt]) {
-            w.shutdown();
-        }
+        scene.shutdown(&workers);
     });
 }
 
@@ -266,17 +282,14 @@ impl Handler for Tokens {
 fn output_blocks_are_tracked_while_streaming() {
     let rt = dynamo_runtime::tokio_runtime().unwrap();
     rt.block_on(async {
-        let ns = format!("kvo{}", fastrand::u32(..));
-        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
-        let worker = runtime();
-        let (w, ep2) = (worker.clone(), ep.clone());
-        tokio::spawn(async move { w.serve_endpoint(&ep2, Arc::new(Tokens), false).await });
-        let router_rt = runtime();
         let config = KvRouterConfig {
             router_track_output_blocks: true,
             ..KvRouterConfig::default()
         };
-        let router = KvRouter::new(&router_rt, &ep, 4, config, LoadThresholds::default()).unwrap();
+        let scene = Scene::new("kvo", "backend", config);
+        let router = &scene.router;
+        let worker = runtime();
+        scene.serve(&worker, Arc::new(Tokens), CancellationToken::new());
         assert!(router.wait_for_workers(Duration::from_secs(2)).await);
         let prompt: Vec<u32> = (0..8).collect();
         let decode_blocks = |r: &KvRouter| {
@@ -284,7 +297,7 @@ fn output_blocks_are_tracked_while_streaming() {
                 .unwrap()[0]
                 .potential_decode_blocks
         };
-        let idle = decode_blocks(&router);
+        let idle = decode_blocks(router);
         let mut stream = router
             .generate(
                 &prompt,
@@ -294,18 +307,16 @@ fn output_blocks_are_tracked_while_streaming() {
             )
             .await
             .unwrap();
-        let booked = decode_blocks(&router);
+        let booked = decode_blocks(router);
         assert_eq!(booked, idle + 2, "two prompt blocks booked");
         for _ in 0..3 {
             stream.next().await.unwrap().unwrap();
         }
         // 18 output tokens: four more full blocks of 4.
-        assert_eq!(decode_blocks(&router), booked + 4);
+        assert_eq!(decode_blocks(router), booked + 4);
         assert!(stream.next().await.is_none());
-        assert_eq!(decode_blocks(&router), idle);
-        router.shutdown();
-        worker.shutdown();
-        router_rt.shutdown();
+        assert_eq!(decode_blocks(router), idle);
+        scene.shutdown(&[worker]);
     });
 }
 
@@ -319,25 +330,15 @@ fn block_manager_prefixes_reach_the_router() {
 
     let rt = dynamo_runtime::tokio_runtime().unwrap();
     rt.block_on(async {
-        let ns = format!("kvbm{}", fastrand::u32(..));
-        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let scene = Scene::new("kvbm", "backend", KvRouterConfig::default());
+        let (ep, router) = (&scene.ep, &scene.router);
         let worker = runtime();
-        let (w, ep2) = (worker.clone(), ep.clone());
-        tokio::spawn(async move { w.serve_endpoint(&ep2, Arc::new(Echo), false).await });
-        let router_rt = runtime();
-        let router = KvRouter::new(
-            &router_rt,
-            &ep,
-            4,
-            KvRouterConfig::default(),
-            LoadThresholds::default(),
-        )
-        .unwrap();
+        scene.serve(&worker, Arc::new(Echo), CancellationToken::new());
         assert!(router.wait_for_workers(Duration::from_secs(2)).await);
 
         let id = worker.connection_id();
         let publisher = Arc::new(
-            KvEventPublisher::new_raw(&worker, &ep, WorkerWithDpRank::new(id, 0), false).unwrap(),
+            KvEventPublisher::new_raw(&worker, ep, WorkerWithDpRank::new(id, 0), false).unwrap(),
         );
         // Events published before the router's subscription connects are not replayed
         // (no worker-local indexer here): wait for it.
@@ -357,7 +358,7 @@ fn block_manager_prefixes_reach_the_router() {
         }
         let registered = manager.register_host_blocks(blocks).unwrap();
         let overlap = || {
-            let r = Arc::clone(&router);
+            let r = Arc::clone(router);
             let p = prompt.clone();
             async move {
                 r.route(&p, &RouteOptions::default())
@@ -390,9 +391,7 @@ fn block_manager_prefixes_reach_the_router() {
             0,
             "evicted prefixes leave the router's index"
         );
-        router.shutdown();
-        worker.shutdown();
-        router_rt.shutdown();
+        scene.shutdown(&[worker]);
     });
 }
 
@@ -403,20 +402,11 @@ fn block_manager_prefixes_reach_the_router() {
 fn event_stats_count_applied_events_and_lag() {
     let rt = dynamo_runtime::tokio_runtime().unwrap();
     rt.block_on(async {
-        let ns = format!("kvl{}", fastrand::u32(..));
-        let ep = EndpointId::new(&ns, "backend", "generate").unwrap();
+        let scene = Scene::new("kvl", "backend", KvRouterConfig::default());
+        let (ns, ep, router) = (&scene.ns, &scene.ep, &scene.router);
         let worker = runtime();
         let publisher =
-            KvEventPublisher::new(&worker, &ep, WorkerWithDpRank::new(7, 0), 4, false).unwrap();
-        let router_rt = runtime();
-        let router = KvRouter::new(
-            &router_rt,
-            &ep,
-            4,
-            KvRouterConfig::default(),
-            LoadThresholds::default(),
-        )
-        .unwrap();
+            KvEventPublisher::new(&worker, ep, WorkerWithDpRank::new(7, 0), 4, false).unwrap();
         assert_eq!(router.event_stats().snapshot().applied, 0);
         until(|| publisher.subscriber_count() == 1).await;
 
@@ -448,8 +438,6 @@ fn event_stats_count_applied_events_and_lag() {
         );
         assert!(text.contains("dynamo_router_kv_event_lag_seconds_count{"), "{text}");
 
-        router.shutdown();
-        worker.shutdown();
-        router_rt.shutdown();
+        scene.shutdown(&[worker]);
     });
 }
