@@ -39,8 +39,9 @@ const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 /// Pieces cached per encoder; past this, new pieces are tokenised without being kept (the
-/// common pieces of a workload are seen early).
-const CACHE_ENTRIES: usize = 1 << 16;
+/// common pieces of a workload are seen early). An entry is about 100 bytes (a short piece,
+/// its ids, the table slot), so a full cache adds under 2 MiB to the frontend's RSS.
+const CACHE_ENTRIES: usize = 1 << 14;
 /// Longer pieces (long numbers, whitespace runs) are rare enough not to be worth keeping.
 const CACHE_PIECE_BYTES: usize = 64;
 
