@@ -79,6 +79,14 @@ pub async fn run(
                 .into_iter()
                 .find(|m| m.card.model_type.supports_chat());
             if let Some(m) = found {
+                // The card and the endpoint's instances arrive through separate watches:
+                // a card seen first would send the first line to an endpoint with no
+                // instance yet (a 503), so wait for one.
+                tokio::select! {
+                    // Its only error is the runtime shutting down: end as on EOF.
+                    r = m.client.wait_for_instances() => if r.is_err() { return Ok(()) },
+                    () = runtime.stopped() => return Ok(()),
+                }
                 break m.name.clone();
             }
             tokio::select! {
