@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dynamo.runtime._unary import UnaryHandler, serve_unary_endpoint
 
 if TYPE_CHECKING:
+    # Only an annotation here: importing pathlib at run time (with urllib.parse and
+    # ipaddress) costs every worker and frontend process ~0.85 MiB and ~5 ms at start-up.
+    from pathlib import Path
+
     from dynamo._core import Client, Context, DistributedRuntime
 
 __all__ = ["LLMUnaryClient", "UnaryChatModel", "with_engine_data"]
