@@ -11,8 +11,6 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use rustc_hash::FxHashMap;
-
 use crate::approx::ApproxIndexer;
 use crate::error::{Error, Result};
 use crate::hashing::{
@@ -23,9 +21,7 @@ use crate::indexer::{OverlapScores, SharedRadixTree};
 use crate::protocols::{RouterEvent, WorkerWithDpRank};
 use crate::recovery::{CursorDecision, EventCursors, WorkerKvQueryResponse};
 use crate::scheduling::config::{KvRouterConfig, RouterConfigOverride};
-use crate::scheduling::selector::{
-    LoadThresholds, RoutingConstraints, TierOverlap, WorkerCapacity,
-};
+use crate::scheduling::selector::{LoadThresholds, RoutingConstraints, WorkerCapacity};
 use crate::scheduling::{PotentialLoad, Scheduler, SchedulingRequest, Selection};
 
 /// Bound of the approximate index, in `(rank, block)` entries (the reference's
@@ -297,22 +293,6 @@ impl KvRouterCore {
         }
     }
 
-    fn overlap_map(scores: &OverlapScores) -> FxHashMap<WorkerWithDpRank, TierOverlap> {
-        scores
-            .scores
-            .iter()
-            .map(|&(w, device)| {
-                (
-                    w,
-                    TierOverlap {
-                        device,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect()
-    }
-
     /// Choose a worker rank for the request (booking it when it has an id).
     ///
     /// # Errors
@@ -320,12 +300,12 @@ impl KvRouterCore {
     pub fn best_worker(&self, req: &RouteRequest<'_>) -> Result<Selection> {
         let (local, seq) = self.hash_request(req)?;
         let scores = self.find_matches(&local);
-        let overlaps = Self::overlap_map(&scores);
         let selection = self.scheduler.select(&SchedulingRequest {
             request_id: req.request_id,
             isl_tokens: req.tokens.len(),
             seq_hashes: &seq,
-            overlaps: Some(&overlaps),
+            overlaps: None,
+            device_overlaps: Some(&scores.scores),
             overrides: req.overrides,
             constraints: req.constraints,
             pinned: req.pinned,
@@ -360,11 +340,11 @@ impl KvRouterCore {
     /// [`Error::ZeroBlockSize`] cannot happen.
     pub fn potential_loads(&self, req: &RouteRequest<'_>) -> Result<Vec<PotentialLoad>> {
         let (local, seq) = self.hash_request(req)?;
-        let overlaps = Self::overlap_map(&self.find_matches(&local));
+        let scores = self.find_matches(&local);
         Ok(self.scheduler.potential_loads(&SchedulingRequest {
             isl_tokens: req.tokens.len(),
             seq_hashes: &seq,
-            overlaps: Some(&overlaps),
+            device_overlaps: Some(&scores.scores),
             overrides: req.overrides,
             ..Default::default()
         }))

@@ -17,6 +17,7 @@
 //! shared prefixes still count once per worker).
 
 pub mod config;
+mod holders;
 pub mod queue;
 pub mod replica_sync;
 pub mod selector;
@@ -32,6 +33,7 @@ use crate::error::{Error, Result};
 use crate::hashing::SequenceHash;
 pub use crate::protocols::WorkerWithDpRank;
 use config::{KvRouterConfig, RouterConfigOverride};
+use holders::BookedHolders;
 use replica_sync::{BookingRecord, SyncBody};
 use selector::{CandidateLoad, LoadThresholds, RoutingConstraints, TierOverlap, WorkerCapacity};
 use sequences::ActiveSequences;
@@ -47,6 +49,13 @@ pub struct SchedulingRequest<'a> {
     pub seq_hashes: &'a [SequenceHash],
     /// Cache overlap per worker rank, as found by the indexer; absent means none.
     pub overlaps: Option<&'a FxHashMap<WorkerWithDpRank, TierOverlap>>,
+    /// Device-tier overlap per worker rank as the indexer lists it
+    /// ([`crate::indexer::OverlapScores::scores`]; ranks absent score 0). Used only when
+    /// `overlaps` is `None`: the scheduler spreads it into a dense per-worker-slot buffer of
+    /// its own, so a decision over a large fleet builds no map (the same costs and
+    /// decisions as the equivalent `overlaps` map; if a rank is listed twice, the later
+    /// entry wins, as when collecting the list into a map).
+    pub device_overlaps: Option<&'a [(WorkerWithDpRank, u32)]>,
     /// Per-request configuration overrides.
     pub overrides: Option<&'a RouterConfigOverride>,
     /// Placement constraints.
@@ -87,6 +96,8 @@ struct WorkerState {
     seqs: ActiveSequences,
     taints: BTreeSet<String>,
     capacity: WorkerCapacity,
+    /// Index of this rank in [`State::dense`] (stable while the rank is registered).
+    slot: u32,
 }
 
 /// An eligible worker rank with its cache overlap and cost for one request.
@@ -98,6 +109,18 @@ pub type SyncObserver = Box<dyn Fn(SyncBody) + Send + Sync>;
 
 struct State {
     workers: BTreeMap<WorkerWithDpRank, WorkerState>,
+    /// Slot of every registered rank (the index of its entry in `dense`).
+    slot_of: FxHashMap<WorkerWithDpRank, u32>,
+    /// Slots of removed ranks, reused first.
+    free_slots: Vec<u32>,
+    /// Device overlap per slot while a decision is evaluated ([`SchedulingRequest::device_overlaps`]);
+    /// all zero between decisions, reused (no allocation per decision).
+    dense: Vec<u32>,
+    /// Which slots hold each booked block (kept in step with every worker's `seqs`).
+    holders: BookedHolders,
+    /// Per slot, how many of the request's tracked blocks the worker holds, while a
+    /// decision is evaluated; all zero between decisions.
+    held: Vec<u32>,
     owners: FxHashMap<String, WorkerWithDpRank>,
     /// Peers' bookings ([`replica_sync::remote_key`]) and their worker ranks.
     remote: FxHashMap<String, WorkerWithDpRank>,
@@ -148,6 +171,11 @@ impl Scheduler {
             config,
             state: Mutex::new(State {
                 workers: BTreeMap::new(),
+                slot_of: FxHashMap::default(),
+                free_slots: Vec::new(),
+                dense: Vec::new(),
+                holders: BookedHolders::default(),
+                held: Vec::new(),
                 owners: FxHashMap::default(),
                 remote: FxHashMap::default(),
                 observer: None,
@@ -198,9 +226,25 @@ impl Scheduler {
         capacity: WorkerCapacity,
     ) {
         let mut st = self.lock();
+        let st = &mut *st;
+        let slot = match st.slot_of.get(&worker) {
+            Some(&slot) => slot,
+            None => {
+                let slot = st.free_slots.pop().unwrap_or_else(|| {
+                    st.dense.push(0);
+                    st.held.push(0);
+                    // Fewer than 2^32 ranks.
+                    (st.dense.len() - 1) as u32
+                });
+                st.slot_of.insert(worker, slot);
+                slot
+            }
+        };
         let w = st.workers.entry(worker).or_default();
         w.taints = taints;
         w.capacity = capacity;
+        w.slot = slot;
+        w.seqs.track_changes();
     }
 
     /// Record the KV blocks a worker rank reports in use.
@@ -214,7 +258,18 @@ impl Scheduler {
     pub fn remove_worker(&self, worker_id: u64) {
         let mut st = self.lock();
         let st = &mut *st;
-        st.workers.retain(|w, _| w.worker_id != worker_id);
+        let (slot_of, free_slots, holders) = (&mut st.slot_of, &mut st.free_slots, &mut st.holders);
+        st.workers.retain(|w, state| {
+            let keep = w.worker_id != worker_id;
+            if !keep {
+                slot_of.remove(w);
+                free_slots.push(state.slot);
+                for b in state.seqs.held_blocks() {
+                    holders.remove(b, state.slot);
+                }
+            }
+            keep
+        });
         st.remote.retain(|_, w| w.worker_id != worker_id);
         let observer = st.observer.as_ref();
         st.owners.retain(|id, w| {
@@ -286,9 +341,18 @@ impl Scheduler {
         let thresholds = st.thresholds;
         let default_constraints = RoutingConstraints::default();
         let constraints = req.constraints.unwrap_or(&default_constraints);
+        let State {
+            workers,
+            slot_of,
+            dense,
+            holders,
+            held,
+            rng,
+            ..
+        } = st;
         let eligible: Vec<(&WorkerWithDpRank, &WorkerState)> = match req.pinned {
             Some(pin) => {
-                let w = st.workers.get_key_value(&pin).ok_or(Error::UnknownWorker {
+                let w = workers.get_key_value(&pin).ok_or(Error::UnknownWorker {
                     worker_id: pin.worker_id,
                     dp_rank: pin.dp_rank,
                 })?;
@@ -301,9 +365,9 @@ impl Scheduler {
                 // when nothing else is left: better a probe of a worker believed down than
                 // no answer at all.
                 let (mut allowed, mut preferred) = (0usize, 0usize);
-                let mut idle = Vec::with_capacity(st.workers.len());
+                let mut idle = Vec::with_capacity(workers.len());
                 let mut idle_avoided = Vec::new();
-                for (id, w) in &st.workers {
+                for (id, w) in workers.iter() {
                     if !constraints.allows(&w.taints) {
                         continue;
                     }
@@ -335,28 +399,23 @@ impl Scheduler {
                 idle
             }
         };
-        let blocks = {
-            let rng = &mut st.rng;
-            Self::tracked_blocks(&params, req.seq_hashes, rng)
-        };
+        let blocks = Self::tracked_blocks(&params, req.seq_hashes, rng);
         let min_prefill = eligible
             .iter()
             .map(|(_, w)| w.seqs.active_prefill_tokens())
             .min()
             .unwrap_or(0);
+        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let counted = holders.count_held(&blocks, held);
         let candidates = eligible
             .iter()
             .map(|(id, w)| {
-                let overlap = req
-                    .overlaps
-                    .and_then(|m| m.get(id))
-                    .copied()
-                    .unwrap_or_default();
+                let overlap = Self::overlap_of(req, dense, id, w);
                 let load = CandidateLoad {
                     overlap,
                     active_prefill_tokens: w.seqs.active_prefill_tokens(),
                     active_blocks: w.seqs.active_blocks() as u64,
-                    new_blocks: w.seqs.new_blocks(&blocks) as u64,
+                    new_blocks: (blocks.len() - held[w.slot as usize] as usize) as u64,
                     active_requests: w.seqs.active_requests() as u64,
                 };
                 let cost = selector::worker_cost(
@@ -370,7 +429,69 @@ impl Scheduler {
                 (**id, overlap, cost)
             })
             .collect();
+        Self::clear_overlaps(slot_of, dense, spread);
+        if counted {
+            held.fill(0);
+        }
         Ok((candidates, blocks))
+    }
+
+    /// Write `req.device_overlaps` into `dense` by slot (when it is the overlap source);
+    /// returns what [`Self::clear_overlaps`] needs to zero it again.
+    fn spread_overlaps<'r>(
+        slot_of: &FxHashMap<WorkerWithDpRank, u32>,
+        dense: &mut [u32],
+        req: &SchedulingRequest<'r>,
+    ) -> Option<&'r [(WorkerWithDpRank, u32)]> {
+        let list = match (req.overlaps, req.device_overlaps) {
+            (None, Some(list)) => list,
+            _ => return None,
+        };
+        for (w, d) in list {
+            if let Some(&slot) = slot_of.get(w) {
+                dense[slot as usize] = *d;
+            }
+        }
+        Some(list)
+    }
+
+    /// Zero what [`Self::spread_overlaps`] wrote (a fill when the list covers a good part
+    /// of the fleet, else one lookup per listed rank).
+    fn clear_overlaps(
+        slot_of: &FxHashMap<WorkerWithDpRank, u32>,
+        dense: &mut [u32],
+        spread: Option<&[(WorkerWithDpRank, u32)]>,
+    ) {
+        let Some(list) = spread else {
+            return;
+        };
+        if list.len() * 16 >= dense.len() {
+            dense.fill(0);
+        } else {
+            for (w, _) in list {
+                if let Some(&slot) = slot_of.get(w) {
+                    dense[slot as usize] = 0;
+                }
+            }
+        }
+    }
+
+    /// The overlap of rank `id` (state `w`) for `req`: from the map when given, else from
+    /// `dense` (zero when `req` has no overlaps at all).
+    #[inline]
+    fn overlap_of(
+        req: &SchedulingRequest<'_>,
+        dense: &[u32],
+        id: &WorkerWithDpRank,
+        w: &WorkerState,
+    ) -> TierOverlap {
+        match req.overlaps {
+            Some(m) => m.get(id).copied().unwrap_or_default(),
+            None => TierOverlap {
+                device: dense[w.slot as usize],
+                ..Default::default()
+            },
+        }
     }
 
     /// Choose a worker rank for `req` and, if it has an id, book its load there.
@@ -380,13 +501,14 @@ impl Scheduler {
     /// [`Error::AllWorkersBusy`] (thresholds), [`Error::UnknownWorker`] (pin),
     /// [`Error::DuplicateRequest`], [`Error::InvalidConfig`] (overrides).
     pub fn select(&self, req: &SchedulingRequest<'_>) -> Result<Selection> {
-        let mut st = self.lock();
+        let mut guard = self.lock();
+        let st = &mut *guard;
         if let Some(id) = req.request_id
             && st.owners.contains_key(id)
         {
             return Err(Error::DuplicateRequest(id.to_owned()));
         }
-        let (candidates, blocks) = self.evaluate(&mut st, req)?;
+        let (candidates, blocks) = self.evaluate(st, req)?;
         let params = self.config.effective(req.overrides);
         let costs: Vec<f64> = candidates.iter().map(|c| c.2).collect();
         let index = selector::sample_index(&costs, params.temperature, &mut st.rng)
@@ -400,7 +522,9 @@ impl Scheduler {
                 dp_rank: worker.dp_rank,
             })?;
             let shared = observed.then(|| blocks.clone());
-            w.seqs.add_request(id, blocks, prefill)?;
+            let booked = w.seqs.add_request(id, blocks, prefill);
+            Self::sync_holders(&mut st.holders, w);
+            booked?;
             st.owners.insert(id.to_owned(), worker);
             if let (Some(o), Some(blocks)) = (&st.observer, shared) {
                 o(SyncBody::Booked(BookingRecord {
@@ -422,21 +546,38 @@ impl Scheduler {
     pub fn potential_loads(&self, req: &SchedulingRequest<'_>) -> Vec<PotentialLoad> {
         let mut st = self.lock();
         let params = self.config.effective(req.overrides);
-        let blocks = Self::tracked_blocks(&params, req.seq_hashes, &mut st.rng);
-        st.workers
+        let State {
+            workers,
+            slot_of,
+            dense,
+            holders,
+            held,
+            rng,
+            ..
+        } = &mut *st;
+        let blocks = Self::tracked_blocks(&params, req.seq_hashes, rng);
+        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let counted = holders.count_held(&blocks, held);
+        let loads = workers
             .iter()
             .map(|(id, w)| {
-                let overlap = req.overlaps.and_then(|m| m.get(id)).map_or(0, |o| o.device);
+                let overlap = Self::overlap_of(req, dense, id, w).device;
                 PotentialLoad {
                     worker: *id,
                     potential_prefill_tokens: w.seqs.active_prefill_tokens()
                         + self.prefill_tokens(&params, req.isl_tokens, overlap),
-                    potential_decode_blocks: (w.seqs.active_blocks() + w.seqs.new_blocks(&blocks))
+                    potential_decode_blocks: (w.seqs.active_blocks() + blocks.len()
+                        - held[w.slot as usize] as usize)
                         as u64,
                     active_requests: w.seqs.active_requests() as u64,
                 }
             })
-            .collect()
+            .collect();
+        Self::clear_overlaps(slot_of, dense, spread);
+        if counted {
+            held.fill(0);
+        }
+        loads
     }
 
     /// [`Self::potential_loads`] of one rank (`None` when it is not registered): what the
@@ -450,10 +591,16 @@ impl Scheduler {
         let params = self.config.effective(req.overrides);
         let blocks = Self::tracked_blocks(&params, req.seq_hashes, &mut st.rng);
         let w = st.workers.get(&worker)?;
-        let overlap = req
-            .overlaps
-            .and_then(|m| m.get(&worker))
-            .map_or(0, |o| o.device);
+        let overlap = match (req.overlaps, req.device_overlaps) {
+            (Some(m), _) => m.get(&worker).map_or(0, |o| o.device),
+            // The last entry wins, as in `spread_overlaps`.
+            (None, Some(list)) => list
+                .iter()
+                .rev()
+                .find(|(w, _)| *w == worker)
+                .map_or(0, |&(_, d)| d),
+            (None, None) => 0,
+        };
         Some(PotentialLoad {
             worker,
             potential_prefill_tokens: w.seqs.active_prefill_tokens()
@@ -487,7 +634,22 @@ impl Scheduler {
             .workers
             .get_mut(&worker)
             .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
-        f(&mut w.seqs, &mut st.rng, st.observer.as_ref())
+        let out = f(&mut w.seqs, &mut st.rng, st.observer.as_ref());
+        Self::sync_holders(&mut st.holders, w);
+        out
+    }
+
+    /// Bring the reverse index of booked blocks in step with `w`'s block set after a
+    /// change of its bookings.
+    fn sync_holders(holders: &mut BookedHolders, w: &mut WorkerState) {
+        let slot = w.slot;
+        w.seqs.take_changes(|b, now_held| {
+            if now_held {
+                holders.insert(b, slot);
+            } else {
+                holders.remove(b, slot);
+            }
+        });
     }
 
     /// The request produced its first token (its prompt stops counting as prefill load).
@@ -619,14 +781,16 @@ impl Scheduler {
             && let Some(w) = st.workers.get_mut(&old)
         {
             let _ = w.seqs.free(key);
+            Self::sync_holders(&mut st.holders, w);
         }
         let Some(w) = st.workers.get_mut(&record.worker) else {
             return false;
         };
-        if w.seqs
-            .add_request(key, record.blocks.clone(), record.prefill_tokens)
-            .is_err()
-        {
+        let booked = w
+            .seqs
+            .add_request(key, record.blocks.clone(), record.prefill_tokens);
+        Self::sync_holders(&mut st.holders, w);
+        if booked.is_err() {
             return false;
         }
         st.remote.insert(key.to_owned(), record.worker);
@@ -640,6 +804,7 @@ impl Scheduler {
             && let Some(w) = st.workers.get_mut(worker)
         {
             f(&mut w.seqs);
+            Self::sync_holders(&mut st.holders, w);
         }
     }
 
@@ -688,6 +853,21 @@ impl Scheduler {
                     )
                 }),
         )
+    }
+}
+
+#[cfg(test)]
+impl Scheduler {
+    /// The reverse index of booked blocks equals the union of the workers' block sets.
+    fn holders_consistent(&self) -> bool {
+        let st = self.lock();
+        let mut want: Vec<(SequenceHash, u32)> = st
+            .workers
+            .values()
+            .flat_map(|w| w.seqs.held_blocks().map(move |b| (b, w.slot)))
+            .collect();
+        want.sort_unstable_by_key(|&(b, s)| (b.0, s));
+        st.holders.pairs() == want && st.held.iter().all(|&h| h == 0)
     }
 }
 

@@ -33,9 +33,44 @@ pub struct ActiveSequences {
     weights: FxHashMap<SequenceHash, f64>,
     /// Sum of `1 - weight` over `weights`.
     discount: f64,
+    /// With change tracking on ([`Self::track_changes`]): blocks that became held (`true`)
+    /// or were released (`false`) since the last [`Self::take_changes`].
+    changes: Option<Vec<(SequenceHash, bool)>>,
 }
 
 impl ActiveSequences {
+    /// Record which blocks become held or released, for [`Self::take_changes`] (the
+    /// scheduler's reverse index of booked blocks).
+    pub(crate) fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// Hand `f` every block that became held (`true`) or was released (`false`) since the
+    /// last call, in order.
+    pub(crate) fn take_changes(&mut self, mut f: impl FnMut(SequenceHash, bool)) {
+        if let Some(changes) = &mut self.changes {
+            for (b, held) in changes.drain(..) {
+                f(b, held);
+            }
+        }
+    }
+
+    /// The distinct blocks held.
+    pub(crate) fn held_blocks(&self) -> impl Iterator<Item = SequenceHash> + '_ {
+        self.block_refs.keys().copied()
+    }
+
+    #[inline]
+    fn hold(&mut self, b: SequenceHash) {
+        let count = self.block_refs.entry(b).or_insert(0);
+        *count += 1;
+        if *count == 1
+            && let Some(c) = &mut self.changes
+        {
+            c.push((b, true));
+        }
+    }
+
     /// Book a request holding `blocks` with `prefill_tokens` still to prefill.
     ///
     /// # Errors
@@ -50,7 +85,7 @@ impl ActiveSequences {
             return Err(Error::DuplicateRequest(request_id.to_owned()));
         }
         for &b in &blocks {
-            *self.block_refs.entry(b).or_insert(0) += 1;
+            self.hold(b);
         }
         self.active_prefill_tokens += prefill_tokens;
         self.requests.insert(
@@ -88,7 +123,7 @@ impl ActiveSequences {
             .get_mut(request_id)
             .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
         req.blocks.push(block);
-        *self.block_refs.entry(block).or_insert(0) += 1;
+        self.hold(block);
         Ok(())
     }
 
@@ -145,6 +180,9 @@ impl ActiveSequences {
                 *count -= 1;
                 if *count == 0 {
                     self.block_refs.remove(&b);
+                    if let Some(c) = &mut self.changes {
+                        c.push((b, false));
+                    }
                     if let Some(w) = self.weights.remove(&b) {
                         self.discount -= 1.0 - w;
                         if self.weights.is_empty() {

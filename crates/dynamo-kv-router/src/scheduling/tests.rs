@@ -426,3 +426,183 @@ fn thresholds_can_change_while_routing() {
     s.set_thresholds(LoadThresholds::default()).expect("valid");
     assert!(s.select(&SchedulingRequest::default()).is_ok());
 }
+
+/// One step of [`dense_overlaps_decide_like_the_map`].
+#[derive(Debug, Clone)]
+enum DenseOp {
+    /// Register (or update) a rank.
+    Upsert(u64, u32),
+    /// Remove every rank of a worker (its slots are reused by later ranks).
+    Remove(u64),
+    /// A decision with these `(worker, dp_rank, device overlap)` entries (unregistered
+    /// ranks and repeated ranks included), booked under an id when `book`, with this
+    /// temperature override and, possibly, a pin or an avoided worker.
+    Decide {
+        overlaps: Vec<(u64, u32, u32)>,
+        isl: usize,
+        book: bool,
+        temperature: f64,
+        pin: Option<(u64, u32)>,
+        avoid: Option<u64>,
+    },
+    /// Free the oldest booking.
+    Free,
+    /// The oldest booking generates an output block.
+    Output,
+    /// A peer's booking of these blocks on a rank (replacing the key's previous one).
+    Remote(u8, u64, u32, Vec<u64>),
+    /// A peer frees its booking.
+    FreeRemote(u8),
+}
+
+fn dense_op() -> impl Strategy<Value = DenseOp> {
+    prop_oneof![
+        (0u64..10, 0u32..2).prop_map(|(w, r)| DenseOp::Upsert(w, r)),
+        (0u64..10).prop_map(DenseOp::Remove),
+        (
+            proptest::collection::vec((0u64..12, 0u32..2, 0u32..9), 0..24),
+            0usize..200,
+            any::<bool>(),
+            prop_oneof![Just(0.0), Just(0.7)],
+            proptest::option::weighted(0.15, (0u64..12, 0u32..2)),
+            proptest::option::weighted(0.15, 0u64..12),
+        )
+            .prop_map(|(overlaps, isl, book, temperature, pin, avoid)| {
+                DenseOp::Decide {
+                    overlaps,
+                    isl,
+                    book,
+                    temperature,
+                    pin,
+                    avoid,
+                }
+            }),
+        Just(DenseOp::Free),
+        Just(DenseOp::Output),
+        (
+            0u8..3,
+            0u64..12,
+            0u32..2,
+            proptest::collection::vec(0u64..9, 0..6)
+        )
+            .prop_map(|(k, w, r, b)| DenseOp::Remote(k, w, r, b)),
+        (0u8..3).prop_map(DenseOp::FreeRemote),
+    ]
+}
+
+proptest! {
+    /// The dense path (`device_overlaps`, spread into the scheduler's per-slot buffer) gives
+    /// the same selections, costs and potential loads as the map path (`overlaps`, the list
+    /// collected into a map) on a twin scheduler with the same random seed, through rank
+    /// registrations, removals (slot reuse), bookings and frees.
+    #[test]
+    fn dense_overlaps_decide_like_the_map(ops in proptest::collection::vec(dense_op(), 1..60)) {
+        let twin = || Scheduler::with_rng(
+            4,
+            KvRouterConfig::default(),
+            LoadThresholds::default(),
+            fastrand::Rng::with_seed(9),
+        ).expect("valid config");
+        let (by_map, by_list) = (twin(), twin());
+        let mut booked = std::collections::VecDeque::new();
+        let mut next = 0u32;
+        for op in ops {
+            match op {
+                DenseOp::Upsert(id, rank) => {
+                    for s in [&by_map, &by_list] {
+                        s.upsert_worker(WorkerWithDpRank::new(id, rank), BTreeSet::new(), WorkerCapacity::default());
+                    }
+                }
+                DenseOp::Remove(id) => {
+                    for s in [&by_map, &by_list] {
+                        s.remove_worker(id);
+                    }
+                    booked.retain(|(_, w): &(String, WorkerWithDpRank)| w.worker_id != id);
+                }
+                DenseOp::Free => {
+                    if let Some((id, _)) = booked.pop_front() {
+                        prop_assert!(by_map.free(&id).is_ok());
+                        prop_assert!(by_list.free(&id).is_ok());
+                    }
+                }
+                DenseOp::Output => {
+                    if let Some((id, _)) = booked.front() {
+                        prop_assert!(by_map.add_output_block_decayed(id, None).is_ok());
+                        prop_assert!(by_list.add_output_block_decayed(id, None).is_ok());
+                    }
+                }
+                DenseOp::Remote(k, id, rank, blocks) => {
+                    let record = replica_sync::BookingRecord {
+                        request_id: format!("peer{k}"),
+                        worker: WorkerWithDpRank::new(id, rank),
+                        blocks: blocks.into_iter().map(SequenceHash).collect(),
+                        prefill_tokens: 8,
+                    };
+                    let key = format!("remote{k}");
+                    prop_assert_eq!(by_map.book_remote(&key, &record), by_list.book_remote(&key, &record));
+                }
+                DenseOp::FreeRemote(k) => {
+                    for s in [&by_map, &by_list] {
+                        s.free_remote(&format!("remote{k}"));
+                    }
+                }
+                DenseOp::Decide { overlaps, isl, book, temperature, pin, avoid } => {
+                    let list: Vec<(WorkerWithDpRank, u32)> = overlaps
+                        .iter()
+                        .map(|&(id, rank, d)| (WorkerWithDpRank::new(id, rank), d))
+                        .collect();
+                    let map: FxHashMap<WorkerWithDpRank, TierOverlap> = list
+                        .iter()
+                        .map(|&(w, device)| (w, TierOverlap { device, ..Default::default() }))
+                        .collect();
+                    let seq: Vec<SequenceHash> = (0..(isl / 4) as u64).map(|b| SequenceHash(b % 7)).collect();
+                    let rid = format!("r{next}");
+                    next += 1;
+                    let avoid: Vec<u64> = avoid.into_iter().collect();
+                    let overrides = RouterConfigOverride {
+                        router_temperature: Some(temperature),
+                        ..Default::default()
+                    };
+                    let base = SchedulingRequest {
+                        request_id: book.then_some(rid.as_str()),
+                        isl_tokens: isl,
+                        seq_hashes: &seq,
+                        overrides: Some(&overrides),
+                        pinned: pin.map(|(id, rank)| WorkerWithDpRank::new(id, rank)),
+                        avoid: &avoid,
+                        ..Default::default()
+                    };
+                    let with_map = SchedulingRequest { overlaps: Some(&map), ..base };
+                    let with_list = SchedulingRequest { device_overlaps: Some(&list), ..base };
+                    prop_assert_eq!(
+                        by_map.costs(&SchedulingRequest { request_id: None, ..with_map }),
+                        by_list.costs(&SchedulingRequest { request_id: None, ..with_list })
+                    );
+                    prop_assert_eq!(
+                        by_map.potential_loads(&with_map),
+                        by_list.potential_loads(&with_list)
+                    );
+                    for &(w, _) in &list {
+                        prop_assert_eq!(
+                            by_map.potential_load_of(w, &with_map),
+                            by_list.potential_load_of(w, &with_list)
+                        );
+                    }
+                    // The reverse index of booked blocks against each worker's own set.
+                    let all = by_list.potential_loads(&with_list);
+                    for l in &all {
+                        prop_assert_eq!(Some(*l), by_list.potential_load_of(l.worker, &with_list));
+                    }
+                    let (a, b) = (by_map.select(&with_map), by_list.select(&with_list));
+                    prop_assert_eq!(&a, &b);
+                    if let (Ok(sel), true) = (a, book) {
+                        booked.push_back((rid, sel.worker));
+                    }
+                }
+            }
+            // Between decisions the dense buffer is all zero again.
+            prop_assert!(by_list.lock().dense.iter().all(|&d| d == 0));
+            prop_assert!(by_list.holders_consistent());
+        }
+    }
+}

@@ -524,6 +524,7 @@ impl SelectionService {
             isl_tokens: p.isl,
             seq_hashes: &p.seq,
             overlaps: Some(&overlaps),
+            device_overlaps: None,
             overrides: req.router_config_override.as_ref(),
             constraints: None,
             pinned,
