@@ -88,7 +88,9 @@
 //! # Concurrency
 //!
 //! [`SharedRadixTree`] wraps the tree in a `parking_lot::RwLock`. Queries take the read
-//! lock and run on the caller's thread, so any number of them proceed in parallel; each
+//! lock (`read_recursive`: they do not queue behind a writer that is waiting, only wait
+//! for one that holds the lock) and run on the caller's thread, so any number of them
+//! proceed in parallel; each
 //! event takes the write lock for the time it takes to apply that one event (a few
 //! microseconds for a 64-block store), and decoding happens before the lock is taken.
 //! There is no queue of pending writes in front of the tree (unlike the reference's actor
@@ -188,8 +190,12 @@ impl SharedRadixTree {
     }
 
     /// See [`RadixTree::find_matches`].
+    ///
+    /// Takes the read lock with `read_recursive`: it waits for an event being applied, but
+    /// not for a writer that is only *waiting* (parking_lot's `read` queues behind it, so
+    /// a query could wait for the lock to go to the writer and back).
     pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
-        self.inner.read().find_matches(query, early_exit)
+        self.inner.read_recursive().find_matches(query, early_exit)
     }
 
     /// See [`RadixTree::remove_worker`].
