@@ -341,26 +341,45 @@ impl Splitter {
 }
 
 /// `text` cut at the matches of `added` (leftmost-longest): the pieces in order, each with
-/// the added token's id when it is one. Empty pieces are left out.
+/// the added token's id when it is one. Empty pieces are left out. Lazy: no allocation per
+/// call.
 fn split_added<'a>(
     added: &'a Option<(AhoCorasick, Vec<u32>)>,
     text: &'a str,
 ) -> impl Iterator<Item = (&'a str, Option<u32>)> + 'a {
-    let mut out = Vec::new();
+    let mut matches = added.as_ref().map(|(ac, ids)| (ac.find_iter(text), ids));
     let mut prev = 0;
-    if let Some((ac, ids)) = added {
-        for m in ac.find_iter(text) {
-            if prev != m.start() {
-                out.push((&text[prev..m.start()], None));
-            }
-            out.push((&text[m.start()..m.end()], Some(ids[m.pattern().as_usize()])));
-            prev = m.end();
+    // An added token found after a gap: the gap goes first, the token on the next call.
+    let mut held: Option<(&'a str, Option<u32>)> = None;
+    std::iter::from_fn(move || {
+        if let Some(token) = held.take() {
+            return Some(token);
         }
-    }
-    if prev != text.len() {
-        out.push((&text[prev..], None));
-    }
-    out.into_iter()
+        if let Some((found, ids)) = matches.as_mut() {
+            match found.next() {
+                Some(m) => {
+                    let token = (
+                        &text[m.start()..m.end()],
+                        ids.get(m.pattern().as_usize()).copied(),
+                    );
+                    let gap = &text[prev..m.start()];
+                    prev = m.end();
+                    if gap.is_empty() {
+                        return Some(token);
+                    }
+                    held = Some(token);
+                    return Some((gap, None));
+                }
+                None => matches = None,
+            }
+        }
+        if prev < text.len() {
+            let rest = &text[prev..];
+            prev = text.len();
+            return Some((rest, None));
+        }
+        None
+    })
 }
 
 /// The split regex of a supported pre-tokenizer: byte-level with its own regex, or a
@@ -557,6 +576,36 @@ mod tests {
         let enc = FastEncoder::new(&llama3_shape(true)).expect("supported");
         assert_eq!(enc.encode("caf\u{00e9}", false), None);
         assert!(enc.encode("cafe", false).is_some());
+    }
+
+    #[test]
+    fn split_added_yields_gaps_and_tokens_in_order_without_empty_pieces() {
+        let ac = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(["<a>", "<ab>"])
+            .expect("automaton");
+        let added = Some((ac, vec![7, 8]));
+        let pieces: Vec<_> = split_added(&added, "<a>x<ab><a>y z<ab>").collect();
+        assert_eq!(
+            pieces,
+            [
+                ("<a>", Some(7)),
+                ("x", None),
+                ("<ab>", Some(8)),
+                ("<a>", Some(7)),
+                ("y z", None),
+                ("<ab>", Some(8)),
+            ]
+        );
+        assert_eq!(split_added(&added, "").count(), 0);
+        assert_eq!(
+            split_added(&added, "plain").collect::<Vec<_>>(),
+            [("plain", None)]
+        );
+        assert_eq!(
+            split_added(&None, "<a>").collect::<Vec<_>>(),
+            [("<a>", None)]
+        );
     }
 
     #[test]

@@ -88,8 +88,10 @@ pub struct Preprocessor {
     /// after construction; `Some(None)` when the tokenizer's decoding is not per-token bytes.
     token_bytes: Arc<OnceLock<Option<Arc<TokenBytes>>>>,
     /// Prompt ids without the tokenizer's offset bookkeeping, when the tokenizer's shape
-    /// allows (`fast_encode.rs`); `None`: every prompt goes through the tokenizer.
-    fast_encoder: Option<Arc<FastEncoder>>,
+    /// allows (`fast_encode.rs`): decided (shape and probe check) by the same background
+    /// thread, before the byte table; until then, and as `Some(None)`, every prompt goes
+    /// through the tokenizer, which gives the same ids.
+    fast_encoder: Arc<OnceLock<Option<Arc<FastEncoder>>>>,
 }
 
 /// Most images one chat request may carry: each is fetched and decoded, so this bounds
@@ -209,16 +211,10 @@ impl Preprocessor {
         let mut seen = std::collections::HashSet::new();
         eos.retain(|id| seen.insert(*id));
         let tokenizer = Arc::new(tokenizer);
-        let fast_encoder = match FastEncoder::new(&tokenizer) {
-            Ok(f) => Some(Arc::new(f)),
-            Err(why) => {
-                tracing::debug!(model = %card.display_name, %why, "prompts use the tokenizer's own encoder");
-                None
-            }
-        };
+        let (fast_encoder, token_bytes) = build_tables(&tokenizer, &card.display_name);
         Ok(Self {
             model: card.display_name.clone(),
-            token_bytes: build_token_bytes(&tokenizer),
+            token_bytes,
             fast_encoder,
             tokenizer,
             template,
@@ -255,10 +251,8 @@ impl Preprocessor {
     /// # Errors
     /// [`Error::Tokenizer`] when the tokenizer fails.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        if let Some(ids) = self
-            .fast_encoder
-            .as_ref()
-            .and_then(|f| f.encode(text, add_special_tokens))
+        if let Some(Some(f)) = self.fast_encoder.get()
+            && let Some(ids) = f.encode(text, add_special_tokens)
         {
             return Ok(ids);
         }
@@ -686,7 +680,8 @@ impl Preprocessor {
         OutputProcessor::new(req, Some(Arc::clone(&self.tokenizer))).with_token_bytes(table)
     }
 
-    /// Wait until the fast detokenization table is decided; whether there is one.
+    /// Wait until the fast detokenization table is decided; whether there is one. The fast
+    /// prompt encoder is decided before it (same thread), so it is decided too.
     pub fn wait_token_bytes(&self) -> bool {
         loop {
             if let Some(t) = self.token_bytes.get() {
@@ -695,23 +690,52 @@ impl Preprocessor {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
+
+    /// Wait until the fast prompt encoder is decided; whether prompts use it.
+    pub fn wait_fast_encoder(&self) -> bool {
+        loop {
+            if let Some(f) = self.fast_encoder.get() {
+                return f.is_some();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
 }
 
-/// Build the tokenizer's [`TokenBytes`] on a thread of its own (a large vocabulary takes
-/// tens of milliseconds, which start-up need not wait for); until it is there, output
-/// processors decode through the tokenizer, which gives the same text.
-fn build_token_bytes(tokenizer: &Arc<Tokenizer>) -> Arc<OnceLock<Option<Arc<TokenBytes>>>> {
-    let cell = Arc::new(OnceLock::new());
-    let (tok, slot) = (Arc::clone(tokenizer), Arc::clone(&cell));
+type Slot<T> = Arc<OnceLock<Option<Arc<T>>>>;
+
+/// Decide the tokenizer's [`FastEncoder`] (its self-check tokenises ~30 probe strings both
+/// ways) and then build its
+/// [`TokenBytes`] (tens of milliseconds for a large vocabulary), on a thread of their own:
+/// model load need not wait for either. Until each is decided, requests take the
+/// tokenizer's own path, which gives the same ids and text, so a request that arrives early
+/// is slower, never different.
+fn build_tables(tokenizer: &Arc<Tokenizer>, model: &str) -> (Slot<FastEncoder>, Slot<TokenBytes>) {
+    let (encoder, bytes) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
+    let (tok, encoder_slot, bytes_slot) = (
+        Arc::clone(tokenizer),
+        Arc::clone(&encoder),
+        Arc::clone(&bytes),
+    );
+    let model = model.to_owned();
     let spawned = std::thread::Builder::new()
-        .name("token-bytes".to_owned())
+        .name("token-tables".to_owned())
         .spawn(move || {
-            let _ = slot.set(TokenBytes::build(&tok).map(Arc::new));
+            let fast = match FastEncoder::new(&tok) {
+                Ok(f) => Some(Arc::new(f)),
+                Err(why) => {
+                    tracing::debug!(%model, %why, "prompts use the tokenizer's own encoder");
+                    None
+                }
+            };
+            let _ = encoder_slot.set(fast);
+            let _ = bytes_slot.set(TokenBytes::build(&tok).map(Arc::new));
         });
     if spawned.is_err() {
-        let _ = cell.set(None);
+        let _ = encoder.set(None);
+        let _ = bytes.set(None);
     }
-    cell
+    (encoder, bytes)
 }
 
 #[cfg(test)]

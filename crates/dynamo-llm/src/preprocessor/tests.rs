@@ -406,6 +406,23 @@ fn multibyte_characters_split_across_tokens_are_never_emitted_half() {
 }
 
 #[test]
+fn prompts_encode_the_same_before_and_after_the_fast_encoder_is_decided() {
+    let pre = tiny();
+    let text = "<|im_start|>user\nTell me about routing, twice!<|im_end|>\n<|im_start|>assistant\n";
+    // Possibly still on the tokenizer's path here (the check runs in the background).
+    let early = pre.encode(text, false).expect("encode");
+    assert!(
+        pre.wait_fast_encoder(),
+        "the tiny tokenizer's shape is the fast encoder's"
+    );
+    assert!(matches!(pre.fast_encoder.get(), Some(Some(_))));
+    let fast = pre.encode(text, false).expect("encode");
+    let expected = pre.tokenizer().encode_fast(text, false).expect("tokenizer");
+    assert_eq!(fast, expected.get_ids());
+    assert_eq!(early, fast);
+}
+
+#[test]
 fn the_byte_table_is_built_for_byte_level_tokenizers_only() {
     let pre = tiny();
     assert!(
