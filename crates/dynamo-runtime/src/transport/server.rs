@@ -501,6 +501,13 @@ pub(crate) async fn write_loop(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedRec
             continue;
         }
         buf.extend_from_slice(&first);
+        // Let the tasks that are runnable now queue their frames first: a worker's step
+        // wakes every stream's task at once, and without this the writer (woken into the
+        // scheduler's LIFO slot by the first frame) ran right after each one, writing one
+        // frame per syscall (12 sends per 16-token response, about as many wake-ups of the
+        // caller's reader). `yield_now` waits for no timer and no frame that is not being
+        // produced: the writer runs again once the runnable tasks have run.
+        tokio::task::yield_now().await;
         while buf.len() < MAX_BATCH {
             match rx.try_recv() {
                 Ok(f) => buf.extend_from_slice(&f),
