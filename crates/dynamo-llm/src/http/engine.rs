@@ -295,15 +295,18 @@ impl WorkerStream {
 
     async fn connect(&mut self, kind: MigrationType) -> Result<(), HttpError> {
         loop {
+            // The first attempt sends the request as it is (no copy).
             let request = if self.generated.is_empty() {
-                self.request.clone()
+                std::borrow::Cow::Borrowed(&self.request)
             } else {
-                self.request.continued(&self.generated)
+                std::borrow::Cow::Owned(self.request.continued(&self.generated))
             };
-            let body = dynamo_runtime::transport::codec::encode(&request)
+            let body = dynamo_runtime::transport::codec::encode(&*request)
                 .map_err(|e| HttpError::internal(format!("cannot encode the request: {e}")))?;
-            // The previous attempt's load is released before the next one books.
-            self.end_attempt();
+            // The previous attempt's load is released before the next one books (the
+            // fields directly: `request` may borrow `self.request`).
+            self.stream = None;
+            self.booking = None;
             let attempt_id = format!("{}#{}", self.context.id(), self.attempts);
             self.attempts += 1;
             let selected = self
@@ -315,6 +318,7 @@ impl WorkerStream {
                     &self.failed,
                 )
                 .await?;
+            drop(request);
             self.booking = selected.booking;
             if self.attempts == 1 {
                 self.router_cached_tokens = selected.cached_tokens;

@@ -308,8 +308,11 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
     // request (and its own KV booking) to a worker; validation bounds `n`.
     let n = preq.sampling_options.n.unwrap_or(1).max(1);
     let mut choices = Vec::with_capacity(n as usize);
-    for index in 0..n {
-        let mut one = preq.clone();
+    // The last choice (the only one, usually) takes the request itself.
+    let mut requests = Vec::with_capacity(n as usize);
+    requests.extend(std::iter::repeat_n(&preq, n as usize - 1).cloned());
+    requests.push(preq);
+    for (index, mut one) in (0..n).zip(requests) {
         let ctx = if n == 1 {
             ctx.clone()
         } else {
@@ -579,7 +582,8 @@ impl ChoiceRun {
     /// The choice's steps as a stream, ending after its last step (finish or error).
     fn into_events(self) -> futures_util::stream::BoxStream<'static, Event> {
         use futures_util::StreamExt as _;
-        futures_util::stream::unfold(Some(self), |state| async move {
+        // Boxed: the state moves in and out of each step's future.
+        futures_util::stream::unfold(Some(Box::new(self)), |state| async move {
             let mut choice = state?;
             let step = choice.step().await;
             let last = matches!(step, Step::Delta(_, Some(_), _) | Step::Error(_));
@@ -969,7 +973,8 @@ fn sse_response(run: TokenRun) -> Response {
     use futures_util::{FutureExt as _, StreamExt as _};
     // The body owns the run: a client that disconnects drops it, and with it the worker
     // streams, which stops the request on the workers.
-    let stream = futures_util::stream::unfold(Some(run.merge()), |state| async move {
+    // Boxed: the state moves in and out of each frame's future.
+    let stream = futures_util::stream::unfold(Some(Box::new(run.merge())), |state| async move {
         let mut m = state?;
         let mut out = Vec::with_capacity(512);
         let first = m.events.next().await;
