@@ -409,6 +409,9 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// How long a new model's announcement waits for its client to see a first instance.
+const FIRST_INSTANCE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Follows model cards in discovery and keeps a [`ModelManager`] up to date.
 pub struct ModelWatcher;
 
@@ -513,6 +516,7 @@ impl WatchState {
             (parent, ids)
         };
         let mut models = HashMap::new();
+        let mut added: Vec<Client> = Vec::new();
         for (name, cards) in live {
             if let Some(existing) = self.models.get(&name)
                 && cards.iter().any(|(ep, _)| *ep == existing.endpoint)
@@ -542,6 +546,7 @@ impl WatchState {
                 AdapterServing::new(parent, ids)
             });
             let client = runtime.client(&endpoint);
+            added.push(client.clone());
             models.insert(
                 name.clone(),
                 Arc::new(ModelEntry {
@@ -558,6 +563,21 @@ impl WatchState {
         for name in self.models.keys() {
             if !models.contains_key(name) {
                 tracing::info!(model = %name, "model removed");
+            }
+        }
+        // A new client's instance list fills from its own discovery watch, a moment after
+        // the card was read here: announcing the model before that would answer the first
+        // request after `/v1/models` lists it with a 503 ("no instances"). Wait, bounded,
+        // for each new model's first instance (a card without a live instance is announced
+        // when the wait runs out, as before).
+        if !added.is_empty() {
+            let first_instances =
+                futures_util::future::join_all(added.iter().map(Client::wait_for_instances));
+            if tokio::time::timeout(FIRST_INSTANCE_WAIT, first_instances)
+                .await
+                .is_err()
+            {
+                tracing::debug!("a new model has no live instance yet; announcing it anyway");
             }
         }
         manager.replace(models.clone());
@@ -654,6 +674,53 @@ mod tests {
         worker.shutdown();
         let _ = serving.await;
         caller.shutdown();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_model_is_announced_with_its_first_instance_known() {
+        // The file store (the embedded default, and the CI failure's backend): its
+        // instance watch lists a directory, so a client's first listing takes a moment.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = RuntimeConfig {
+            file_kv_root: dir.path().to_path_buf(),
+            ..RuntimeConfig::default()
+        };
+        let ns = format!("i{}", fastrand::u64(..));
+        let worker =
+            DistributedRuntime::new(DiscoveryBackend::File, RequestPlane::Tcp, config.clone())
+                .expect("runtime");
+        let frontend = DistributedRuntime::new(DiscoveryBackend::File, RequestPlane::Tcp, config)
+            .expect("runtime");
+        let ep = EndpointId::parse(&format!("{ns}.backend.generate")).expect("ep");
+        let handler = Arc::new(crate::engines::TokenEngineHandler::new(Arc::new(
+            crate::engines::EchoEngine::new(Duration::ZERO),
+        )));
+        let serving = {
+            let (worker, ep) = (worker.clone(), ep.clone());
+            tokio::spawn(async move { worker.serve_endpoint(&ep, handler, false).await })
+        };
+        register_model(&worker, &ep, &tiny_card("tiny"))
+            .await
+            .expect("register");
+        // (A probe on the worker's own runtime: the instance is in the store.)
+        worker
+            .client(&ep)
+            .wait_for_instances()
+            .await
+            .expect("instance registered");
+        // The worker is up and registered before the frontend starts, as when
+        // `dynamo.frontend -i` joins a running deployment: the model is known once the
+        // first listing returns, and it must already route (its new client has listed the
+        // worker's instance) rather than answer the first request with "no instances".
+        let manager = ModelManager::new();
+        ModelWatcher::start(frontend.clone(), Some(ns.clone()), manager.clone()).await;
+        let entry = manager
+            .get("tiny")
+            .expect("model known after the first listing");
+        assert_eq!(entry.client.instance_ids(), vec![worker.connection_id()]);
+        worker.shutdown();
+        let _ = serving.await;
+        frontend.shutdown();
     }
 
     #[test]
