@@ -193,7 +193,10 @@ impl SharedRadixTree {
     ///
     /// Takes the read lock with `read_recursive`: it waits for an event being applied, but
     /// not for a writer that is only *waiting* (parking_lot's `read` queues behind it, so
-    /// a query could wait for the lock to go to the writer and back).
+    /// a query could wait for the lock to go to the writer and back). The price: readers
+    /// whose holds overlap without a gap would keep a waiting writer out. A query holds the
+    /// lock for microseconds, so that takes queries arriving back to back on several
+    /// threads; the event-plane lag metric is where it would show.
     pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
         self.inner.read_recursive().find_matches(query, early_exit)
     }
