@@ -34,6 +34,23 @@ const BLOCK_SIZE: usize = 16;
 /// Distinct prompt families; workers cache different prefixes of them.
 const FAMILIES: u32 = 32;
 
+/// The per-worker overlap map the scheduler's map path takes (device tier only), built as
+/// the router did before the dense path.
+fn overlap_map(scores: &[(WorkerWithDpRank, u32)]) -> FxHashMap<WorkerWithDpRank, TierOverlap> {
+    scores
+        .iter()
+        .map(|&(w, d)| {
+            (
+                w,
+                TierOverlap {
+                    device: d,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
+}
+
 fn prompt(family: u32, variant: u32) -> Vec<u32> {
     // The first 60% of tokens are shared by a family, the rest is per variant.
     (0..PROMPT_TOKENS as u32)
@@ -100,19 +117,7 @@ impl Router {
             .expect("bs");
         let seq = compute_seq_hash_for_block(&local);
         let scores = self.tree.find_matches(&local, false);
-        let overlaps: FxHashMap<WorkerWithDpRank, TierOverlap> = scores
-            .scores
-            .iter()
-            .map(|&(w, d)| {
-                (
-                    w,
-                    TierOverlap {
-                        device: d,
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
+        let overlaps = overlap_map(&scores.scores);
         self.scheduler
             .select(&SchedulingRequest {
                 isl_tokens: tokens.len(),
@@ -206,19 +211,7 @@ impl Fleet {
                 ..req
             })
         } else {
-            let overlaps: FxHashMap<WorkerWithDpRank, TierOverlap> = scores
-                .scores
-                .iter()
-                .map(|&(w, d)| {
-                    (
-                        w,
-                        TierOverlap {
-                            device: d,
-                            ..Default::default()
-                        },
-                    )
-                })
-                .collect();
+            let overlaps = overlap_map(&scores.scores);
             self.scheduler.select(&SchedulingRequest {
                 overlaps: Some(&overlaps),
                 ..req
