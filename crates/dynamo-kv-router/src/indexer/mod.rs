@@ -65,8 +65,11 @@
 //!   holders per block), and a query enumerates or filters its holders with bit
 //!   operations instead of walking its list. It goes back to the list alone below 32
 //!   holders.
-//! * free node ids are kept as runs of consecutive ids, so that a chain stored after
-//!   evictions reuses consecutive ids and stays implicit.
+//! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed;
+//!   the bookkeeping lives in the freed nodes), and a chain of `n` new blocks starts in a
+//!   run of at least `n` ids when one exists (or at the end of the arena when free ids are
+//!   scarce), so that its blocks stay implicit children and a query walks them in address
+//!   order.
 //!
 //! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
 //! a node is freed the moment it has no residency and no children (its ancestors are

@@ -1,18 +1,54 @@
-//! Free node ids kept as runs of consecutive ids, so that a chain stored after evictions
-//! gets consecutive ids again (and its blocks stay *implicit* children: no child-table
-//! entry, no hash probe; see the module docs of [`crate::indexer`]).
+//! Free node ids kept as maximal runs of consecutive ids, so that a chain stored after
+//! evictions gets consecutive ids again (and its blocks stay *implicit* children: no
+//! child-table entry, no hash probe, and a query walks them in address order; see the
+//! module docs of [`crate::indexer`]).
 //!
-//! Evictions free a chain's blocks deepest first, i.e. in decreasing id order, so pushing
-//! an id just below (or above) the top run extends it; a new chain then takes the top run
-//! from its start upwards. Only the top run is merged with: runs below it are never
-//! coalesced, which keeps every operation O(1). The cost of fragmentation is one explicit
-//! child per run boundary, never a wrong answer.
+//! A boundary-tag allocator over the node arena, with no memory of its own: a run's
+//! bookkeeping lives in its freed nodes (which nothing else reads: a freed node's
+//! `parent` is `NIL`, and every reader of a node checks its parent first). The first node
+//! of a run holds its length (`kids`) and its links in a list of runs of the same size
+//! class (`hint` = next, `link` = previous); the last node holds the run's start (`slot`).
+//! A node is free when its `parent` is `NIL` and it is not the root, so freeing an id
+//! merges it with the runs on either side in O(1) (runs are always maximal), and
+//! allocation takes a run of at least the requested length from the smallest size class
+//! that guarantees one (O(1) with a bit mask of non-empty classes): a chain of `n` new
+//! blocks gets `n` consecutive ids whenever a free run that long exists.
 
-/// A stack of runs `(start, len)` of free ids; the ids are distinct.
-#[derive(Debug, Default)]
+use super::{NIL, Node};
+
+/// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
+const CLASSES: usize = 32;
+
+/// The free ids of the node arena, as maximal runs (see the module docs).
+#[derive(Debug)]
 pub(super) struct FreeRuns {
-    runs: Vec<(u32, u32)>,
+    /// First run of each size class (`NIL` when empty).
+    heads: [u32; CLASSES],
+    /// Bit `c` set when class `c` is not empty.
+    nonempty: u32,
+    /// Number of free ids.
     count: usize,
+}
+
+impl Default for FreeRuns {
+    fn default() -> Self {
+        Self {
+            heads: [NIL; CLASSES],
+            nonempty: 0,
+            count: 0,
+        }
+    }
+}
+
+#[inline]
+const fn class_of(len: u32) -> usize {
+    (31 - len.leading_zeros()) as usize
+}
+
+/// Whether node `id` is free (see the module docs).
+#[inline]
+fn is_free(nodes: &[Node], id: usize) -> bool {
+    id != 0 && nodes.get(id).is_some_and(|n| n.parent == NIL)
 }
 
 impl FreeRuns {
@@ -21,56 +57,144 @@ impl FreeRuns {
         self.count
     }
 
-    /// Bytes reserved.
-    pub(super) fn heap_bytes(&self) -> usize {
-        self.runs.capacity() * std::mem::size_of::<(u32, u32)>()
+    /// Bytes reserved (none: the bookkeeping lives in the freed nodes).
+    #[expect(clippy::unused_self, reason = "kept beside the other heap_bytes")]
+    pub(super) const fn heap_bytes(&self) -> usize {
+        0
     }
 
-    /// Free `id` (not already free).
-    pub(super) fn push(&mut self, id: u32) {
+    /// Record the run `[start, start + len)` (its nodes are free) and link it in its class.
+    fn link(&mut self, nodes: &mut [Node], start: u32, len: u32) {
+        let c = class_of(len);
+        let next = self.heads[c];
+        {
+            let h = &mut nodes[start as usize];
+            h.kids = len;
+            h.hint = next;
+            h.link = NIL;
+        }
+        nodes[(start + len - 1) as usize].slot = start;
+        if next != NIL {
+            nodes[next as usize].link = start;
+        }
+        self.heads[c] = start;
+        self.nonempty |= 1 << c;
+    }
+
+    /// Unlink the run starting at `start` from its class list; returns its length.
+    fn unlink(&mut self, nodes: &mut [Node], start: u32) -> u32 {
+        let h = nodes[start as usize];
+        let (len, next, prev) = (h.kids, h.hint, h.link);
+        let c = class_of(len);
+        if prev == NIL {
+            self.heads[c] = next;
+            if next == NIL {
+                self.nonempty &= !(1 << c);
+            }
+        } else {
+            nodes[prev as usize].hint = next;
+        }
+        if next != NIL {
+            nodes[next as usize].link = prev;
+        }
+        len
+    }
+
+    /// Free `id` (a live node that the caller has just detached: `parent` already `NIL`),
+    /// merging it with the free runs on either side.
+    pub(super) fn push(&mut self, nodes: &mut [Node], id: u32) {
+        debug_assert!(id != 0 && nodes[id as usize].parent == NIL);
         self.count += 1;
-        if let Some((start, len)) = self.runs.last_mut() {
-            if id.checked_add(1) == Some(*start) {
-                *start = id;
-                *len += 1;
-                return;
-            }
-            if start.checked_add(*len) == Some(id) {
-                *len += 1;
-                return;
-            }
+        let (mut start, mut len) = (id, 1);
+        if is_free(nodes, id as usize - 1) {
+            // `id - 1` ends a run.
+            let s = nodes[id as usize - 1].slot;
+            let l = self.unlink(nodes, s);
+            start = s;
+            len += l;
         }
-        self.runs.push((id, 1));
+        if is_free(nodes, id as usize + 1) {
+            // `id + 1` starts a run.
+            len += self.unlink(nodes, id + 1);
+        }
+        self.link(nodes, start, len);
     }
 
-    /// Take `id` if it is the first id of the top run (the slot right after a node that
-    /// was just allocated from that run).
-    pub(super) fn take_at(&mut self, id: u32) -> bool {
-        match self.runs.last_mut() {
-            Some((start, len)) if *start == id => {
-                *start += 1;
-                *len -= 1;
-                if *len == 0 {
-                    self.runs.pop();
-                }
-                self.count -= 1;
-                true
-            }
-            _ => false,
+    /// Take `id` if it is free and starts its run (as the slot right after a live node
+    /// does). The caller overwrites the node.
+    pub(super) fn take_at(&mut self, nodes: &mut [Node], id: u32) -> bool {
+        if !is_free(nodes, id as usize) || is_free(nodes, id as usize - 1) {
+            return false;
         }
+        let len = self.unlink(nodes, id);
+        if len > 1 {
+            self.link(nodes, id + 1, len - 1);
+        }
+        self.count -= 1;
+        true
     }
 
-    /// Take the first id of the top run.
-    pub(super) fn pop(&mut self) -> Option<u32> {
-        let &(start, _) = self.runs.last()?;
-        let taken = self.take_at(start);
+    /// Take the first id of a run of at least `want` ids if there is one (the smallest
+    /// size class that guarantees it). Otherwise `None` when free ids are scarce (under a
+    /// sixteenth of the arena): the caller appends the chain to the arena instead of
+    /// splitting it over short runs, which shorter chains will use; else the first id of a
+    /// run of the largest class. The rest of the run stays free, so the caller's next ids
+    /// come from [`Self::take_at`] right after it.
+    pub(super) fn pop(&mut self, nodes: &mut [Node], want: u32) -> Option<u32> {
+        if self.nonempty == 0 {
+            return None;
+        }
+        let want = want.max(1);
+        // Smallest class whose every run is at least `want` long.
+        let c0 = if want == 1 {
+            0
+        } else {
+            32 - (want - 1).leading_zeros()
+        };
+        let fit = if c0 < 32 {
+            self.nonempty & !((1u32 << c0) - 1)
+        } else {
+            0
+        };
+        let c = if fit != 0 {
+            fit.trailing_zeros()
+        } else if self.count * 16 < nodes.len() {
+            return None;
+        } else {
+            31 - self.nonempty.leading_zeros()
+        };
+        let start = self.heads[c as usize];
+        let taken = self.take_at(nodes, start);
         debug_assert!(taken);
         Some(start)
     }
 
-    /// Every free id (for the invariant checks).
-    pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
-        self.runs.iter().flat_map(|&(s, l)| s..s + l)
+    /// Every free id, run by run, with a check of the runs' bookkeeping (for the
+    /// invariant checks): runs are maximal, in the right class, and their tags agree.
+    pub(super) fn checked_ids(&self, nodes: &[Node]) -> Vec<u32> {
+        let mut ids = Vec::new();
+        for (c, &head) in self.heads.iter().enumerate() {
+            assert_eq!(head == NIL, self.nonempty & (1 << c) == 0, "class mask {c}");
+            let mut prev = NIL;
+            let mut r = head;
+            while r != NIL {
+                let h = &nodes[r as usize];
+                assert_eq!(h.link, prev, "run list links");
+                assert_eq!(class_of(h.kids), c, "run class");
+                let end = r + h.kids;
+                assert_eq!(nodes[(end - 1) as usize].slot, r, "run tail tag");
+                assert!(!is_free(nodes, r as usize - 1), "run not merged below");
+                assert!(!is_free(nodes, end as usize), "run not merged above");
+                for id in r..end {
+                    assert!(is_free(nodes, id as usize), "run holds a live node");
+                    ids.push(id);
+                }
+                prev = r;
+                r = h.hint;
+            }
+        }
+        assert_eq!(ids.len(), self.count, "free count");
+        ids
     }
 }
 
@@ -80,26 +204,75 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use super::super::{NIL, Node, RadixTree};
     use super::FreeRuns;
 
+    fn arena(n: usize) -> Vec<Node> {
+        (0..n)
+            .map(|i| {
+                let mut x = RadixTree::root();
+                // Live (any non-NIL parent) except the root.
+                x.parent = if i == 0 { NIL } else { 0 };
+                x
+            })
+            .collect()
+    }
+
+    fn free(runs: &mut FreeRuns, nodes: &mut [Node], id: u32) {
+        nodes[id as usize].parent = NIL;
+        runs.push(nodes, id);
+    }
+
+    fn alloc(nodes: &mut [Node], id: u32) {
+        nodes[id as usize].parent = 0;
+    }
+
     proptest! {
-        /// Against a set of ids: the same ids are free, `take_at` takes exactly the top
-        /// run's start, and a chain freed deepest first comes back as one run.
+        /// Against a set of ids: the same ids are free, runs are maximal and consistent,
+        /// `take_at` takes exactly free run starts, and `pop` takes a run of at least the
+        /// requested length when the model has one.
         #[test]
-        fn behaves_like_a_set(ops in proptest::collection::vec((0u8..3, 0u32..64), 0..200)) {
+        fn behaves_like_a_set(ops in proptest::collection::vec((0u8..3, 1u32..64, 1u32..20), 0..300)) {
+            let mut nodes = arena(64);
             let mut runs = FreeRuns::default();
             let mut model = BTreeSet::new();
-            for (op, id) in ops {
+            for (op, id, want) in ops {
                 match op {
-                    0 => if model.insert(id) { runs.push(id) },
+                    0 => if model.insert(id) { free(&mut runs, &mut nodes, id) },
                     1 => {
-                        let took = runs.take_at(id);
-                        if took { prop_assert!(model.remove(&id)); }
+                        let starts = model.contains(&id) && !model.contains(&(id - 1));
+                        let took = runs.take_at(&mut nodes, id);
+                        prop_assert_eq!(took, starts);
+                        if took {
+                            alloc(&mut nodes, id);
+                            prop_assert!(model.remove(&id));
+                        }
                     }
-                    _ => if let Some(id) = runs.pop() { prop_assert!(model.remove(&id)); }
-                              else { prop_assert!(model.is_empty()); },
+                    _ => {
+                        // The longest run in the model.
+                        let (mut best, mut cur, mut last) = (0u32, 0u32, None);
+                        for &x in &model {
+                            cur = if last == Some(x - 1) { cur + 1 } else { 1 };
+                            best = best.max(cur);
+                            last = Some(x);
+                        }
+                        match runs.pop(&mut nodes, want) {
+                            Some(id) => {
+                                prop_assert!(model.contains(&id) && !model.contains(&(id - 1)));
+                                let len = (id..).take_while(|x| model.contains(x)).count() as u32;
+                                if best >= want.next_power_of_two() {
+                                    prop_assert!(len >= want, "run of {} for {}", len, want);
+                                }
+                                alloc(&mut nodes, id);
+                                prop_assert!(model.remove(&id));
+                            }
+                            None => prop_assert!(
+                                model.is_empty() || (best < want && model.len() * 16 < nodes.len())
+                            ),
+                        }
+                    }
                 }
-                let mut listed: Vec<u32> = runs.iter().collect();
+                let mut listed = runs.checked_ids(&nodes);
                 listed.sort_unstable();
                 prop_assert_eq!(listed, model.iter().copied().collect::<Vec<_>>());
                 prop_assert_eq!(runs.len(), model.len());
@@ -109,15 +282,47 @@ mod tests {
 
     #[test]
     fn chain_freed_deepest_first_is_reused_in_order() {
+        let mut nodes = arena(32);
         let mut runs = FreeRuns::default();
         for id in (10..20).rev() {
-            runs.push(id);
+            free(&mut runs, &mut nodes, id);
         }
-        assert_eq!(runs.runs.len(), 1);
-        assert_eq!(runs.pop(), Some(10));
+        // One run of 10, wherever the ids were freed from.
+        assert_eq!(runs.checked_ids(&nodes).len(), 10);
+        assert_eq!(runs.nonempty.count_ones(), 1);
+        assert_eq!(runs.pop(&mut nodes, 10), Some(10));
+        alloc(&mut nodes, 10);
         for id in 11..20 {
-            assert!(runs.take_at(id));
+            assert!(runs.take_at(&mut nodes, id));
+            alloc(&mut nodes, id);
         }
         assert_eq!(runs.len(), 0);
+    }
+
+    #[test]
+    fn a_long_chain_gets_a_run_that_fits() {
+        let mut nodes = arena(64);
+        let mut runs = FreeRuns::default();
+        // Runs of 2 (at 2), 9 (at 10) and 4 (at 30), freed out of order.
+        for id in [3, 2, 12, 10, 11, 14, 13, 18, 15, 17, 16, 31, 33, 30, 32] {
+            free(&mut runs, &mut nodes, id);
+        }
+        let mut pop = |want| {
+            let id = runs.pop(&mut nodes, want);
+            if let Some(id) = id {
+                alloc(&mut nodes, id);
+            }
+            id
+        };
+        assert_eq!(pop(8), Some(10));
+        // Nothing fits 30: the longest run's class.
+        assert_eq!(pop(30), Some(11));
+        // The rest of that run went back to the front of its (smaller) class.
+        assert_eq!(pop(3), Some(12));
+        assert_eq!(pop(1), Some(2));
+        assert_eq!(
+            runs.checked_ids(&nodes),
+            [3, 13, 14, 15, 16, 17, 18, 30, 31, 32, 33]
+        );
     }
 }

@@ -12,7 +12,8 @@ impl RadixTree {
     #[doc(hidden)]
     pub fn check_invariants(&self) {
         let mut live = vec![true; self.nodes.len()];
-        for f in self.free_nodes.iter() {
+        let free = self.free_nodes.checked_ids(&self.nodes);
+        for &f in &free {
             live[f as usize] = false;
         }
         let mut children = vec![0u32; self.nodes.len()];
@@ -121,7 +122,7 @@ impl RadixTree {
             .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
             .count();
         assert_eq!(self.children.len(), explicit, "child table size");
-        for f in self.free_nodes.iter() {
+        for &f in &free {
             assert_eq!(
                 self.nodes[f as usize].parent, NIL,
                 "freed node keeps a parent"

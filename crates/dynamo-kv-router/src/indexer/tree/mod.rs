@@ -404,9 +404,11 @@ impl RadixTree {
         // `parent` before this call, and `parent` is not `BROKEN` (children's holders hold
         // it). Spares the duplicate scan of `add_residency` along the chain.
         let mut absent = false;
-        for block in blocks {
+        for (i, block) in blocks.iter().enumerate() {
+            // The chain's new blocks from here on, for a run of ids that fits them all.
+            let want = (blocks.len() - i) as u32;
             let child = if fresh {
-                self.insert_child(parent, block.tokens_hash.0)
+                self.insert_child(parent, block.tokens_hash.0, want)
             } else {
                 match self.child(parent, block.tokens_hash.0) {
                     Some(c) => {
@@ -417,7 +419,7 @@ impl RadixTree {
                     }
                     None => {
                         fresh = true;
-                        self.insert_child(parent, block.tokens_hash.0)
+                        self.insert_child(parent, block.tokens_hash.0, want)
                     }
                 }
             };
@@ -727,8 +729,9 @@ impl RadixTree {
             .map(|i| children.get(i))
     }
 
-    /// Create the child `(parent, local)`, which must not exist.
-    fn insert_child(&mut self, parent: u32, local: u64) -> u32 {
+    /// Create the child `(parent, local)`, which must not exist; `want` is the number of
+    /// new blocks of the chain from this one on (they will take the ids after it).
+    fn insert_child(&mut self, parent: u32, local: u64, want: u32) -> u32 {
         let node = Node {
             local,
             ext: 0,
@@ -740,15 +743,17 @@ impl RadixTree {
             kids: 0,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
-        // entry): the end of the arena, or the next id of the free run the parent came
-        // from (a chain reuses a run of ids freed together). Otherwise any free id.
+        // entry): the end of the arena, or a free id right after the parent (the next id
+        // of the run the parent came from). Otherwise the start of a free run long enough
+        // for the rest of the chain, which then continues in it (or the end of the arena:
+        // see `FreeRuns::pop`).
         let next = parent + 1;
         let id = if next as usize == self.nodes.len() {
             self.push_node(node)
-        } else if self.free_nodes.take_at(next) {
+        } else if self.free_nodes.take_at(&mut self.nodes, next) {
             self.nodes[next as usize] = node;
             next
-        } else if let Some(id) = self.free_nodes.pop() {
+        } else if let Some(id) = self.free_nodes.pop(&mut self.nodes, want) {
             self.nodes[id as usize] = node;
             id
         } else {
@@ -1150,7 +1155,7 @@ impl RadixTree {
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
             self.nodes[node as usize].meta = 0;
-            self.free_nodes.push(node);
+            self.free_nodes.push(&mut self.nodes, node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
             }
