@@ -291,6 +291,9 @@ def measure(
                     raise SystemExit((Path(tmp) / "servers.log").read_text()[-3000:])
                 time.sleep(0.02)
             ready_s = time.monotonic() - started
+            # CPU both processes used to get there: unlike the wall time, it does not grow
+            # with whatever else runs on the machine (clock ticks: 10 ms resolution).
+            ready_cpu_s = sum(_cpu_seconds(p.pid) for p in procs)
             time.sleep(1.0)  # let the frontend's client see the worker instance
             idle_rss = [_rss_mb(p.pid) for p in procs]
             lat, shape = asyncio.run(_sequential(port, requests, body))
@@ -328,6 +331,7 @@ def measure(
         "frontend_cpu_ms_per_req": cpu_fe / total * 1e3,
         "worker_cpu_ms_per_req": cpu_worker / total * 1e3,
         "ready_s": ready_s,
+        "ready_cpu_s": ready_cpu_s,
         "idle_rss_frontend_mb": idle_rss[0],
         "idle_rss_worker_mb": idle_rss[1],
         "load_rss_frontend_mb": peak.peak[0],
@@ -347,6 +351,7 @@ ROWS = [
     ("- of which the frontend process (ms)", "frontend_cpu_ms_per_req", None, None),
     ("- of which the mocker worker process (ms)", "worker_cpu_ms_per_req", None, None),
     ("cold start to ready, frontend + worker (s)", "ready_s", 0.5, "<="),
+    ("- CPU used until ready, both processes (s)", "ready_cpu_s", None, None),
     ("idle RSS, frontend (MiB)", "idle_rss_frontend_mb", 0.5, "<="),
     ("idle RSS, mocker worker (MiB)", "idle_rss_worker_mb", 0.5, "<="),
     (f"peak RSS at {CONCURRENCY} streams, frontend (MiB)", "load_rss_frontend_mb", 0.5, "<="),
@@ -473,6 +478,39 @@ def _parser_overhead(a: argparse.Namespace, write_tiny_model) -> None:
         )
 
 
+def _interpreter_floor(python: str) -> tuple[float, float]:
+    """Wall and CPU seconds for two processes of ``python`` that only import what
+    ``serve_launcher.py`` imports from the standard library: the part of the start-up
+    figure that neither implementation's code is in."""
+    code = "import asyncio, json, signal, sys, tempfile"
+    started = time.monotonic()
+    pids = [subprocess.Popen([python, "-c", code]).pid for _ in range(2)]
+    cpu = 0.0
+    for pid in pids:
+        _, status, usage = os.wait4(pid, 0)
+        if status != 0:
+            raise SystemExit(f"{python} -c {code!r} failed ({status})")
+        cpu += usage.ru_utime + usage.ru_stime
+    return time.monotonic() - started, cpu
+
+
+def _precompile(python: str) -> None:
+    """Byte-compile the ``dynamo`` package ``python`` imports, as ``pip install`` does for a
+    wheel. An editable install (``maturin develop``) is imported from the source tree, and
+    where ``PYTHONDONTWRITEBYTECODE`` is set its modules would be compiled again at every
+    process start, which the start-up figure would count (6-7 ms a process here)."""
+    subprocess.run(
+        [
+            python,
+            "-c",
+            # `__path__`: the reference's `dynamo` is a namespace package (no `__file__`).
+            "import compileall, dynamo\n"
+            "for d in dynamo.__path__: compileall.compile_dir(d, quiet=1)",
+        ],
+        check=True,
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--requests", type=int, default=500)
@@ -506,9 +544,13 @@ def main() -> None:
     ref_py = None if a.ours_only else reference_python()
     if not a.ours_only and ref_py is None:
         raise SystemExit("reference interpreter not found: set REF_PYTHON")
+    for python in (sys.executable, ref_py):
+        if python is not None:
+            _precompile(str(python))
     load_before = _loadavg()
     ours_rounds: list[dict] = []
     ref_rounds: list[dict] = []
+    floors: list[tuple[float, float]] = []
     with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
         model = str(write_tiny_model(Path(tmp) / "tiny"))
         for i in range(a.rounds):
@@ -522,10 +564,17 @@ def main() -> None:
                 r = measure(python, model, a.requests, native=a.native)
                 print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
                 sink.append(r)
+            floors.append(_interpreter_floor(sys.executable))
     load_after = _loadavg()
     ours = _median(ours_rounds)
     ref = _median(ref_rounds) if ref_rounds else {k: float("nan") for k in ours}
     table = _table(ours, ref)
+    table += (
+        "\n\nInterpreter floor of the start-up rows (two processes importing only the"
+        " launcher's standard-library modules, median of the rounds):"
+        f" {statistics.median(f[0] for f in floors):.2f} s wall,"
+        f" {statistics.median(f[1] for f in floors):.2f} s CPU."
+    )
     print(f"machine: {machine()}; load average {load_before} -> {load_after}\n{table}")
     print(json.dumps({"ours": ours_rounds, "reference": ref_rounds}))
     if a.out and not a.ours_only:
