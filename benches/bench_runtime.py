@@ -95,7 +95,12 @@ async def _floors() -> dict[str, float]:
 
     echo_p50, _ = _sequential_ms(await _time_sequential(one_echo))
     writer.close()
+    await writer.wait_closed()
     server.close()
+    await server.wait_closed()
+    # Let the echo handler see the end of its stream and return: cancelled by the loop's
+    # shutdown instead, it would print a CancelledError traceback.
+    await asyncio.sleep(0.01)
     return {"empty_handler_median_ms": empty_p50, "asyncio_echo_median_ms": echo_p50}
 
 
