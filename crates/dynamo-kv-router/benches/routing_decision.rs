@@ -310,8 +310,48 @@ fn fleet_ab() {
     }
 }
 
+/// `--fleet-idle N`: only the idle fleet's dense decisions, `N` of them (0: only build the
+/// fleet), for a CPU-time comparison that preemption on a shared machine does not blur:
+/// `perf stat -e task-clock` of a run with `N` decisions minus one with 0, divided by `N`.
+fn fleet_idle(n: usize) {
+    let fleet = Fleet::new();
+    let prompts: Vec<Vec<u32>> = (0..64)
+        .map(|v| fleet_prompt(v % FLEET_FAMILIES, 1_000_000 + v, 128))
+        .collect();
+    let mut samples = Vec::with_capacity(n);
+    for i in 0..n {
+        let p = &prompts[i % prompts.len()];
+        let t0 = Instant::now();
+        black_box(fleet.decide(black_box(p), true));
+        samples.push(t0.elapsed());
+    }
+    if samples.is_empty() {
+        return;
+    }
+    samples.sort();
+    let pct = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
+    #[expect(clippy::print_stdout, reason = "a benchmark's report")]
+    {
+        println!(
+            "routing decision (2,048 tokens, {FLEET} workers sharing prefixes), dense, idle fleet, {n} decisions: p10 {:?}, p50 {:?}, p99 {:?}",
+            pct(0.1),
+            pct(0.5),
+            pct(0.99)
+        );
+    }
+}
+
 fn main() {
-    if std::env::args().any(|a| a == "--fleet-only") {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--fleet-idle") {
+        fleet_idle(
+            args.get(i + 1)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(40_000),
+        );
+        return;
+    }
+    if args.iter().any(|a| a == "--fleet-only") {
         fleet_ab();
         return;
     }

@@ -23,6 +23,7 @@ pub mod replica_sync;
 pub mod selector;
 pub mod sequences;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 
@@ -94,21 +95,141 @@ pub struct PotentialLoad {
 #[derive(Debug, Default)]
 struct WorkerState {
     seqs: ActiveSequences,
-    taints: BTreeSet<String>,
-    capacity: WorkerCapacity,
-    /// Index of this rank in [`State::dense`] (stable while the rank is registered).
+    /// Index of this rank in [`State::loads`] and [`State::dense`] (stable while the rank
+    /// is registered).
     slot: u32,
 }
 
-/// An eligible worker rank with its cache overlap and cost for one request.
-type Candidate = (WorkerWithDpRank, TierOverlap, f64);
+/// What a decision reads of every registered rank, by slot, as a struct of arrays: the
+/// filter and cost passes stream over these contiguous columns (a few KB for a thousand
+/// ranks) instead of chasing each rank's [`WorkerState`] through the map. The load
+/// columns mirror the rank's [`ActiveSequences`] (refreshed after every change of its
+/// bookings, [`Scheduler::sync_holders`]); taints and capacity live only here. A free
+/// slot has `live` false and empty figures.
+#[derive(Debug, Default)]
+struct SlotLoads {
+    worker: Vec<WorkerWithDpRank>,
+    live: Vec<bool>,
+    prefill: Vec<u64>,
+    blocks: Vec<u64>,
+    requests: Vec<u64>,
+    capacity: Vec<WorkerCapacity>,
+    taints: Vec<BTreeSet<String>>,
+}
+
+impl SlotLoads {
+    fn push_free(&mut self) {
+        self.worker.push(WorkerWithDpRank::default());
+        self.live.push(false);
+        self.prefill.push(0);
+        self.blocks.push(0);
+        self.requests.push(0);
+        self.capacity.push(WorkerCapacity::default());
+        self.taints.push(BTreeSet::new());
+    }
+
+    /// Copy the load figures of `seqs` into `slot`.
+    #[inline]
+    fn refresh(&mut self, slot: u32, seqs: &ActiveSequences) {
+        let s = slot as usize;
+        self.prefill[s] = seqs.active_prefill_tokens();
+        self.blocks[s] = seqs.active_blocks() as u64;
+        self.requests[s] = seqs.active_requests() as u64;
+    }
+
+    fn free(&mut self, slot: u32) {
+        let s = slot as usize;
+        self.worker[s] = WorkerWithDpRank::default();
+        self.live[s] = false;
+        self.prefill[s] = 0;
+        self.blocks[s] = 0;
+        self.requests[s] = 0;
+        self.capacity[s] = WorkerCapacity::default();
+        self.taints[s] = BTreeSet::new();
+    }
+}
 
 /// Receives this scheduler's own booking changes, in order (see
 /// [`Scheduler::set_sync_observer`]).
 pub type SyncObserver = Box<dyn Fn(SyncBody) + Send + Sync>;
 
+/// The cost pass of one decision over its candidates.
+struct CostPass<'a> {
+    params: &'a config::EffectiveParams,
+    block_size: u32,
+    isl_tokens: usize,
+    min_prefill: u64,
+    /// The request's tracked blocks.
+    n_blocks: usize,
+    loads: &'a SlotLoads,
+    /// Per slot, how many of the tracked blocks the worker holds.
+    held: &'a [u32],
+    /// The constraints, when they have preferred taints (else every multiplier is 1).
+    preferred: Option<&'a RoutingConstraints>,
+}
+
+impl CostPass<'_> {
+    /// Write the overlap (`overlap(slot)`) and cost of every candidate in `slots`.
+    #[inline(always)]
+    fn run(
+        &self,
+        slots: &[u32],
+        overlaps: &mut [TierOverlap],
+        costs: &mut [f64],
+        overlap: impl Fn(usize) -> TierOverlap,
+    ) {
+        let loads = self.loads;
+        for ((&slot, o), c) in slots.iter().zip(overlaps).zip(costs) {
+            let s = slot as usize;
+            let ov = overlap(s);
+            let load = CandidateLoad {
+                overlap: ov,
+                active_prefill_tokens: loads.prefill[s],
+                active_blocks: loads.blocks[s],
+                new_blocks: (self.n_blocks - self.held[s] as usize) as u64,
+                active_requests: loads.requests[s],
+            };
+            let multiplier = match self.preferred {
+                Some(c) => c.cost_multiplier(&loads.taints[s]),
+                None => 1.0,
+            };
+            *o = ov;
+            *c = selector::worker_cost(
+                self.params,
+                self.block_size,
+                self.isl_tokens,
+                &load,
+                self.min_prefill,
+                multiplier,
+            );
+        }
+    }
+}
+
+impl State {
+    /// Rebuild [`State::order`] after a rank joined or left.
+    fn rebuild_order(&mut self) {
+        self.order.clear();
+        self.order.extend(self.workers.values().map(|w| w.slot));
+    }
+}
+
 struct State {
     workers: BTreeMap<WorkerWithDpRank, WorkerState>,
+    /// Per-slot figures of the registered ranks.
+    loads: SlotLoads,
+    /// The slots of the registered ranks in rank order (the order of `workers`, in which
+    /// candidates are listed and ties drawn); rebuilt when a rank joins or leaves.
+    order: Vec<u32>,
+    /// Candidates of the decision being evaluated (slots, in rank order), their device
+    /// overlaps and costs; reused (no allocation per decision).
+    cand_slots: Vec<u32>,
+    cand_overlap: Vec<TierOverlap>,
+    cand_costs: Vec<f64>,
+    /// Test only: evaluate through the map of [`WorkerState`]s, as before the per-slot
+    /// arrays (the model the fast path is checked against).
+    #[cfg(test)]
+    naive: bool,
     /// Slot of every registered rank (the index of its entry in `dense`).
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
     /// Slots of removed ranks, reused first.
@@ -171,6 +292,13 @@ impl Scheduler {
             config,
             state: Mutex::new(State {
                 workers: BTreeMap::new(),
+                loads: SlotLoads::default(),
+                order: Vec::new(),
+                cand_slots: Vec::new(),
+                cand_overlap: Vec::new(),
+                cand_costs: Vec::new(),
+                #[cfg(test)]
+                naive: false,
                 slot_of: FxHashMap::default(),
                 free_slots: Vec::new(),
                 dense: Vec::new(),
@@ -227,30 +355,39 @@ impl Scheduler {
     ) {
         let mut st = self.lock();
         let st = &mut *st;
-        let slot = match st.slot_of.get(&worker) {
-            Some(&slot) => slot,
+        let (slot, joined) = match st.slot_of.get(&worker) {
+            Some(&slot) => (slot, false),
             None => {
                 let slot = st.free_slots.pop().unwrap_or_else(|| {
                     st.dense.push(0);
                     st.held.push(0);
+                    st.loads.push_free();
                     // Fewer than 2^32 ranks.
                     (st.dense.len() - 1) as u32
                 });
                 st.slot_of.insert(worker, slot);
-                slot
+                (slot, true)
             }
         };
         let w = st.workers.entry(worker).or_default();
-        w.taints = taints;
-        w.capacity = capacity;
         w.slot = slot;
         w.seqs.track_changes();
+        let s = slot as usize;
+        st.loads.worker[s] = worker;
+        st.loads.live[s] = true;
+        st.loads.taints[s] = taints;
+        st.loads.capacity[s] = capacity;
+        st.loads.refresh(slot, &w.seqs);
+        if joined {
+            st.rebuild_order();
+        }
     }
 
     /// Record the KV blocks a worker rank reports in use.
     pub fn set_kv_used_blocks(&self, worker: WorkerWithDpRank, used: Option<u64>) {
-        if let Some(w) = self.lock().workers.get_mut(&worker) {
-            w.capacity.kv_used_blocks = used;
+        let mut st = self.lock();
+        if let Some(&slot) = st.slot_of.get(&worker) {
+            st.loads.capacity[slot as usize].kv_used_blocks = used;
         }
     }
 
@@ -258,18 +395,28 @@ impl Scheduler {
     pub fn remove_worker(&self, worker_id: u64) {
         let mut st = self.lock();
         let st = &mut *st;
-        let (slot_of, free_slots, holders) = (&mut st.slot_of, &mut st.free_slots, &mut st.holders);
+        let (slot_of, free_slots, holders, loads) = (
+            &mut st.slot_of,
+            &mut st.free_slots,
+            &mut st.holders,
+            &mut st.loads,
+        );
+        let before = st.workers.len();
         st.workers.retain(|w, state| {
             let keep = w.worker_id != worker_id;
             if !keep {
                 slot_of.remove(w);
                 free_slots.push(state.slot);
+                loads.free(state.slot);
                 for b in state.seqs.held_blocks() {
                     holders.remove(b, state.slot);
                 }
             }
             keep
         });
+        if st.workers.len() != before {
+            st.rebuild_order();
+        }
         st.remote.retain(|_, w| w.worker_id != worker_id);
         let observer = st.observer.as_ref();
         st.owners.retain(|id, w| {
@@ -288,22 +435,25 @@ impl Scheduler {
         self.lock().workers.keys().copied().collect()
     }
 
-    /// Blocks this request would hold for load tracking.
-    fn tracked_blocks(
+    /// Blocks this request would hold for load tracking (borrowed from the request
+    /// unless drawn at random; copied only when booked).
+    fn tracked_blocks<'r>(
         params: &config::EffectiveParams,
-        seq_hashes: &[SequenceHash],
+        seq_hashes: &'r [SequenceHash],
         rng: &mut fastrand::Rng,
-    ) -> Vec<SequenceHash> {
+    ) -> Cow<'r, [SequenceHash]> {
         if !params.track_active_blocks {
-            Vec::new()
+            Cow::Borrowed(&[])
         } else if params.assume_kv_reuse {
-            seq_hashes.to_vec()
+            Cow::Borrowed(seq_hashes)
         } else {
             // Without reuse every block is private to its request (disaggregated decode).
-            seq_hashes
-                .iter()
-                .map(|_| SequenceHash(rng.u64(..)))
-                .collect()
+            Cow::Owned(
+                seq_hashes
+                    .iter()
+                    .map(|_| SequenceHash(rng.u64(..)))
+                    .collect(),
+            )
         }
     }
 
@@ -321,16 +471,22 @@ impl Scheduler {
     /// As [`Scheduler::select`], except that nothing is booked.
     pub fn costs(&self, req: &SchedulingRequest<'_>) -> Result<Vec<(WorkerWithDpRank, f64)>> {
         let mut st = self.lock();
-        self.evaluate(&mut st, req)
-            .map(|(cands, _)| cands.into_iter().map(|c| (c.0, c.2)).collect())
+        self.evaluate(&mut st, req)?;
+        Ok(st
+            .cand_slots
+            .iter()
+            .zip(&st.cand_costs)
+            .map(|(&s, &c)| (st.loads.worker[s as usize], c))
+            .collect())
     }
 
-    /// Eligible candidates and the tracked blocks of `req`.
-    fn evaluate(
+    /// Fill `st.cand_*` with the eligible candidates of `req` (in rank order), their
+    /// overlaps and costs; returns the request's tracked blocks.
+    fn evaluate<'r>(
         &self,
         st: &mut State,
-        req: &SchedulingRequest<'_>,
-    ) -> Result<(Vec<Candidate>, Vec<SequenceHash>)> {
+        req: &SchedulingRequest<'r>,
+    ) -> Result<Cow<'r, [SequenceHash]>> {
         if let Some(o) = req.overrides {
             o.validate()?;
         }
@@ -338,102 +494,118 @@ impl Scheduler {
         if st.workers.is_empty() {
             return Err(Error::NoWorkers);
         }
+        #[cfg(test)]
+        if st.naive {
+            return self.evaluate_naive(st, req, &params);
+        }
         let thresholds = st.thresholds;
+        let check_busy = thresholds.any();
         let default_constraints = RoutingConstraints::default();
         let constraints = req.constraints.unwrap_or(&default_constraints);
         let State {
-            workers,
+            loads,
+            order,
             slot_of,
             dense,
             holders,
             held,
             rng,
+            cand_slots,
+            cand_overlap,
+            cand_costs,
             ..
         } = st;
-        let eligible: Vec<(&WorkerWithDpRank, &WorkerState)> = match req.pinned {
+        cand_slots.clear();
+        let min_prefill = match req.pinned {
             Some(pin) => {
-                let w = workers.get_key_value(&pin).ok_or(Error::UnknownWorker {
+                let slot = *slot_of.get(&pin).ok_or(Error::UnknownWorker {
                     worker_id: pin.worker_id,
                     dp_rank: pin.dp_rank,
                 })?;
-                vec![w]
+                cand_slots.push(slot);
+                loads.prefill[slot as usize]
             }
             None => {
-                // One pass over the workers (this runs per request over the whole fleet):
-                // the idle ones among the allowed and not avoided, and, in case every
-                // allowed worker is avoided, the idle avoided ones. Avoided workers only
-                // when nothing else is left: better a probe of a worker believed down than
-                // no answer at all.
+                // One pass over the slots in rank order (this runs per request over the
+                // whole fleet): the idle ones among the allowed and not avoided, and, in
+                // case every allowed worker is avoided, the idle avoided ones. Avoided
+                // workers only when nothing else is left: better a probe of a worker
+                // believed down than no answer at all.
                 let (mut allowed, mut preferred) = (0usize, 0usize);
-                let mut idle = Vec::with_capacity(workers.len());
+                let (mut min_idle, mut min_avoided) = (u64::MAX, u64::MAX);
                 let mut idle_avoided = Vec::new();
-                for (id, w) in workers.iter() {
-                    if !constraints.allows(&w.taints) {
+                let any_required = !constraints.required_taints.is_empty();
+                for &slot in order.iter() {
+                    let s = slot as usize;
+                    if any_required && !constraints.allows(&loads.taints[s]) {
                         continue;
                     }
                     allowed += 1;
-                    let avoided = req.avoid.contains(&id.worker_id);
+                    let avoided =
+                        !req.avoid.is_empty() && req.avoid.contains(&loads.worker[s].worker_id);
                     preferred += usize::from(!avoided);
-                    if thresholds.is_busy(&w.capacity, w.seqs.active_prefill_tokens()) {
+                    let prefill = loads.prefill[s];
+                    if check_busy && thresholds.is_busy(&loads.capacity[s], prefill) {
                         continue;
                     }
                     if avoided {
-                        idle_avoided.push((id, w));
+                        idle_avoided.push(slot);
+                        min_avoided = min_avoided.min(prefill);
                     } else {
-                        idle.push((id, w));
+                        cand_slots.push(slot);
+                        min_idle = min_idle.min(prefill);
                     }
                 }
                 if allowed == 0 {
                     return Err(Error::NoEligibleWorkers);
                 }
-                let (idle, considered) = if preferred == 0 {
-                    (idle_avoided, allowed)
+                let (min, considered) = if preferred == 0 {
+                    *cand_slots = idle_avoided;
+                    (min_avoided, allowed)
                 } else {
-                    (idle, preferred)
+                    (min_idle, preferred)
                 };
-                if idle.is_empty() {
+                if cand_slots.is_empty() {
                     return Err(Error::AllWorkersBusy {
                         workers: considered,
                     });
                 }
-                idle
+                min
             }
         };
         let blocks = Self::tracked_blocks(&params, req.seq_hashes, rng);
-        let min_prefill = eligible
-            .iter()
-            .map(|(_, w)| w.seqs.active_prefill_tokens())
-            .min()
-            .unwrap_or(0);
         let spread = Self::spread_overlaps(slot_of, dense, req);
         let counted = holders.count_held(&blocks, held);
-        let candidates = eligible
-            .iter()
-            .map(|(id, w)| {
-                let overlap = Self::overlap_of(req, dense, id, w);
-                let load = CandidateLoad {
-                    overlap,
-                    active_prefill_tokens: w.seqs.active_prefill_tokens(),
-                    active_blocks: w.seqs.active_blocks() as u64,
-                    new_blocks: (blocks.len() - held[w.slot as usize] as usize) as u64,
-                    active_requests: w.seqs.active_requests() as u64,
-                };
-                let cost = selector::worker_cost(
-                    &params,
-                    self.block_size,
-                    req.isl_tokens,
-                    &load,
-                    min_prefill,
-                    constraints.cost_multiplier(&w.taints),
-                );
-                (**id, overlap, cost)
-            })
-            .collect();
+        let pass = CostPass {
+            params: &params,
+            block_size: self.block_size,
+            isl_tokens: req.isl_tokens,
+            min_prefill,
+            n_blocks: blocks.len(),
+            loads,
+            held,
+            preferred: (!constraints.preferred_taints.is_empty()).then_some(constraints),
+        };
+        cand_overlap.clear();
+        cand_overlap.resize(cand_slots.len(), TierOverlap::default());
+        cand_costs.clear();
+        cand_costs.resize(cand_slots.len(), 0.0);
+        // One loop per overlap source, so the common one (the dense buffer) has no branch
+        // on it.
+        match req.overlaps {
+            Some(m) => pass.run(cand_slots, cand_overlap, cand_costs, |s| {
+                m.get(&loads.worker[s]).copied().unwrap_or_default()
+            }),
+            None => pass.run(cand_slots, cand_overlap, cand_costs, |s| TierOverlap {
+                device: dense[s],
+                ..Default::default()
+            }),
+        }
         Self::clear_overlaps(slot_of, dense, spread);
         if counted {
             held.fill(0);
         }
-        Ok((candidates, blocks))
+        Ok(blocks)
     }
 
     /// Write `req.device_overlaps` into `dense` by slot (when it is the overlap source);
@@ -508,12 +680,16 @@ impl Scheduler {
         {
             return Err(Error::DuplicateRequest(id.to_owned()));
         }
-        let (candidates, blocks) = self.evaluate(st, req)?;
+        let blocks = self.evaluate(st, req)?;
         let params = self.config.effective(req.overrides);
-        let costs: Vec<f64> = candidates.iter().map(|c| c.2).collect();
-        let index = selector::sample_index(&costs, params.temperature, &mut st.rng)
+        let index = selector::sample_index(&st.cand_costs, params.temperature, &mut st.rng)
             .ok_or(Error::NoEligibleWorkers)?;
-        let (worker, overlap, cost) = candidates[index];
+        let slot = st.cand_slots[index];
+        let (worker, overlap, cost) = (
+            st.loads.worker[slot as usize],
+            st.cand_overlap[index],
+            st.cand_costs[index],
+        );
         if let Some(id) = req.request_id {
             let observed = st.observer.is_some();
             let prefill = self.prefill_tokens(&params, req.isl_tokens, overlap.device);
@@ -521,9 +697,10 @@ impl Scheduler {
                 worker_id: worker.worker_id,
                 dp_rank: worker.dp_rank,
             })?;
+            let blocks = blocks.into_owned();
             let shared = observed.then(|| blocks.clone());
             let booked = w.seqs.add_request(id, blocks, prefill);
-            Self::sync_holders(&mut st.holders, w);
+            Self::sync_holders(&mut st.holders, &mut st.loads, w);
             booked?;
             st.owners.insert(id.to_owned(), worker);
             if let (Some(o), Some(blocks)) = (&st.observer, shared) {
@@ -635,14 +812,15 @@ impl Scheduler {
             .get_mut(&worker)
             .ok_or_else(|| Error::UnknownRequest(request_id.to_owned()))?;
         let out = f(&mut w.seqs, &mut st.rng, st.observer.as_ref());
-        Self::sync_holders(&mut st.holders, w);
+        Self::sync_holders(&mut st.holders, &mut st.loads, w);
         out
     }
 
-    /// Bring the reverse index of booked blocks in step with `w`'s block set after a
-    /// change of its bookings.
-    fn sync_holders(holders: &mut BookedHolders, w: &mut WorkerState) {
+    /// Bring the reverse index of booked blocks in step with `w`'s block set, and its
+    /// per-slot load figures with its bookings, after a change of its bookings.
+    fn sync_holders(holders: &mut BookedHolders, loads: &mut SlotLoads, w: &mut WorkerState) {
         let slot = w.slot;
+        loads.refresh(slot, &w.seqs);
         w.seqs.take_changes(|b, now_held| {
             if now_held {
                 holders.insert(b, slot);
@@ -781,7 +959,7 @@ impl Scheduler {
             && let Some(w) = st.workers.get_mut(&old)
         {
             let _ = w.seqs.free(key);
-            Self::sync_holders(&mut st.holders, w);
+            Self::sync_holders(&mut st.holders, &mut st.loads, w);
         }
         let Some(w) = st.workers.get_mut(&record.worker) else {
             return false;
@@ -789,7 +967,7 @@ impl Scheduler {
         let booked = w
             .seqs
             .add_request(key, record.blocks.clone(), record.prefill_tokens);
-        Self::sync_holders(&mut st.holders, w);
+        Self::sync_holders(&mut st.holders, &mut st.loads, w);
         if booked.is_err() {
             return false;
         }
@@ -804,7 +982,7 @@ impl Scheduler {
             && let Some(w) = st.workers.get_mut(worker)
         {
             f(&mut w.seqs);
-            Self::sync_holders(&mut st.holders, w);
+            Self::sync_holders(&mut st.holders, &mut st.loads, w);
         }
     }
 
@@ -841,17 +1019,14 @@ impl Scheduler {
         let st = self.lock();
         let default_constraints = RoutingConstraints::default();
         let c = constraints.unwrap_or(&default_constraints);
+        let loads = &st.loads;
         queue::should_queue(
             self.config.router_queue_threshold,
-            st.workers
-                .values()
-                .filter(|w| c.allows(&w.taints))
-                .map(|w| {
-                    (
-                        w.seqs.active_prefill_tokens(),
-                        w.capacity.max_num_batched_tokens,
-                    )
-                }),
+            st.order
+                .iter()
+                .map(|&s| s as usize)
+                .filter(|&s| c.allows(&loads.taints[s]))
+                .map(|s| (loads.prefill[s], loads.capacity[s].max_num_batched_tokens)),
         )
     }
 }
@@ -867,7 +1042,141 @@ impl Scheduler {
             .flat_map(|w| w.seqs.held_blocks().map(move |b| (b, w.slot)))
             .collect();
         want.sort_unstable_by_key(|&(b, s)| (b.0, s));
-        st.holders.pairs() == want && st.held.iter().all(|&h| h == 0)
+        st.holders.pairs() == want && st.held.iter().all(|&h| h == 0) && st.loads_consistent()
+    }
+
+    /// Evaluate through the map of [`WorkerState`]s (the model of the per-slot path).
+    fn set_naive(&self, naive: bool) {
+        self.lock().naive = naive;
+    }
+
+    /// The pre-struct-of-arrays evaluation: the workers in map order, their figures read
+    /// from their own [`ActiveSequences`]; fills the same candidate buffers.
+    fn evaluate_naive<'r>(
+        &self,
+        st: &mut State,
+        req: &SchedulingRequest<'r>,
+        params: &config::EffectiveParams,
+    ) -> Result<Cow<'r, [SequenceHash]>> {
+        let thresholds = st.thresholds;
+        let default_constraints = RoutingConstraints::default();
+        let constraints = req.constraints.unwrap_or(&default_constraints);
+        let State {
+            workers,
+            loads,
+            slot_of,
+            dense,
+            holders,
+            held,
+            rng,
+            cand_slots,
+            cand_overlap,
+            cand_costs,
+            ..
+        } = st;
+        let eligible: Vec<(&WorkerWithDpRank, &WorkerState)> = match req.pinned {
+            Some(pin) => {
+                let w = workers.get_key_value(&pin).ok_or(Error::UnknownWorker {
+                    worker_id: pin.worker_id,
+                    dp_rank: pin.dp_rank,
+                })?;
+                vec![w]
+            }
+            None => {
+                let (mut allowed, mut preferred) = (0usize, 0usize);
+                let mut idle = Vec::new();
+                let mut idle_avoided = Vec::new();
+                for (id, w) in workers.iter() {
+                    let s = w.slot as usize;
+                    if !constraints.allows(&loads.taints[s]) {
+                        continue;
+                    }
+                    allowed += 1;
+                    let avoided = req.avoid.contains(&id.worker_id);
+                    preferred += usize::from(!avoided);
+                    if thresholds.is_busy(&loads.capacity[s], w.seqs.active_prefill_tokens()) {
+                        continue;
+                    }
+                    if avoided {
+                        idle_avoided.push((id, w));
+                    } else {
+                        idle.push((id, w));
+                    }
+                }
+                if allowed == 0 {
+                    return Err(Error::NoEligibleWorkers);
+                }
+                let (idle, considered) = if preferred == 0 {
+                    (idle_avoided, allowed)
+                } else {
+                    (idle, preferred)
+                };
+                if idle.is_empty() {
+                    return Err(Error::AllWorkersBusy {
+                        workers: considered,
+                    });
+                }
+                idle
+            }
+        };
+        let blocks = Self::tracked_blocks(params, req.seq_hashes, rng);
+        let min_prefill = eligible
+            .iter()
+            .map(|(_, w)| w.seqs.active_prefill_tokens())
+            .min()
+            .unwrap_or(0);
+        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let counted = holders.count_held(&blocks, held);
+        cand_slots.clear();
+        cand_overlap.clear();
+        cand_costs.clear();
+        for (id, w) in eligible {
+            let overlap = Self::overlap_of(req, dense, id, w);
+            let load = CandidateLoad {
+                overlap,
+                active_prefill_tokens: w.seqs.active_prefill_tokens(),
+                active_blocks: w.seqs.active_blocks() as u64,
+                new_blocks: w.seqs.new_blocks(&blocks) as u64,
+                active_requests: w.seqs.active_requests() as u64,
+            };
+            cand_slots.push(w.slot);
+            cand_overlap.push(overlap);
+            cand_costs.push(selector::worker_cost(
+                params,
+                self.block_size,
+                req.isl_tokens,
+                &load,
+                min_prefill,
+                constraints.cost_multiplier(&loads.taints[w.slot as usize]),
+            ));
+        }
+        Self::clear_overlaps(slot_of, dense, spread);
+        if counted {
+            held.fill(0);
+        }
+        Ok(blocks)
+    }
+}
+
+#[cfg(test)]
+impl State {
+    /// The per-slot figures mirror the ranks' own trackers, `order` is the map's order and
+    /// free slots are empty.
+    fn loads_consistent(&self) -> bool {
+        let order: Vec<u32> = self.workers.values().map(|w| w.slot).collect();
+        let live = self.workers.iter().all(|(id, w)| {
+            let s = w.slot as usize;
+            self.loads.live[s]
+                && self.loads.worker[s] == *id
+                && self.loads.prefill[s] == w.seqs.active_prefill_tokens()
+                && self.loads.blocks[s] == w.seqs.active_blocks() as u64
+                && self.loads.requests[s] == w.seqs.active_requests() as u64
+        });
+        let free = self.free_slots.iter().all(|&s| {
+            let s = s as usize;
+            !self.loads.live[s] && self.loads.requests[s] == 0 && self.loads.taints[s].is_empty()
+        });
+        live && free && order == self.order
     }
 }
 

@@ -94,6 +94,7 @@ pub struct CandidateLoad {
 ///
 /// `min_active_prefill` is the smallest `active_prefill_tokens` among the eligible workers
 /// (it anchors the credit decay); `multiplier` comes from the preferred taints.
+#[inline]
 pub fn worker_cost(
     params: &EffectiveParams,
     block_size: u32,
@@ -156,18 +157,29 @@ pub fn sample_index(costs: &[f64], temperature: f64, rng: &mut fastrand::Rng) ->
     }
     let range = max - min;
     if temperature <= 0.0 || range <= 0.0 || !range.is_finite() {
-        // Reservoir sampling over the minima: one pass, uniform among ties.
-        let mut chosen = None;
-        let mut ties = 0usize;
-        for (i, &c) in costs.iter().enumerate() {
-            if c == min {
-                ties += 1;
-                if rng.usize(..ties) == 0 {
-                    chosen = Some(i);
-                }
+        // Reservoir sampling over the minima, uniform among ties: the k-th tie (in index
+        // order) replaces the choice when `rng.usize(..k) == 0`. Done in three passes
+        // that make the same draws in the same order as the one-pass form, without its
+        // unpredictable branch per cost (half of a large idle fleet ties): count the ties,
+        // draw, then find the chosen tie's index.
+        let ties = costs.iter().map(|&c| usize::from(c == min)).sum::<usize>();
+        let mut chosen = 0usize;
+        for k in 1..=ties {
+            if rng.usize(..k) == 0 {
+                chosen = k;
             }
         }
-        return chosen;
+        if chosen == 0 {
+            return None;
+        }
+        let mut seen = 0usize;
+        for (i, &c) in costs.iter().enumerate() {
+            seen += usize::from(c == min);
+            if seen == chosen {
+                return Some(i);
+            }
+        }
+        return None;
     }
     let scale = range * temperature;
     let weights: Vec<f64> = costs.iter().map(|&c| (-(c - min) / scale).exp()).collect();
@@ -256,6 +268,14 @@ impl LoadThresholds {
             });
         }
         Ok(())
+    }
+
+    /// Whether any threshold is set (without one no worker is ever busy).
+    #[inline]
+    pub fn any(&self) -> bool {
+        self.active_decode_blocks_threshold.is_some()
+            || self.active_prefill_tokens_threshold.is_some()
+            || self.active_prefill_tokens_threshold_frac.is_some()
     }
 
     /// Whether a worker with this capacity and router-side prefill load is busy.
@@ -393,6 +413,39 @@ mod tests {
         }
         assert_eq!(counts[1], 0);
         assert!(counts[0] > 1300 && counts[2] > 1300, "{counts:?}");
+    }
+
+    /// The one-pass reservoir sampling `sample_index` used at temperature 0.
+    fn one_pass(costs: &[f64], rng: &mut fastrand::Rng) -> Option<usize> {
+        let min = costs.iter().copied().fold(f64::INFINITY, f64::min);
+        let mut chosen = None;
+        let mut ties = 0usize;
+        for (i, &c) in costs.iter().enumerate() {
+            if c == min {
+                ties += 1;
+                if rng.usize(..ties) == 0 {
+                    chosen = Some(i);
+                }
+            }
+        }
+        chosen
+    }
+
+    proptest::proptest! {
+        /// At temperature 0 the three-pass draw picks what the one-pass reservoir picked and
+        /// leaves the random source in the same state (later decisions are unchanged).
+        #[test]
+        fn tie_draws_match_the_one_pass_reservoir(
+            costs in proptest::collection::vec(
+                proptest::prop_oneof![0.0f64..3.0, proptest::strategy::Just(1.0), proptest::strategy::Just(f64::INFINITY)],
+                0..300,
+            ),
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let (mut a, mut b) = (fastrand::Rng::with_seed(seed), fastrand::Rng::with_seed(seed));
+            proptest::prop_assert_eq!(sample_index(&costs, 0.0, &mut a), one_pass(&costs, &mut b));
+            proptest::prop_assert_eq!(a.u64(..), b.u64(..));
+        }
     }
 
     #[test]

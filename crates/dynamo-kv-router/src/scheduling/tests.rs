@@ -606,3 +606,247 @@ proptest! {
         }
     }
 }
+
+/// One step of [`per_slot_arrays_decide_like_the_map_of_workers`].
+#[derive(Debug, Clone)]
+enum SoaOp {
+    /// Register (or update) a rank with these taints (bits of `["a", "b"]`) and capacity.
+    Upsert(u64, u32, u8, Option<u64>, Option<u64>),
+    /// Remove every rank of a worker.
+    Remove(u64),
+    /// A rank reports its KV usage.
+    Used(u64, u32, Option<u64>),
+    /// New busy thresholds (prefill tokens, fraction of the batch, decode-block fraction).
+    Thresholds(Option<u64>, Option<f64>, Option<f64>),
+    /// A decision.
+    Decide {
+        overlaps: Vec<(u64, u32, u32)>,
+        by_map: bool,
+        blocks: Vec<u64>,
+        isl: usize,
+        book: bool,
+        temperature: f64,
+        reuse: bool,
+        track_prefill: bool,
+        required: u8,
+        preferred: u8,
+        pin: Option<(u64, u32)>,
+        avoid: Vec<u64>,
+    },
+    /// Prefill of the oldest booking completed.
+    Prefilled,
+    /// Free the oldest booking.
+    Free,
+    /// The newest booking generates an output block (decayed with `Some`).
+    Output(Option<f64>),
+    /// A peer's booking on a rank.
+    Remote(u8, u64, u32, Vec<u64>),
+}
+
+fn soa_op() -> impl Strategy<Value = SoaOp> {
+    prop_oneof![
+        2 => (0u64..9, 0u32..2, 0u8..4, proptest::option::of(1u64..64), proptest::option::of(16u64..400))
+            .prop_map(|(w, r, t, total, batch)| SoaOp::Upsert(w, r, t, total, batch)),
+        1 => (0u64..9).prop_map(SoaOp::Remove),
+        1 => (0u64..9, 0u32..2, proptest::option::of(0u64..64)).prop_map(|(w, r, u)| SoaOp::Used(w, r, u)),
+        1 => (
+            proptest::option::weighted(0.3, 0u64..300),
+            proptest::option::weighted(0.3, 0.0f64..2.0),
+            proptest::option::weighted(0.3, 0.0f64..1.0),
+        )
+            .prop_map(|(t, f, d)| SoaOp::Thresholds(t, f, d)),
+        6 => (
+            (
+                proptest::collection::vec((0u64..10, 0u32..2, 0u32..9), 0..20),
+                any::<bool>(),
+                proptest::collection::vec(0u64..12, 0..12),
+                0usize..200,
+                any::<bool>(),
+            ),
+            (
+                prop_oneof![Just(0.0), Just(0.5)],
+                any::<bool>(),
+                any::<bool>(),
+                prop_oneof![4 => Just(0u8), 1 => 1u8..4],
+                prop_oneof![4 => Just(0u8), 1 => 1u8..4],
+                proptest::option::weighted(0.1, (0u64..10, 0u32..2)),
+                proptest::collection::vec(0u64..10, 0..3),
+            ),
+        )
+            .prop_map(
+                |(
+                    (overlaps, by_map, blocks, isl, book),
+                    (temperature, reuse, track_prefill, required, preferred, pin, avoid),
+                )| SoaOp::Decide {
+                    overlaps,
+                    by_map,
+                    blocks,
+                    isl,
+                    book,
+                    temperature,
+                    reuse,
+                    track_prefill,
+                    required,
+                    preferred,
+                    pin,
+                    avoid,
+                },
+            ),
+        1 => Just(SoaOp::Prefilled),
+        1 => Just(SoaOp::Free),
+        1 => proptest::option::weighted(0.3, 0.0f64..1.0).prop_map(SoaOp::Output),
+        1 => (0u8..3, 0u64..10, 0u32..2, proptest::collection::vec(0u64..12, 0..6))
+            .prop_map(|(k, w, r, b)| SoaOp::Remote(k, w, r, b)),
+    ]
+}
+
+fn taint_set(bits: u8) -> BTreeSet<String> {
+    ["a", "b"]
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| bits & (1 << i) != 0)
+        .map(|(_, t)| (*t).to_owned())
+        .collect()
+}
+
+proptest! {
+    /// The per-slot struct-of-arrays evaluation decides exactly like the evaluation over
+    /// the map of worker states it replaced (kept as a test model): twin schedulers with the
+    /// same seed, one forced onto the model, give the same candidates, costs, selections
+    /// and errors through registrations (slot reuse), taints, capacities, usage reports,
+    /// thresholds, constraints, pins, avoided workers, bookings, prefill completions,
+    /// output blocks (decayed), frees and peers' bookings; the per-slot figures mirror
+    /// every worker's own tracker after each step.
+    #[test]
+    fn per_slot_arrays_decide_like_the_map_of_workers(ops in proptest::collection::vec(soa_op(), 1..80)) {
+        let config = KvRouterConfig {
+            overlap_score_credit_decay: 0.5,
+            decode_active_request_weight: 0.25,
+            ..Default::default()
+        };
+        let twin = || Scheduler::with_rng(
+            4,
+            config.clone(),
+            LoadThresholds::default(),
+            fastrand::Rng::with_seed(11),
+        ).expect("valid config");
+        let (fast, model) = (twin(), twin());
+        model.set_naive(true);
+        let both = [&fast, &model];
+        let mut booked: std::collections::VecDeque<(String, WorkerWithDpRank)> = Default::default();
+        let mut next = 0u32;
+        for op in ops {
+            match op {
+                SoaOp::Upsert(id, rank, t, total, batch) => {
+                    for s in both {
+                        s.upsert_worker(WorkerWithDpRank::new(id, rank), taint_set(t), WorkerCapacity {
+                            total_kv_blocks: total,
+                            max_num_batched_tokens: batch,
+                            kv_used_blocks: None,
+                        });
+                    }
+                }
+                SoaOp::Remove(id) => {
+                    for s in both {
+                        s.remove_worker(id);
+                    }
+                    booked.retain(|(_, w)| w.worker_id != id);
+                }
+                SoaOp::Used(id, rank, used) => {
+                    for s in both {
+                        s.set_kv_used_blocks(WorkerWithDpRank::new(id, rank), used);
+                    }
+                }
+                SoaOp::Thresholds(t, f, d) => {
+                    let th = LoadThresholds {
+                        active_prefill_tokens_threshold: t,
+                        active_prefill_tokens_threshold_frac: f,
+                        active_decode_blocks_threshold: d,
+                    };
+                    for s in both {
+                        prop_assert!(s.set_thresholds(th).is_ok());
+                    }
+                }
+                SoaOp::Prefilled => {
+                    if let Some((id, _)) = booked.front() {
+                        prop_assert!(fast.mark_prefill_completed(id).is_ok());
+                        prop_assert!(model.mark_prefill_completed(id).is_ok());
+                    }
+                }
+                SoaOp::Free => {
+                    if let Some((id, _)) = booked.pop_front() {
+                        prop_assert!(fast.free(&id).is_ok());
+                        prop_assert!(model.free(&id).is_ok());
+                    }
+                }
+                SoaOp::Output(decay) => {
+                    if let Some((id, _)) = booked.back() {
+                        prop_assert!(fast.add_output_block_decayed(id, decay).is_ok());
+                        prop_assert!(model.add_output_block_decayed(id, decay).is_ok());
+                    }
+                }
+                SoaOp::Remote(k, id, rank, blocks) => {
+                    let record = replica_sync::BookingRecord {
+                        request_id: format!("peer{k}"),
+                        worker: WorkerWithDpRank::new(id, rank),
+                        blocks: blocks.into_iter().map(SequenceHash).collect(),
+                        prefill_tokens: 12,
+                    };
+                    let key = format!("remote{k}");
+                    prop_assert_eq!(fast.book_remote(&key, &record), model.book_remote(&key, &record));
+                }
+                SoaOp::Decide {
+                    overlaps, by_map, blocks, isl, book, temperature, reuse, track_prefill,
+                    required, preferred, pin, avoid,
+                } => {
+                    let list: Vec<(WorkerWithDpRank, u32)> = overlaps
+                        .iter()
+                        .map(|&(id, rank, d)| (WorkerWithDpRank::new(id, rank), d))
+                        .collect();
+                    let map: FxHashMap<WorkerWithDpRank, TierOverlap> = overlaps
+                        .iter()
+                        .map(|&(id, rank, d)| {
+                            (WorkerWithDpRank::new(id, rank), TierOverlap { device: d, host: d / 2, disk: d / 3, shared: 0 })
+                        })
+                        .collect();
+                    let seq: Vec<SequenceHash> = blocks.into_iter().map(SequenceHash).collect();
+                    let constraints = RoutingConstraints {
+                        required_taints: taint_set(required),
+                        preferred_taints: taint_set(preferred)
+                            .into_iter()
+                            .zip([1.5, -0.75])
+                            .collect(),
+                    };
+                    let overrides = RouterConfigOverride {
+                        router_temperature: Some(temperature),
+                        assume_kv_reuse: Some(reuse),
+                        track_prefill_tokens: Some(track_prefill),
+                        ..Default::default()
+                    };
+                    let rid = format!("r{next}");
+                    next += 1;
+                    let req = SchedulingRequest {
+                        request_id: book.then_some(rid.as_str()),
+                        isl_tokens: isl,
+                        seq_hashes: &seq,
+                        overlaps: by_map.then_some(&map),
+                        device_overlaps: (!by_map).then_some(list.as_slice()),
+                        overrides: Some(&overrides),
+                        constraints: Some(&constraints),
+                        pinned: pin.map(|(id, rank)| WorkerWithDpRank::new(id, rank)),
+                        avoid: &avoid,
+                    };
+                    let query = SchedulingRequest { request_id: None, ..req };
+                    prop_assert_eq!(fast.costs(&query), model.costs(&query));
+                    let (a, b) = (fast.select(&req), model.select(&req));
+                    prop_assert_eq!(&a, &b);
+                    if let (Ok(sel), true) = (a, book) {
+                        booked.push_back((rid, sel.worker));
+                    }
+                }
+            }
+            prop_assert!(fast.holders_consistent());
+            prop_assert!(model.holders_consistent());
+        }
+    }
+}
