@@ -30,12 +30,13 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes`: an arena of 40-byte nodes: `tokens_hash`, parent id, the first holding rank
-//!   with its external hash inline (most blocks have one holder), `meta` (below), the head
-//!   of the node's `extras` list, and a child hint (below). Everything a query or a release
-//!   reads about a node is in that one node, so a hop to a node costs one cache line.
-//!   Further holders of a node live in `extras` (24 bytes each), a doubly linked list per
-//!   node. Child counts are not stored per node: the implicit child (below) is detected
+//! * `nodes` / `cold`: two arenas indexed by the same node id, 40 bytes a node. `nodes`
+//!   holds what a query's walk reads at every block (16 bytes: `tokens_hash`, parent id,
+//!   `meta` below), four blocks a cache line; `cold` the rest (24 bytes: the first holding
+//!   rank with its external hash inline, since most blocks have one holder, the head of
+//!   the node's `extras` list, a child hint and the explicit-child count), read by a walk
+//!   only where the chain ends or the holders change. Further holders of a node live in
+//!   `extras` (24 bytes each), a doubly linked list per node. Child counts are not stored per node: the implicit child (below) is detected
 //!   from the arena, and the count of explicit children fills the node's padding.
 //! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
 //!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without

@@ -29,7 +29,7 @@ impl RadixTree {
             // lookup table's iteration order).
             let mut held: FxHashMap<u32, u64> = FxHashMap::default();
             for h in s.lookup.iter() {
-                let ext = ext_of(&self.nodes, &self.extras, h);
+                let ext = ext_of(&self.cold, &self.extras, h);
                 held.entry(node_of(&self.extras, h))
                     .and_modify(|e| *e = (*e).min(ext))
                     .or_insert(ext);
@@ -56,7 +56,7 @@ impl RadixTree {
                     depth,
                     slot,
                     node,
-                    ext_of(&self.nodes, &self.extras, h),
+                    ext_of(&self.cold, &self.extras, h),
                     parent_ext,
                 ));
             }

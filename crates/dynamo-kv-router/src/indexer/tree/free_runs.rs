@@ -4,17 +4,18 @@
 //! module docs of [`crate::indexer`]).
 //!
 //! A boundary-tag allocator over the node arena, with no memory of its own: a run's
-//! bookkeeping lives in its freed nodes (which nothing else reads: a freed node's
-//! `parent` is `NIL`, and every reader of a node checks its parent first). The first node
-//! of a run holds its length (`kids`) and its links in a list of runs of the same size
-//! class (`hint` = next, `link` = previous); the last node holds the run's start (`slot`).
-//! A node is free when its `parent` is `NIL` and it is not the root, so freeing an id
+//! bookkeeping lives in the [`Cold`] part of its freed nodes (which nothing else reads: a
+//! freed node's `parent` is `NIL`, and every reader of a node checks its parent first;
+//! reuse overwrites it). The first node of a run holds its length (`kids`) and its links
+//! in a list of runs of the same size class (`hint` = next, `link` = previous); the last
+//! node holds the run's start (`slot`). A node is free when its `parent` (in [`Node`]) is
+//! `NIL` and it is not the root, so freeing an id
 //! merges it with the runs on either side in O(1) (runs are always maximal), and
 //! allocation takes a run of at least the requested length from the smallest size class
 //! that guarantees one (O(1) with a bit mask of non-empty classes): a chain of `n` new
 //! blocks gets `n` consecutive ids whenever a free run that long exists.
 
-use super::{NIL, Node};
+use super::{Cold, NIL, Node};
 
 /// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
 const CLASSES: usize = 32;
@@ -64,7 +65,7 @@ impl FreeRuns {
     }
 
     /// Record the run `[start, start + len)` (its nodes are free) and link it in its class.
-    fn link(&mut self, nodes: &mut [Node], start: u32, len: u32) {
+    fn link(&mut self, nodes: &mut [Cold], start: u32, len: u32) {
         let c = class_of(len);
         let next = self.heads[c];
         {
@@ -82,7 +83,7 @@ impl FreeRuns {
     }
 
     /// Unlink the run starting at `start` from its class list; returns its length.
-    fn unlink(&mut self, nodes: &mut [Node], start: u32) -> u32 {
+    fn unlink(&mut self, nodes: &mut [Cold], start: u32) -> u32 {
         let h = nodes[start as usize];
         let (len, next, prev) = (h.kids, h.hint, h.link);
         let c = class_of(len);
@@ -102,33 +103,33 @@ impl FreeRuns {
 
     /// Free `id` (a live node that the caller has just detached: `parent` already `NIL`),
     /// merging it with the free runs on either side.
-    pub(super) fn push(&mut self, nodes: &mut [Node], id: u32) {
+    pub(super) fn push(&mut self, nodes: &mut [Node], cold: &mut [Cold], id: u32) {
         debug_assert!(id != 0 && nodes[id as usize].parent == NIL);
         self.count += 1;
         let (mut start, mut len) = (id, 1);
         if is_free(nodes, id as usize - 1) {
             // `id - 1` ends a run.
-            let s = nodes[id as usize - 1].slot;
-            let l = self.unlink(nodes, s);
+            let s = cold[id as usize - 1].slot;
+            let l = self.unlink(cold, s);
             start = s;
             len += l;
         }
         if is_free(nodes, id as usize + 1) {
             // `id + 1` starts a run.
-            len += self.unlink(nodes, id + 1);
+            len += self.unlink(cold, id + 1);
         }
-        self.link(nodes, start, len);
+        self.link(cold, start, len);
     }
 
     /// Take `id` if it is free and starts its run (as the slot right after a live node
     /// does). The caller overwrites the node.
-    pub(super) fn take_at(&mut self, nodes: &mut [Node], id: u32) -> bool {
+    pub(super) fn take_at(&mut self, nodes: &mut [Node], cold: &mut [Cold], id: u32) -> bool {
         if !is_free(nodes, id as usize) || is_free(nodes, id as usize - 1) {
             return false;
         }
-        let len = self.unlink(nodes, id);
+        let len = self.unlink(cold, id);
         if len > 1 {
-            self.link(nodes, id + 1, len - 1);
+            self.link(cold, id + 1, len - 1);
         }
         self.count -= 1;
         true
@@ -140,7 +141,7 @@ impl FreeRuns {
     /// splitting it over short runs, which shorter chains will use; else the first id of a
     /// run of the largest class. The rest of the run stays free, so the caller's next ids
     /// come from [`Self::take_at`] right after it.
-    pub(super) fn pop(&mut self, nodes: &mut [Node], want: u32) -> Option<u32> {
+    pub(super) fn pop(&mut self, nodes: &mut [Node], cold: &mut [Cold], want: u32) -> Option<u32> {
         if self.nonempty == 0 {
             return None;
         }
@@ -164,25 +165,25 @@ impl FreeRuns {
             31 - self.nonempty.leading_zeros()
         };
         let start = self.heads[c as usize];
-        let taken = self.take_at(nodes, start);
+        let taken = self.take_at(nodes, cold, start);
         debug_assert!(taken);
         Some(start)
     }
 
     /// Every free id, run by run, with a check of the runs' bookkeeping (for the
     /// invariant checks): runs are maximal, in the right class, and their tags agree.
-    pub(super) fn checked_ids(&self, nodes: &[Node]) -> Vec<u32> {
+    pub(super) fn checked_ids(&self, nodes: &[Node], cold: &[Cold]) -> Vec<u32> {
         let mut ids = Vec::new();
         for (c, &head) in self.heads.iter().enumerate() {
             assert_eq!(head == NIL, self.nonempty & (1 << c) == 0, "class mask {c}");
             let mut prev = NIL;
             let mut r = head;
             while r != NIL {
-                let h = &nodes[r as usize];
+                let h = &cold[r as usize];
                 assert_eq!(h.link, prev, "run list links");
                 assert_eq!(class_of(h.kids), c, "run class");
                 let end = r + h.kids;
-                assert_eq!(nodes[(end - 1) as usize].slot, r, "run tail tag");
+                assert_eq!(cold[(end - 1) as usize].slot, r, "run tail tag");
                 assert!(!is_free(nodes, r as usize - 1), "run not merged below");
                 assert!(!is_free(nodes, end as usize), "run not merged above");
                 for id in r..end {
@@ -204,23 +205,24 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::super::{NIL, Node, RadixTree};
+    use super::super::{Cold, EMPTY_COLD, NIL, Node, RadixTree};
     use super::FreeRuns;
 
-    fn arena(n: usize) -> Vec<Node> {
-        (0..n)
+    fn arena(n: usize) -> (Vec<Node>, Vec<Cold>) {
+        let nodes = (0..n)
             .map(|i| {
                 let mut x = RadixTree::root();
                 // Live (any non-NIL parent) except the root.
                 x.parent = if i == 0 { NIL } else { 0 };
                 x
             })
-            .collect()
+            .collect();
+        (nodes, vec![EMPTY_COLD; n])
     }
 
-    fn free(runs: &mut FreeRuns, nodes: &mut [Node], id: u32) {
+    fn free(runs: &mut FreeRuns, nodes: &mut [Node], cold: &mut [Cold], id: u32) {
         nodes[id as usize].parent = NIL;
-        runs.push(nodes, id);
+        runs.push(nodes, cold, id);
     }
 
     fn alloc(nodes: &mut [Node], id: u32) {
@@ -233,15 +235,15 @@ mod tests {
         /// requested length when the model has one.
         #[test]
         fn behaves_like_a_set(ops in proptest::collection::vec((0u8..3, 1u32..64, 1u32..20), 0..300)) {
-            let mut nodes = arena(64);
+            let (mut nodes, mut cold) = arena(64);
             let mut runs = FreeRuns::default();
             let mut model = BTreeSet::new();
             for (op, id, want) in ops {
                 match op {
-                    0 => if model.insert(id) { free(&mut runs, &mut nodes, id) },
+                    0 => if model.insert(id) { free(&mut runs, &mut nodes, &mut cold, id) },
                     1 => {
                         let starts = model.contains(&id) && !model.contains(&(id - 1));
-                        let took = runs.take_at(&mut nodes, id);
+                        let took = runs.take_at(&mut nodes, &mut cold, id);
                         prop_assert_eq!(took, starts);
                         if took {
                             alloc(&mut nodes, id);
@@ -256,7 +258,7 @@ mod tests {
                             best = best.max(cur);
                             last = Some(x);
                         }
-                        match runs.pop(&mut nodes, want) {
+                        match runs.pop(&mut nodes, &mut cold, want) {
                             Some(id) => {
                                 prop_assert!(model.contains(&id) && !model.contains(&(id - 1)));
                                 let len = (id..).take_while(|x| model.contains(x)).count() as u32;
@@ -272,7 +274,7 @@ mod tests {
                         }
                     }
                 }
-                let mut listed = runs.checked_ids(&nodes);
+                let mut listed = runs.checked_ids(&nodes, &cold);
                 listed.sort_unstable();
                 prop_assert_eq!(listed, model.iter().copied().collect::<Vec<_>>());
                 prop_assert_eq!(runs.len(), model.len());
@@ -282,18 +284,18 @@ mod tests {
 
     #[test]
     fn chain_freed_deepest_first_is_reused_in_order() {
-        let mut nodes = arena(32);
+        let (mut nodes, mut cold) = arena(32);
         let mut runs = FreeRuns::default();
         for id in (10..20).rev() {
-            free(&mut runs, &mut nodes, id);
+            free(&mut runs, &mut nodes, &mut cold, id);
         }
         // One run of 10, wherever the ids were freed from.
-        assert_eq!(runs.checked_ids(&nodes).len(), 10);
+        assert_eq!(runs.checked_ids(&nodes, &cold).len(), 10);
         assert_eq!(runs.nonempty.count_ones(), 1);
-        assert_eq!(runs.pop(&mut nodes, 10), Some(10));
+        assert_eq!(runs.pop(&mut nodes, &mut cold, 10), Some(10));
         alloc(&mut nodes, 10);
         for id in 11..20 {
-            assert!(runs.take_at(&mut nodes, id));
+            assert!(runs.take_at(&mut nodes, &mut cold, id));
             alloc(&mut nodes, id);
         }
         assert_eq!(runs.len(), 0);
@@ -301,14 +303,14 @@ mod tests {
 
     #[test]
     fn a_long_chain_gets_a_run_that_fits() {
-        let mut nodes = arena(64);
+        let (mut nodes, mut cold) = arena(64);
         let mut runs = FreeRuns::default();
         // Runs of 2 (at 2), 9 (at 10) and 4 (at 30), freed out of order.
         for id in [3, 2, 12, 10, 11, 14, 13, 18, 15, 17, 16, 31, 33, 30, 32] {
-            free(&mut runs, &mut nodes, id);
+            free(&mut runs, &mut nodes, &mut cold, id);
         }
         let mut pop = |want| {
-            let id = runs.pop(&mut nodes, want);
+            let id = runs.pop(&mut nodes, &mut cold, want);
             if let Some(id) = id {
                 alloc(&mut nodes, id);
             }
@@ -321,7 +323,7 @@ mod tests {
         assert_eq!(pop(3), Some(12));
         assert_eq!(pop(1), Some(2));
         assert_eq!(
-            runs.checked_ids(&nodes),
+            runs.checked_ids(&nodes, &cold),
             [3, 13, 14, 15, 16, 17, 18, 30, 31, 32, 33]
         );
     }

@@ -12,7 +12,7 @@ impl RadixTree {
     #[doc(hidden)]
     pub fn check_invariants(&self) {
         let mut live = vec![true; self.nodes.len()];
-        let free = self.free_nodes.checked_ids(&self.nodes);
+        let free = self.free_nodes.checked_ids(&self.nodes, &self.cold);
         for &f in &free {
             live[f as usize] = false;
         }
@@ -29,9 +29,10 @@ impl RadixTree {
                 Some(id as u32),
                 "child index"
             );
-            assert!(!n.has_extras() || n.link != NIL, "extras flag of {id}");
+            let c = &self.cold[id];
+            assert!(!c.has_extras() || c.link != NIL, "extras flag of {id}");
             assert!(
-                n.slot != NIL || self.has_children(id as u32),
+                c.slot != NIL || self.has_children(id as u32),
                 "node {id} is empty and childless"
             );
             self.for_each_residency(id as u32, |_| count += 1);
@@ -44,7 +45,7 @@ impl RadixTree {
                 .nodes
                 .get(id + 1)
                 .is_some_and(|c| c.parent == id as u32);
-            let explicit = self.nodes[id].kids;
+            let explicit = self.cold[id].kids;
             assert_eq!(
                 u32::from(implicit) + explicit,
                 children[id],
@@ -137,7 +138,7 @@ impl RadixTree {
                 let node = node_of(&self.extras, h);
                 assert!(live[node as usize]);
                 let owner = if h & EXTRA_BIT == 0 {
-                    self.nodes[h as usize].primary()
+                    self.cold[h as usize].primary()
                 } else {
                     self.extras[(h & !EXTRA_BIT) as usize].slot
                 };

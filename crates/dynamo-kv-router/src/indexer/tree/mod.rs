@@ -64,37 +64,54 @@ const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 40 bytes. The first worker rank that holds the block (its *primary residency*) is stored
-/// inline because most blocks are held by one rank; further ranks go to `extras`, a list
-/// whose head is in the node. The child count is not stored: a node's implicit
-/// child is the next arena slot, and explicit children are counted in `kids`
-/// (only branch points have any).
+/// 40 bytes in two arrays of the same ids: what a query's walk reads of every block (this
+/// 16-byte part: content, parent, holder count) and the rest ([`Cold`], 24 bytes: the
+/// primary residency, the extras head, the child hint and the explicit-child count). A
+/// walk along a chain of implicit children therefore reads 16 bytes a block, four blocks
+/// a cache line, in address order.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     /// `tokens_hash` of the block.
     local: u64,
-    /// External hash of the primary residency (meaningless when `slot == NIL`).
-    ext: u64,
     /// Parent node (`NIL` for the root and for freed nodes).
     parent: u32,
+    /// Residency count and the `BROKEN` / `DUPS` flags.
+    meta: u32,
+}
+
+/// The part of a node that a walk reads only where the chain or the holders change.
+///
+/// The first worker rank that holds the block (its *primary residency*) is stored inline
+/// because most blocks are held by one rank; further ranks go to `extras`, a list whose
+/// head is here. The child count is not stored: a node's implicit child is the next arena
+/// slot, and explicit children are counted in `kids` (only branch points have any).
+#[derive(Clone, Copy, Debug)]
+struct Cold {
+    /// External hash of the primary residency (meaningless when `slot == NIL`).
+    ext: u64,
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
-    /// Residency count and the `BROKEN` / `DUPS` flags
-    /// (in the node, so that a hop to a node is one cache line).
-    meta: u32,
     /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
     link: u32,
     /// A hint: an explicit child of the node (or `NIL`, or a stale id), tried before the
-    /// child table so that a hop to a continuation stored by a later event costs one cache
-    /// miss, not two. Only trusted after checking the child's parent and `local`.
+    /// child table. Only trusted after checking the child's parent and `local`.
     hint: u32,
     /// Number of explicit (non-implicit) children (0 for the root, whose children are all
-    /// explicit and never counted). Fills the node's padding.
+    /// explicit and never counted).
     kids: u32,
 }
 
-impl Node {
+/// A node's [`Cold`] part before any residency.
+const EMPTY_COLD: Cold = Cold {
+    ext: 0,
+    slot: NIL,
+    link: NIL,
+    hint: NIL,
+    kids: 0,
+};
+
+impl Cold {
     #[inline]
     const fn primary(&self) -> u32 {
         if self.slot == NIL {
@@ -177,9 +194,9 @@ fn child_hash(parent: u32, local: u64) -> u64 {
 }
 
 #[inline]
-fn ext_of(nodes: &[Node], extras: &[Extra], handle: u32) -> u64 {
+fn ext_of(cold: &[Cold], extras: &[Extra], handle: u32) -> u64 {
     if handle & EXTRA_BIT == 0 {
-        nodes[handle as usize].ext
+        cold[handle as usize].ext
     } else {
         extras[(handle & !EXTRA_BIT) as usize].ext
     }
@@ -216,6 +233,8 @@ thread_local! {
 #[derive(Debug)]
 pub struct RadixTree {
     nodes: Vec<Node>,
+    /// The rest of each node (same ids as `nodes`).
+    cold: Vec<Cold>,
     free_nodes: FreeRuns,
     extras: Vec<Extra>,
     free_extras: Vec<u32>,
@@ -246,6 +265,7 @@ impl RadixTree {
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
             nodes: vec![Self::root()],
+            cold: vec![EMPTY_COLD],
             free_nodes: FreeRuns::default(),
             extras: Vec::new(),
             free_extras: Vec::new(),
@@ -266,13 +286,8 @@ impl RadixTree {
     const fn root() -> Node {
         Node {
             local: 0,
-            ext: 0,
             parent: NIL,
-            slot: NIL,
             meta: 0,
-            link: NIL,
-            hint: NIL,
-            kids: 0,
         }
     }
 
@@ -306,6 +321,7 @@ impl RadixTree {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         self.nodes.capacity() * size_of::<Node>()
+            + self.cold.capacity() * size_of::<Cold>()
             + self.free_nodes.heap_bytes()
             + self.extras.capacity() * size_of::<Extra>()
             + self.free_extras.capacity() * 4
@@ -450,7 +466,7 @@ impl RadixTree {
         let mut released = NIL;
         for &h in hashes {
             let Self {
-                nodes,
+                cold,
                 extras,
                 slots,
                 ..
@@ -461,7 +477,7 @@ impl RadixTree {
             };
             match s
                 .lookup
-                .find(tag_of(mix(h)), |x| ext_of(nodes, extras, x) == h)
+                .find(tag_of(mix(h)), |x| ext_of(cold, extras, x) == h)
             {
                 Some(index) => {
                     let handle = s.lookup.remove_at(index);
@@ -712,7 +728,7 @@ impl RadixTree {
         {
             return Some(next as u32);
         }
-        let hint = self.nodes[parent as usize].hint;
+        let hint = self.cold[parent as usize].hint;
         if let Some(n) = self.nodes.get(hint as usize)
             && n.parent == parent
             && n.local == local
@@ -734,13 +750,8 @@ impl RadixTree {
     fn insert_child(&mut self, parent: u32, local: u64, want: u32) -> u32 {
         let node = Node {
             local,
-            ext: 0,
             parent,
-            slot: NIL,
             meta: 0,
-            link: NIL,
-            hint: NIL,
-            kids: 0,
         };
         // The slot right after the parent makes the node an implicit child (no child-table
         // entry): the end of the arena, or a free id right after the parent (the next id
@@ -750,18 +761,23 @@ impl RadixTree {
         let next = parent + 1;
         let id = if next as usize == self.nodes.len() {
             self.push_node(node)
-        } else if self.free_nodes.take_at(&mut self.nodes, next) {
+        } else if self
+            .free_nodes
+            .take_at(&mut self.nodes, &mut self.cold, next)
+        {
             self.nodes[next as usize] = node;
+            self.cold[next as usize] = EMPTY_COLD;
             next
-        } else if let Some(id) = self.free_nodes.pop(&mut self.nodes, want) {
+        } else if let Some(id) = self.free_nodes.pop(&mut self.nodes, &mut self.cold, want) {
             self.nodes[id as usize] = node;
+            self.cold[id as usize] = EMPTY_COLD;
             id
         } else {
             self.push_node(node)
         };
         if !Self::is_implicit(id, parent) {
             if parent != ROOT {
-                self.nodes[parent as usize].kids += 1;
+                self.cold[parent as usize].kids += 1;
             }
             self.children
                 .insert_new(tag_of(child_hash(parent, local)), id);
@@ -774,7 +790,7 @@ impl RadixTree {
     #[inline]
     fn hint_child(&mut self, parent: u32, child: u32) {
         if parent != ROOT {
-            self.nodes[parent as usize].hint = child;
+            self.cold[parent as usize].hint = child;
         }
     }
 
@@ -783,6 +799,8 @@ impl RadixTree {
         assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
         grow_by_quarter(&mut self.nodes);
         self.nodes.push(node);
+        grow_by_quarter(&mut self.cold);
+        self.cold.push(EMPTY_COLD);
         id
     }
 
@@ -852,7 +870,7 @@ impl RadixTree {
             for &h in hashes {
                 if let Some(handle) = self.find_residency(slot, h) {
                     let node = node_of(&self.extras, handle);
-                    acc ^= self.nodes[node as usize].meta;
+                    acc ^= self.nodes[node as usize].meta ^ self.cold[node as usize].slot;
                 }
             }
             std::hint::black_box(acc);
@@ -861,10 +879,10 @@ impl RadixTree {
 
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
-        let (nodes, extras) = (&self.nodes, &self.extras);
+        let (cold, extras) = (&self.cold, &self.extras);
         let lookup = &s.lookup;
         lookup
-            .find(tag_of(mix(ext)), |x| ext_of(nodes, extras, x) == ext)
+            .find(tag_of(mix(ext)), |x| ext_of(cold, extras, x) == ext)
             .map(|i| lookup.get(i))
     }
 
@@ -876,7 +894,7 @@ impl RadixTree {
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         let tag = tag_of(mix(ext));
         let Self {
-            nodes,
+            cold,
             extras,
             slots,
             ..
@@ -884,7 +902,7 @@ impl RadixTree {
         let Some(s) = slots[slot as usize].as_ref() else {
             return false;
         };
-        let found = s.lookup.find(tag, |x| ext_of(nodes, extras, x) == ext);
+        let found = s.lookup.find(tag, |x| ext_of(cold, extras, x) == ext);
         let old = found.map(|i| s.lookup.get(i));
         let absent = known_absent || self.lacks(node, slot);
         let (Some(index), Some(old)) = (found, old) else {
@@ -961,7 +979,7 @@ impl RadixTree {
 
     /// Attach a residency of `slot` to `node` (its count already includes it).
     fn attach(&mut self, slot: u32, node: u32, ext: u64) -> u32 {
-        let n = &mut self.nodes[node as usize];
+        let n = &mut self.cold[node as usize];
         if n.slot == NIL {
             n.slot = slot;
             n.ext = ext;
@@ -1008,7 +1026,7 @@ impl RadixTree {
             let e = &self.extras[(handle & !EXTRA_BIT) as usize];
             (e.node, e.slot)
         } else {
-            (handle, self.nodes[handle as usize].primary())
+            (handle, self.cold[handle as usize].primary())
         };
         {
             let m = &mut self.nodes[node as usize].meta;
@@ -1062,7 +1080,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & BROKEN != 0 {
             return;
         }
-        let broken = if self.nodes[node as usize].kids != 0 {
+        let broken = if self.cold[node as usize].kids != 0 {
             true
         } else {
             let c = node + 1;
@@ -1105,14 +1123,14 @@ impl RadixTree {
         let node = handle;
         let head = self.extras_head(node);
         if head == NIL {
-            self.nodes[node as usize].slot = NIL;
+            self.cold[node as usize].slot = NIL;
             self.free_upwards(node);
             return;
         }
         // Promote the first extra to primary and repoint its lookup entry at the node.
         let e = self.extras[head as usize];
         {
-            let n = &mut self.nodes[node as usize];
+            let n = &mut self.cold[node as usize];
             n.slot = e.slot;
             n.ext = e.ext;
         }
@@ -1121,14 +1139,14 @@ impl RadixTree {
             self.extras[e.next as usize].prev = NIL;
         }
         let Self {
-            nodes,
+            cold,
             extras,
             slots,
             ..
         } = self;
         if let Some(s) = slots[e.slot as usize].as_mut()
             && let Some(index) = s.lookup.find(tag_of(mix(e.ext)), |x| {
-                x == head | EXTRA_BIT && ext_of(nodes, extras, x) == e.ext
+                x == head | EXTRA_BIT && ext_of(cold, extras, x) == e.ext
             })
         {
             s.lookup.set(index, node);
@@ -1139,7 +1157,7 @@ impl RadixTree {
     fn free_upwards(&mut self, mut node: u32) {
         while node != ROOT {
             let n = self.nodes[node as usize];
-            if n.slot != NIL || self.has_children(node) {
+            if self.cold[node as usize].slot != NIL || self.has_children(node) {
                 return;
             }
             if !Self::is_implicit(node, n.parent)
@@ -1150,12 +1168,12 @@ impl RadixTree {
                 self.children.remove_at(index);
             }
             if !Self::is_implicit(node, n.parent) && n.parent != ROOT {
-                self.nodes[n.parent as usize].kids -= 1;
+                self.cold[n.parent as usize].kids -= 1;
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
             self.nodes[node as usize].meta = 0;
-            self.free_nodes.push(&mut self.nodes, node);
+            self.free_nodes.push(&mut self.nodes, &mut self.cold, node);
             if let Some(r) = self.recent.as_mut() {
                 r.uses.get_mut().remove(&node);
             }
@@ -1169,6 +1187,7 @@ impl RadixTree {
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = vec![Self::root()];
+        self.cold = vec![EMPTY_COLD];
         self.free_nodes = FreeRuns::default();
         self.extras = Vec::new();
         self.free_extras = Vec::new();
@@ -1181,15 +1200,15 @@ impl RadixTree {
 
     #[inline]
     fn extras_head(&self, node: u32) -> u32 {
-        if self.nodes[node as usize].has_extras() {
-            self.nodes[node as usize].link
+        if self.cold[node as usize].has_extras() {
+            self.cold[node as usize].link
         } else {
             NIL
         }
     }
 
     fn set_extras_head(&mut self, node: u32, head: u32) {
-        let n = &mut self.nodes[node as usize];
+        let n = &mut self.cold[node as usize];
         if head == NIL {
             n.slot &= !HAS_EXTRAS;
             n.link = NIL;
@@ -1205,12 +1224,12 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.nodes[node as usize].kids != 0
+            || self.cold[node as usize].kids != 0
     }
 
     #[inline]
     fn for_each_residency(&self, node: u32, mut f: impl FnMut(u32)) {
-        let n = &self.nodes[node as usize];
+        let n = &self.cold[node as usize];
         if n.slot == NIL {
             return;
         }
