@@ -136,7 +136,8 @@ impl FreeRuns {
     }
 
     /// Take the first id of a run of at least `want` ids if there is one (the smallest
-    /// size class that guarantees it). Otherwise `None` when free ids are scarce (under a
+    /// size class that guarantees it, or the first run of the class below when it is long
+    /// enough). Otherwise `None` when free ids are scarce (under a
     /// sixteenth of the arena): the caller appends the chain to the arena instead of
     /// splitting it over short runs, which shorter chains will use; else the first id of a
     /// run of the largest class. The rest of the run stays free, so the caller's next ids
@@ -157,8 +158,12 @@ impl FreeRuns {
         } else {
             0
         };
+        // Below that class, its first run may be long enough too.
+        let below = c0.checked_sub(1).map_or(NIL, |c| self.heads[c as usize]);
         let c = if fit != 0 {
             fit.trailing_zeros()
+        } else if below != NIL && cold[below as usize].kids >= want {
+            c0 - 1
         } else if self.count * 16 < nodes.len() {
             return None;
         } else {
@@ -268,8 +273,12 @@ mod tests {
                                 alloc(&mut nodes, id);
                                 prop_assert!(model.remove(&id));
                             }
+                            // Only when free ids are scarce and no run's size class
+                            // guarantees `want`.
                             None => prop_assert!(
-                                model.is_empty() || (best < want && model.len() * 16 < nodes.len())
+                                model.is_empty()
+                                    || (best < want.next_power_of_two()
+                                        && model.len() * 16 < nodes.len())
                             ),
                         }
                     }
