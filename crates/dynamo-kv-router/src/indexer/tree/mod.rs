@@ -598,7 +598,37 @@ impl RadixTree {
             // Every rank in `active` matches the first `depth` blocks.
             let mut depth = 0u32;
             let mut node = ROOT;
-            for local in query {
+            // Without frequencies or early exit, a run of implicit children holding
+            // exactly their parent's ranks (see `same_holders`) changes nothing but the
+            // depth: a tight loop over the 16-byte nodes, whose loads do not depend on one
+            // another, so a cold chain's cache misses overlap.
+            let fast = recent.is_none() && !early_exit;
+            let mut i = 0;
+            loop {
+                if fast && depth > 0 {
+                    let nodes = &self.nodes;
+                    let pm = nodes[node as usize].meta;
+                    let count = pm & COUNT_MASK;
+                    if pm & BROKEN == 0 {
+                        while let Some(n) = nodes.get(node as usize + 1)
+                            && let Some(l) = query.get(i)
+                            && n.parent == node
+                            && n.local == l.0
+                            && n.meta & (DUPS | COUNT_MASK) == count
+                        {
+                            node += 1;
+                            depth += 1;
+                            i += 1;
+                            if n.meta & BROKEN != 0 {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let Some(local) = query.get(i) else {
+                    break;
+                };
+                i += 1;
                 let Some(child) = self.child(node, local.0) else {
                     break;
                 };
