@@ -263,8 +263,10 @@ struct EnvelopeIn<'a> {
     published_at: u64,
     #[serde(borrow)]
     topic: Cow<'a, str>,
-    #[serde(with = "serde_bytes")]
-    payload: serde_bytes::ByteBuf,
+    /// Borrowed from the frame where the codec allows it (MessagePack's `bin`); JSON
+    /// spells bytes as an array of numbers, decoded into an owned buffer.
+    #[serde(borrow, with = "serde_bytes")]
+    payload: Cow<'a, [u8]>,
 }
 
 /// One received event.
@@ -318,6 +320,16 @@ pub fn encode_envelope(
 
 /// Decode an envelope of either codec (JSON starts with `{`).
 pub fn decode_envelope(bytes: &[u8]) -> Result<Event> {
+    decode_envelope_with(bytes, Bytes::copy_from_slice)
+}
+
+/// [`decode_envelope`] of a frame the caller owns as [`Bytes`]: a MessagePack payload is a
+/// slice of `frame` (no copy, no allocation); a JSON one is decoded into its own buffer.
+pub fn decode_envelope_bytes(frame: &Bytes) -> Result<Event> {
+    decode_envelope_with(frame, |p| frame.slice_ref(p))
+}
+
+fn decode_envelope_with(bytes: &[u8], borrowed: impl FnOnce(&[u8]) -> Bytes) -> Result<Event> {
     let codec = if bytes.first() == Some(&b'{') {
         EventCodec::Json
     } else {
@@ -329,12 +341,16 @@ pub fn decode_envelope(bytes: &[u8]) -> Result<Event> {
             rmp_serde::from_slice(bytes).map_err(|e| Error::Codec(e.to_string()))
         }
     }?;
+    let payload = match e.payload {
+        Cow::Borrowed(p) => borrowed(p),
+        Cow::Owned(v) => Bytes::from(v),
+    };
     Ok(Event {
         publisher_id: e.publisher_id,
         sequence: e.sequence,
         published_at_ms: e.published_at,
         topic: e.topic.into_owned(),
-        payload: Bytes::from(e.payload.into_vec()),
+        payload,
         codec,
         missed_before: 0,
     })
@@ -801,6 +817,21 @@ mod tests {
         }
         assert!(decode_envelope(b"\x93garbage").is_err());
         assert!(decode_envelope(b"{\"x\":1}").is_err());
+    }
+
+    #[test]
+    fn a_framed_msgpack_payload_is_a_slice_of_the_frame() {
+        for codec in [EventCodec::Json, EventCodec::Msgpack] {
+            let frame = Bytes::from(
+                encode_envelope(codec, 7, 42, "kv-events", b"\x00\xffpayload").unwrap(),
+            );
+            let e = decode_envelope_bytes(&frame).unwrap();
+            assert_eq!(e, decode_envelope(&frame).unwrap());
+            let inside = frame.as_ptr_range().contains(&e.payload.as_ptr());
+            // MessagePack's `bin` is borrowed; JSON's array of numbers cannot be.
+            assert_eq!(inside, codec == EventCodec::Msgpack, "{codec:?}");
+        }
+        assert!(decode_envelope_bytes(&Bytes::from_static(b"\x93garbage")).is_err());
     }
 
     #[test]

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
-use super::{Feed, decode_envelope};
+use super::{Feed, decode_envelope_bytes};
 use crate::error::{Error, Result};
 
 enum Msg {
@@ -120,25 +120,25 @@ pub(crate) async fn subscribe(
         .map_err(|e| Error::Nats(format!("flush failed: {e}")))?;
     feed.connected.send_replace(1);
     tokio::spawn(async move {
-        loop {
-            let msg = tokio::select! {
-                m = sub.next() => m,
-                () = feed.cancel.cancelled() => break,
-                () = feed.tx.closed() => break,
-            };
-            let Some(msg) = msg else { break };
-            match decode_envelope(&msg.payload) {
-                Ok(e) if e.topic == feed.topic => {
-                    let sent = tokio::select! {
-                        r = feed.tx.send(e) => r.is_ok(),
-                        () = feed.cancel.cancelled() => false,
-                    };
-                    if !sent {
-                        break;
+        // The stop and closed checks race the whole loop (polled once per wake-up, not
+        // once per message: polling a cancellation future takes the token's lock).
+        let forward = async {
+            while let Some(msg) = sub.next().await {
+                // The payload of a MessagePack envelope stays a slice of the message.
+                match decode_envelope_bytes(&msg.payload) {
+                    Ok(e) if e.topic == feed.topic => {
+                        if feed.tx.send(e).await.is_err() {
+                            break;
+                        }
                     }
+                    _ => feed.stats.add_malformed(),
                 }
-                _ => feed.stats.add_malformed(),
             }
+        };
+        tokio::select! {
+            () = forward => {}
+            () = feed.cancel.cancelled() => {}
+            () = feed.tx.closed() => {}
         }
         feed.connected.send_replace(0);
         let _ = sub.unsubscribe().await;
