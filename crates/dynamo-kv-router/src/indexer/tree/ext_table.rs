@@ -1,33 +1,36 @@
-//! A worker rank's lookup: external block hash -> residency handle.
+//! A hash table of `u32` handles keyed by a 32-bit tag (the worker ranks' lookups: external
+//! block hash -> residency handle; and the child index: `(parent, tokens_hash)` -> node).
 //!
-//! Open addressing with linear probing over one array of 8-byte entries: the handle (low
-//! 32 bits) and a 32-bit tag of the key's hash (high 32 bits). The key itself (the external
-//! hash) is not stored: it lives in the arena, read through the handle only when a tag
-//! matches, i.e. almost only for the entry being looked for. A probe therefore touches one
-//! cache line in the common case (hashbrown's layout touches a control line and a data
-//! line, then the arena to compare).
+//! Open addressing with linear probing over one array of 8-byte entries: the handle plus
+//! one (low 32 bits, 0 for an empty bucket) and a 32-bit tag of the key's hash (high 32
+//! bits). The key itself is not stored: it lives in the arena, read through the handle only
+//! when a tag matches, i.e. almost only for the entry being looked for. A probe therefore
+//! touches one cache line in the common case (hashbrown's layout touches a control line
+//! and a data line, then the arena to compare).
 //!
-//! An entry's home bucket is the top bits of its tag, so the table can grow without
-//! reading a single key: doubling maps home `i` to `2i` or `2i + 1`, and the old array is
-//! streamed in order into the new one (no random arena reads, unlike a rehash that has to
-//! recompute every hash through the arena; that was the per-event spike at 10M blocks).
-//! Deletion shifts the following entries back (no tombstones), so the table never needs
-//! an in-place rehash either.
+//! An entry's home bucket is the top bits of its tag, so the table grows without reading a
+//! single key (a rehash that recomputes every hash through the arena is one random read per
+//! entry), and **it grows incrementally**: at 13/16 load a zeroed array of twice the size
+//! becomes the table, the old one is kept beside it, and each later insert first moves the
+//! entries of the next [`MIGRATE_STEP`] old buckets across (in bucket order, so the new
+//! array is written nearly in order). Until the old array is empty a lookup that misses
+//! in the new array probes the old one too. A whole-table doubling in one insert was the
+//! largest single event of CPU time at 10M blocks (a rank's 8 -> 16 MiB lookup: 8–15 ms);
+//! now an insert moves at most a few dozen entries, and the new array costs no writes up
+//! front (empty is all-zero: large zeroed allocations come as untouched pages). Deletion
+//! shifts the following entries of the cluster back (no tombstones), so nothing is ever
+//! rehashed in place either.
 
-/// Low 32 bits of an empty entry.
-const EMPTY_HANDLE: u32 = u32::MAX;
-const EMPTY: u64 = u64::MAX;
-/// Smallest non-empty table (buckets).
+/// Smallest non-empty table (log2 of its buckets).
 const MIN_BITS: u32 = 3;
-
-/// `external hash -> u32 handle`; handles are never `u32::MAX`.
-#[derive(Debug, Default)]
-pub(super) struct ExtTable {
-    entries: Vec<u64>,
-    len: usize,
-    /// log2 of `entries.len()` (0 when unallocated).
-    bits: u32,
-}
+/// Old buckets swept (or entries moved) per insert while the table grows: the old array (half the new one,
+/// 13/16 full) is empty after `old buckets / MIGRATE_STEP` inserts, long before the new
+/// one (13/32 full when it started) needs to grow in turn.
+/// (One under `cfg(test)`, so that the property tests' small tables spend most of their
+/// life half migrated.)
+const MIGRATE_STEP: usize = if cfg!(test) { 1 } else { 16 };
+/// Set in an index from [`ExtTable::find`] for an entry of the old array.
+const IN_OLD: usize = 1 << 63;
 
 /// The 32-bit tag of a key's (already mixed) hash.
 #[inline]
@@ -35,14 +38,99 @@ pub(super) const fn tag_of(hash: u64) -> u32 {
     (hash >> 32) as u32
 }
 
+/// `handle + 1`: 0 is an empty bucket.
+#[inline]
+const fn stored(e: u64) -> u32 {
+    e as u32
+}
+
 #[inline]
 const fn handle_of(e: u64) -> u32 {
-    e as u32
+    (e as u32).wrapping_sub(1)
 }
 
 #[inline]
 const fn entry_tag(e: u64) -> u32 {
     (e >> 32) as u32
+}
+
+#[inline]
+const fn entry(tag: u32, handle: u32) -> u64 {
+    ((tag as u64) << 32) | (handle as u64 + 1)
+}
+
+/// Home bucket of `tag` in an array of `2^bits` buckets (`bits > 0`).
+#[inline]
+const fn home(tag: u32, bits: u32) -> usize {
+    (tag >> (32 - bits)) as usize
+}
+
+/// Index of the entry with tag `tag` whose handle satisfies `eq`, in one array.
+#[inline]
+fn probe(a: &[u64], bits: u32, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
+    let mask = a.len() - 1;
+    let mut i = home(tag, bits);
+    loop {
+        let e = a[i];
+        if stored(e) == 0 {
+            return None;
+        }
+        if entry_tag(e) == tag && eq(handle_of(e)) {
+            return Some(i);
+        }
+        i = (i + 1) & mask;
+    }
+}
+
+/// Put an entry in the first empty bucket from its home on.
+#[inline]
+fn place(a: &mut [u64], bits: u32, e: u64) {
+    let mask = a.len() - 1;
+    let mut i = home(entry_tag(e), bits);
+    while stored(a[i]) != 0 {
+        i = (i + 1) & mask;
+    }
+    a[i] = e;
+}
+
+/// Empty bucket `index` of one array by backward shift: later entries of the cluster move
+/// into the hole when it lies between their home and their position. Entries only move
+/// to lower positions (cyclically), into the hole.
+fn remove_from(a: &mut [u64], bits: u32, mut index: usize) {
+    let mask = a.len() - 1;
+    let mut j = index;
+    loop {
+        j = (j + 1) & mask;
+        let e = a[j];
+        if stored(e) == 0 {
+            break;
+        }
+        let h = home(entry_tag(e), bits);
+        // `e` may move to `index` iff its home is not in the cyclic range (index, j].
+        let dist_j = j.wrapping_sub(h) & mask;
+        let dist_hole = j.wrapping_sub(index) & mask;
+        if dist_j >= dist_hole {
+            a[index] = e;
+            index = j;
+        }
+    }
+    a[index] = 0;
+}
+
+/// `tag -> u32 handle` (several handles may share a tag; the caller's `eq` tells them
+/// apart); handles are never `u32::MAX`.
+#[derive(Debug, Default)]
+pub(super) struct ExtTable {
+    entries: Vec<u64>,
+    /// log2 of `entries.len()` (0 when unallocated).
+    bits: u32,
+    /// Entries in both arrays.
+    len: usize,
+    /// While growing: the previous array, whose buckets before `cursor` are empty.
+    old: Vec<u64>,
+    old_bits: u32,
+    old_len: usize,
+    cursor: usize,
 }
 
 impl ExtTable {
@@ -57,18 +145,7 @@ impl ExtTable {
 
     /// Bytes reserved.
     pub(super) fn heap_bytes(&self) -> usize {
-        self.entries.capacity() * 8
-    }
-
-    #[inline]
-    const fn mask(&self) -> usize {
-        (1usize << self.bits) - 1
-    }
-
-    #[inline]
-    const fn home(&self, tag: u32) -> usize {
-        // `bits >= MIN_BITS > 0` whenever this is called.
-        (tag >> (32 - self.bits)) as usize
+        (self.entries.capacity() + self.old.capacity()) * 8
     }
 
     /// Index of the entry whose key has tag `tag` and satisfies `eq(handle)`.
@@ -77,18 +154,13 @@ impl ExtTable {
         if self.len == 0 {
             return None;
         }
-        let mask = self.mask();
-        let mut i = self.home(tag);
-        loop {
-            let e = self.entries[i];
-            if handle_of(e) == EMPTY_HANDLE {
-                return None;
-            }
-            if entry_tag(e) == tag && eq(handle_of(e)) {
-                return Some(i);
-            }
-            i = (i + 1) & mask;
+        if let Some(i) = probe(&self.entries, self.bits, tag, &mut eq) {
+            return Some(i);
         }
+        if self.old_len == 0 {
+            return None;
+        }
+        probe(&self.old, self.old_bits, tag, &mut eq).map(|i| i | IN_OLD)
     }
 
     /// Load the home bucket of `tag` and return it (meaningless; for warming the cache: a
@@ -99,86 +171,129 @@ impl ExtTable {
         if self.bits == 0 {
             return 0;
         }
-        self.entries[self.home(tag)]
+        let mut acc = self.entries[home(tag, self.bits)];
+        if self.old_len != 0 {
+            acc ^= self.old[home(tag, self.old_bits)];
+        }
+        acc
+    }
+
+    #[inline]
+    fn at(&self, index: usize) -> u64 {
+        if index & IN_OLD == 0 {
+            self.entries[index]
+        } else {
+            self.old[index & !IN_OLD]
+        }
     }
 
     /// The handle at `index` (from [`Self::find`]).
     #[inline]
     pub(super) fn get(&self, index: usize) -> u32 {
-        handle_of(self.entries[index])
+        handle_of(self.at(index))
     }
 
     /// Replace the handle at `index` (the key is unchanged).
     #[inline]
     pub(super) fn set(&mut self, index: usize, handle: u32) {
-        debug_assert_ne!(handle, EMPTY_HANDLE);
-        let e = &mut self.entries[index];
-        *e = (*e & !u64::from(u32::MAX)) | u64::from(handle);
+        debug_assert_ne!(handle, u32::MAX);
+        let e = if index & IN_OLD == 0 {
+            &mut self.entries[index]
+        } else {
+            &mut self.old[index & !IN_OLD]
+        };
+        *e = entry(entry_tag(*e), handle);
     }
 
-    /// Add an entry whose key is not in the table.
+    /// Add an entry whose key is not in the table. (Invalidates indices from `find`.)
     pub(super) fn insert_new(&mut self, tag: u32, handle: u32) {
-        debug_assert_ne!(handle, EMPTY_HANDLE);
-        // Grow at 13/16 load: linear probing stays within a line or two.
-        if (self.len + 1) * 16 > (self.entries.len() * 13) {
+        debug_assert_ne!(handle, u32::MAX);
+        if self.old_len != 0 {
+            self.migrate(MIGRATE_STEP);
+        }
+        // Grow at 13/16 load of all entries: linear probing stays within a line or two.
+        if (self.len + 1) * 16 > self.entries.len() * 13 {
             self.grow();
         }
-        self.place(tag, handle);
+        place(&mut self.entries, self.bits, entry(tag, handle));
         self.len += 1;
     }
 
-    #[inline]
-    fn place(&mut self, tag: u32, handle: u32) {
-        let mask = self.mask();
-        let mut i = self.home(tag);
-        while handle_of(self.entries[i]) != EMPTY_HANDLE {
-            i = (i + 1) & mask;
-        }
-        self.entries[i] = (u64::from(tag) << 32) | u64::from(handle);
-    }
-
+    /// Start growing: a zeroed array of twice the size becomes the table (no write up
+    /// front) and the current one is migrated by later inserts.
     fn grow(&mut self) {
+        // Not reached in practice (see `MIGRATE_STEP`); keeps a single old array.
+        if self.old_len != 0 {
+            self.migrate(usize::MAX);
+        }
         let bits = if self.bits == 0 {
             MIN_BITS
         } else {
             self.bits + 1
         };
         assert!(bits <= 32, "lookup table capacity exceeded");
-        let old = std::mem::replace(&mut self.entries, vec![EMPTY; 1usize << bits]);
+        // Written up front (`resize`, not `vec![0; n]`, which would be a calloc of untouched
+        // pages): a bucket is then one page fault's worth cheaper when the migration and
+        // later probes first touch it, at the price of one sequential pass over the array
+        // in this insert (a quarter of what a whole-table doubling wrote and read).
+        #[expect(
+            clippy::slow_vector_initialization,
+            reason = "written on purpose: a calloc's untouched pages cost more later"
+        )]
+        let fresh = {
+            let mut v = Vec::with_capacity(1usize << bits);
+            v.resize(1usize << bits, 0);
+            v
+        };
+        self.old = std::mem::replace(&mut self.entries, fresh);
+        self.old_bits = self.bits;
         self.bits = bits;
-        // Entries wrapped past the end sit at the start of the old array; placing them first
-        // could let them take the slots of entries homed at the start. Order does not matter
-        // for correctness (linear probing finds every entry from its home), only for speed.
-        for e in old {
-            if handle_of(e) != EMPTY_HANDLE {
-                self.place(entry_tag(e), handle_of(e));
+        self.old_len = self.len;
+        self.cursor = 0;
+        if self.old_len == 0 {
+            self.old = Vec::new();
+        }
+    }
+
+    /// Move the entries of the next `buckets` old buckets to the new array (the old one
+    /// stays a valid table of the rest: each is removed by backward shift, which only
+    /// moves entries down into the hole, so no entry ever lands before `cursor`).
+    fn migrate(&mut self, buckets: usize) {
+        let mut n = 0;
+        while n < buckets && self.cursor < self.old.len() {
+            let e = self.old[self.cursor];
+            if stored(e) == 0 {
+                self.cursor += 1;
+                n += 1;
+                continue;
             }
+            place(&mut self.entries, self.bits, e);
+            remove_from(&mut self.old, self.old_bits, self.cursor);
+            self.old_len -= 1;
+            n += 1;
+            if self.old_len == 0 {
+                break;
+            }
+        }
+        if self.old_len == 0 {
+            self.old = Vec::new();
+            self.cursor = 0;
         }
     }
 
     /// Remove the entry at `index`; returns its handle.
-    pub(super) fn remove_at(&mut self, mut index: usize) -> u32 {
-        let handle = handle_of(self.entries[index]);
-        let mask = self.mask();
-        // Backward shift: pull later entries of the cluster into the hole when the hole
-        // lies between their home and their position.
-        let mut j = index;
-        loop {
-            j = (j + 1) & mask;
-            let e = self.entries[j];
-            if handle_of(e) == EMPTY_HANDLE {
-                break;
-            }
-            let home = self.home(entry_tag(e));
-            // `e` may move to `index` iff `home` is not in the cyclic range (index, j].
-            let dist_j = j.wrapping_sub(home) & mask;
-            let dist_hole = j.wrapping_sub(index) & mask;
-            if dist_j >= dist_hole {
-                self.entries[index] = e;
-                index = j;
+    pub(super) fn remove_at(&mut self, index: usize) -> u32 {
+        let handle = self.get(index);
+        if index & IN_OLD == 0 {
+            remove_from(&mut self.entries, self.bits, index);
+        } else {
+            remove_from(&mut self.old, self.old_bits, index & !IN_OLD);
+            self.old_len -= 1;
+            if self.old_len == 0 {
+                self.old = Vec::new();
+                self.cursor = 0;
             }
         }
-        self.entries[index] = EMPTY;
         self.len -= 1;
         if self.len == 0 {
             *self = Self::default();
@@ -190,9 +305,44 @@ impl ExtTable {
     pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.entries
             .iter()
+            .chain(self.old.iter())
             .copied()
-            .filter(|&e| handle_of(e) != EMPTY_HANDLE)
+            .filter(|&e| stored(e) != 0)
             .map(handle_of)
+    }
+
+    /// Check the layout: every entry reachable from its home bucket without crossing an
+    /// empty one (in both arrays), nothing before the cursor, and the counts.
+    #[cfg(test)]
+    fn check(&self) {
+        let mut total = 0;
+        for (a, bits, from) in [
+            (&self.entries, self.bits, 0),
+            (&self.old, self.old_bits, self.cursor),
+        ] {
+            for (i, &e) in a.iter().enumerate() {
+                if stored(e) == 0 {
+                    continue;
+                }
+                assert!(i >= from, "entry before the migration cursor");
+                total += 1;
+                let mut j = home(entry_tag(e), bits);
+                while j != i {
+                    assert_ne!(stored(a[j]), 0, "gap in a cluster");
+                    j = (j + 1) & (a.len() - 1);
+                }
+            }
+        }
+        assert_eq!(total, self.len);
+        assert_eq!(
+            self.old.iter().filter(|&&e| stored(e) != 0).count(),
+            self.old_len
+        );
+        assert_eq!(
+            self.old.is_empty(),
+            self.old_len == 0,
+            "old array kept empty"
+        );
     }
 }
 
@@ -202,53 +352,135 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::{ExtTable, tag_of};
+    use super::{ExtTable, MIGRATE_STEP, tag_of};
 
     /// A deliberately weak mix so that tags collide and clusters form.
     fn hash(k: u64) -> u64 {
         (k % 7).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (k << 40)
     }
 
-    proptest! {
-        /// Against a map: keys are found exactly while present, handles follow `set`, and
-        /// removal keeps every other key reachable.
-        #[test]
-        fn behaves_like_a_map(ops in proptest::collection::vec((0u8..4, 0u64..48, 0u32..1000), 0..400)) {
-            let mut t = ExtTable::default();
-            // key -> handle; handles are also used to recover the key (handle = key * 1000 + n).
-            let mut model: HashMap<u64, u32> = HashMap::new();
-            let key_of = |h: u32| u64::from(h / 1000);
-            for (op, k, n) in ops {
-                let tag = tag_of(hash(k));
-                let found = t.find(tag, |h| key_of(h) == k);
-                prop_assert_eq!(found.map(|i| t.get(i)), model.get(&k).copied());
-                match op {
-                    0 | 1 => if found.is_none() {
+    /// A full-avalanche mix (the tree's own keys are mixed like this).
+    fn strong(k: u64) -> u64 {
+        let mut x = k ^ (k >> 33);
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        x ^ (x >> 33)
+    }
+
+    /// Run `ops` against the table and a map (`hash` makes the tags); the table is checked
+    /// after every operation (segment of each entry, clusters, counts, directory spans).
+    fn against_map(
+        ops: &[(u8, u64, u32)],
+        hash: impl Fn(u64) -> u64,
+    ) -> Result<ExtTable, TestCaseError> {
+        let mut t = ExtTable::default();
+        // key -> handle; handles are also used to recover the key (handle = key * 1000 + n).
+        let mut model: HashMap<u64, u32> = HashMap::new();
+        let key_of = |h: u32| u64::from(h / 1000);
+        for &(op, k, n) in ops {
+            let tag = tag_of(hash(k));
+            let found = t.find(tag, |h| key_of(h) == k);
+            prop_assert_eq!(found.map(|i| t.get(i)), model.get(&k).copied());
+            match op {
+                0 | 1 => {
+                    if found.is_none() {
                         let h = u32::try_from(k).unwrap() * 1000 + n;
                         t.insert_new(tag, h);
                         model.insert(k, h);
-                    },
-                    2 => if let Some(i) = found {
+                    }
+                }
+                2 => {
+                    if let Some(i) = found {
                         prop_assert_eq!(Some(t.remove_at(i)), model.remove(&k));
-                    },
-                    _ => if let Some(i) = found {
+                    }
+                }
+                _ => {
+                    if let Some(i) = found {
                         let h = u32::try_from(k).unwrap() * 1000 + (n + 1) % 1000;
                         t.set(i, h);
                         model.insert(k, h);
-                    },
+                    }
                 }
-                prop_assert_eq!(t.len(), model.len());
-                let mut listed: Vec<u32> = t.iter().collect();
-                listed.sort_unstable();
-                let mut want: Vec<u32> = model.values().copied().collect();
-                want.sort_unstable();
-                prop_assert_eq!(listed, want);
             }
-            for (k, h) in &model {
-                let tag = tag_of(hash(*k));
-                let i = t.find(tag, |x| key_of(x) == *k);
-                prop_assert_eq!(i.map(|i| t.get(i)), Some(*h));
+            t.check();
+            prop_assert_eq!(t.len(), model.len());
+            let mut listed: Vec<u32> = t.iter().collect();
+            listed.sort_unstable();
+            let mut want: Vec<u32> = model.values().copied().collect();
+            want.sort_unstable();
+            prop_assert_eq!(listed, want);
+        }
+        for (k, h) in &model {
+            let tag = tag_of(hash(*k));
+            let i = t.find(tag, |x| key_of(x) == *k);
+            prop_assert_eq!(i.map(|i| t.get(i)), Some(*h));
+        }
+        Ok(t)
+    }
+
+    proptest! {
+        /// Against a map: keys are found exactly while present, handles follow `set`, and
+        /// removal keeps every other key reachable (long clusters, wrap-around, backward
+        /// shift, segments doubled past the maximum when their tags cannot be split).
+        #[test]
+        fn behaves_like_a_map(ops in proptest::collection::vec((0u8..4, 0u64..48, 0u32..1000), 0..400)) {
+            against_map(&ops, hash)?;
+        }
+
+        /// The growth path: with well-spread tags and mostly inserts the table grows many
+        /// times and spends most operations half migrated (lookups in both arrays, removals
+        /// and `set` in the old one); every key stays reachable.
+        #[test]
+        fn grows_incrementally(ops in proptest::collection::vec((0u8..4, 0u64..4000, 0u32..1000), 0..1500)) {
+            against_map(&ops, strong)?;
+        }
+    }
+
+    #[test]
+    fn an_insert_moves_a_bounded_number_of_entries() {
+        let mut t = ExtTable::default();
+        let n = 5_000u32;
+        let mut grown = 0;
+        for k in 0..n {
+            let (cap, old_len) = (t.entries.len(), t.old_len);
+            t.insert_new(tag_of(strong(u64::from(k))), k);
+            if t.entries.len() == cap {
+                // Not a growth step: at most `MIGRATE_STEP` entries left the old array.
+                assert!(old_len - t.old_len <= MIGRATE_STEP);
+            } else {
+                // A growth step moves nothing: the old array is the whole previous table.
+                grown += 1;
+                assert_eq!(t.old_len, t.len() - 1);
             }
+            if k % 97 == 0 {
+                t.check();
+            }
+        }
+        t.check();
+        assert!(grown >= 8, "{grown}");
+        for k in (0..n).step_by(3) {
+            let i = t
+                .find(tag_of(strong(u64::from(k))), |h| h == k)
+                .expect("present");
+            assert_eq!(t.remove_at(i), k);
+        }
+        t.check();
+        for k in 0..n {
+            let found = t.find(tag_of(strong(u64::from(k))), |h| h == k);
+            assert_eq!(found.is_some(), k % 3 != 0);
+        }
+    }
+
+    #[test]
+    fn equal_tags_grow_and_migrate() {
+        let mut t = ExtTable::default();
+        for k in 0..100u32 {
+            t.insert_new(0xdead_beef, k);
+        }
+        t.check();
+        for k in 0..100u32 {
+            assert!(t.find(0xdead_beef, |h| h == k).is_some());
         }
     }
 
