@@ -8,19 +8,20 @@
 //!   the cancellation.
 //! * A connection that failed is never reused: the next request dials again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, Read};
-use super::server::write_loop;
+use super::server::{Outbox, write_loop};
 use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
@@ -42,12 +43,98 @@ pub enum Event {
     /// worker's subject (the worker is gone, or has not re-subscribed after a broker
     /// restart). Ends a stream not yet acknowledged; ignored by one already accepted.
     NoResponders,
+    /// The acknowledgement did not arrive in time (from the connection's [`AckWatch`]);
+    /// ignored by a stream already accepted.
+    AckTimeout,
+}
+
+/// The acknowledgement deadlines of one connection's new streams, watched by one task per
+/// connection. A timer per request would cost a wake-up of a parked tokio worker per
+/// request (arming a timer that expires before every armed one unparks the time driver);
+/// the watchdog instead sleeps until the earliest deadline it knows, and a later deadline
+/// (every new request's, the timeout being the same) is picked up when it wakes.
+#[derive(Default)]
+struct AckWatch {
+    state: Mutex<AckState>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct AckState {
+    /// `(deadline, stream)` of the streams waiting for their acknowledgement.
+    pending: BTreeSet<(Instant, u64)>,
+    /// The deadline the watchdog sleeps until; `None` while it waits for `wake`.
+    armed: Option<Instant>,
+    closed: bool,
+}
+
+impl AckWatch {
+    fn expect(&self, stream: u64, deadline: Instant) {
+        let mut st = lock(&self.state);
+        st.pending.insert((deadline, stream));
+        if st.armed.is_none_or(|a| deadline < a) {
+            st.armed = Some(deadline);
+            drop(st);
+            self.wake.notify_one();
+        }
+    }
+
+    fn done(&self, stream: u64, deadline: Instant) {
+        lock(&self.state).pending.remove(&(deadline, stream));
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.wake.notify_one();
+    }
+}
+
+/// The watchdog of `conn`'s acknowledgement deadlines: a stream past its deadline gets
+/// [`Event::AckTimeout`]. Ends when the connection closes or is dropped.
+async fn watch_acks(watch: Arc<AckWatch>, conn: Weak<Connection>) {
+    loop {
+        let now = Instant::now();
+        let mut expired = Vec::new();
+        let next = {
+            let mut st = lock(&watch.state);
+            if st.closed {
+                return;
+            }
+            while let Some(&(deadline, stream)) = st.pending.first() {
+                if deadline > now {
+                    break;
+                }
+                st.pending.pop_first();
+                expired.push(stream);
+            }
+            st.armed = st.pending.first().map(|(d, _)| *d);
+            st.armed
+        };
+        if !expired.is_empty() {
+            let Some(conn) = conn.upgrade() else { return };
+            let streams = lock(&conn.streams);
+            for stream in expired {
+                if let Some(tx) = streams.get(&stream) {
+                    let _ = tx.send(Event::AckTimeout);
+                }
+            }
+        }
+        match next {
+            Some(deadline) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(deadline) => {}
+                    () = watch.wake.notified() => {}
+                }
+            }
+            None => watch.wake.notified().await,
+        }
+    }
 }
 
 /// One multiplexed connection to a worker.
 pub struct Connection {
     address: String,
-    writer: mpsc::UnboundedSender<Bytes>,
+    writer: Outbox,
     streams: Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>,
     next_stream: AtomicU64,
     closed: AtomicBool,
@@ -57,6 +144,13 @@ pub struct Connection {
     /// When the last stream was opened (ms since `created`), for the NATS liveness check.
     last_open_ms: AtomicU64,
     created: std::time::Instant,
+    acks: Arc<AckWatch>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.acks.close();
+    }
 }
 
 impl Connection {
@@ -81,7 +175,7 @@ impl Connection {
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = Arc::new(Self {
             address: subject.to_owned(),
-            writer: tx,
+            writer: Outbox::queued(tx),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             closed: AtomicBool::new(false),
@@ -89,7 +183,9 @@ impl Connection {
             nats_max_payload: Some(client.server_info().max_payload),
             last_open_ms: AtomicU64::new(0),
             created: std::time::Instant::now(),
+            acks: Arc::default(),
         });
+        tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
         tokio::spawn(super::nats::pump(
             client,
             subject.to_owned(),
@@ -164,10 +260,10 @@ impl Connection {
             .map_err(|e| cannot(e.to_string()))?;
         let _ = sock.set_nodelay(true);
         let (r, w) = sock.into_split();
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (outbox, direct, rx) = Outbox::tcp(w);
         let conn = Arc::new(Self {
             address: address.to_owned(),
-            writer: tx,
+            writer: outbox,
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             closed: AtomicBool::new(false),
@@ -175,8 +271,10 @@ impl Connection {
             nats_max_payload: None,
             last_open_ms: AtomicU64::new(0),
             created: std::time::Instant::now(),
+            acks: Arc::default(),
         });
-        tokio::spawn(write_loop(w, rx));
+        tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
+        tokio::spawn(write_loop(direct, rx));
         let reader_conn = Arc::clone(&conn);
         tokio::spawn(async move {
             let mut reader = BufReader::with_capacity(64 * 1024, r);
@@ -226,6 +324,7 @@ impl Connection {
 
     fn close(&self, reason: &str) {
         self.closed.store(true, Ordering::Release);
+        self.acks.close();
         let streams: Vec<_> = lock(&self.streams).drain().map(|(_, tx)| tx).collect();
         for tx in streams {
             let _ = tx.send(Event::Disconnected(format!(
@@ -247,9 +346,10 @@ impl Connection {
                 self.address
             )));
         }
+        let lone = lock(&self.streams).len() <= 1;
         self.writer
-            .send(frame)
-            .map_err(|_| Error::Disconnected(format!("connection to {} is closed", self.address)))
+            .send(frame, lone)
+            .map_err(|()| Error::Disconnected(format!("connection to {} is closed", self.address)))
     }
 
     fn check_size(&self, size: usize) -> Result<()> {
@@ -393,6 +493,8 @@ impl ResponseStream {
             stopped: context.is_stopped(),
         };
         let (stream, rx) = conn.open(path, &header, body)?;
+        let deadline = Instant::now() + ack_timeout;
+        conn.acks.expect(stream, deadline);
         let mut s = Self {
             conn,
             stream,
@@ -403,23 +505,25 @@ impl ResponseStream {
             done: CancellationToken::new(),
             on_disconnect: None,
         };
-        match tokio::time::timeout(ack_timeout, s.rx.recv()).await {
-            Err(_) => {
+        let first = s.rx.recv().await;
+        s.conn.acks.done(s.stream, deadline);
+        match first {
+            Some(Event::AckTimeout) => {
                 return Err(Error::ConnectionTimeout(format!(
                     "no acknowledgement from {} within {ack_timeout:?}",
                     s.conn.address
                 )));
             }
-            Ok(Some(Event::Ack)) => {}
-            Ok(Some(Event::Error(e))) => {
+            Some(Event::Ack) => {}
+            Some(Event::Error(e)) => {
                 s.finished = true;
                 return Err(Error::Remote(e));
             }
-            Ok(Some(Event::Disconnected(m))) => {
+            Some(Event::Disconnected(m)) => {
                 s.finished = true;
                 return Err(Error::Disconnected(m));
             }
-            Ok(Some(Event::NoResponders)) => {
+            Some(Event::NoResponders) => {
                 // Not delivered (or, if another message of this connection was the one
                 // refused, delivered but abandoned now: stopped, so it is not run twice).
                 s.conn.control(s.stream, frame::STOP);
@@ -432,7 +536,7 @@ impl ResponseStream {
                         .to_owned(),
                 });
             }
-            Ok(Some(other)) => {
+            Some(other) => {
                 s.finished = true;
                 return Err(Error::Remote(WireError::new(
                     ErrorKind::Unknown,
@@ -440,7 +544,7 @@ impl ResponseStream {
                     false,
                 )));
             }
-            Ok(None) => {
+            None => {
                 s.finished = true;
                 return Err(Error::Disconnected("connection closed".into()));
             }
@@ -453,7 +557,12 @@ impl ResponseStream {
                 s.done.clone(),
             ));
         }
-        s.watch_context();
+        // A stream whose end (or error) already arrived with its acknowledgement, as a short
+        // reply's does, has nothing left on the worker for a stop to reach: no watcher task
+        // (the task and the wake-up ending it cost more than the rest of such a call).
+        if lock(&s.conn.streams).contains_key(&s.stream) {
+            s.watch_context();
+        }
         Ok(s)
     }
 
@@ -515,7 +624,7 @@ impl ResponseStream {
                 }
                 Some(Ok(b))
             }
-            Some(Event::Ack | Event::NoResponders) => None,
+            Some(Event::Ack | Event::NoResponders | Event::AckTimeout) => None,
             Some(Event::End) | None => {
                 self.finish();
                 None
@@ -561,7 +670,10 @@ impl ResponseStream {
                 Err(mpsc::error::TryRecvError::Empty) => return Err(()),
                 Err(mpsc::error::TryRecvError::Disconnected) => None,
             };
-            let is_ack = matches!(event, Some(Event::Ack | Event::NoResponders));
+            let is_ack = matches!(
+                event,
+                Some(Event::Ack | Event::NoResponders | Event::AckTimeout)
+            );
             let out = self.on_event(event);
             if out.is_some() || !is_ack {
                 return Ok(out);
@@ -577,7 +689,10 @@ impl ResponseStream {
                 return None;
             }
             let event = self.rx.recv().await;
-            let is_ack = matches!(event, Some(Event::Ack | Event::NoResponders));
+            let is_ack = matches!(
+                event,
+                Some(Event::Ack | Event::NoResponders | Event::AckTimeout)
+            );
             let out = self.on_event(event);
             if out.is_some() || !is_ack {
                 return out;

@@ -3,7 +3,9 @@
 //! One [`Server`] per process listens on `DYN_TCP_RPC_HOST:DYN_TCP_RPC_PORT` and serves
 //! every endpoint the process registers, dispatching requests by endpoint path. Each
 //! connection has a reader task (decodes frames, dispatches them) and a writer task (drains
-//! a queue of encoded frames, coalescing them into large writes).
+//! a queue of encoded frames, coalescing them into large writes). A frame of the only stream
+//! of a connection, sent from outside the runtime's tasks (the Python event loop) while
+//! nothing is queued, is written by its sender at once ([`Outbox`]).
 //!
 //! Invariants:
 //! * Every accepted request ends with exactly one `END` or `ERROR` frame, unless the
@@ -127,8 +129,73 @@ struct StreamEntry {
     input: Mutex<Option<mpsc::UnboundedSender<Bytes>>>,
 }
 
+/// The sending side of a connection: frames for its writer (the TCP writer task, or the
+/// NATS publisher).
+///
+/// A TCP connection's sender may write a frame itself instead, when nothing is queued
+/// before it, the frame's stream is the connection's only one and the sender runs outside
+/// the runtime's tasks (the Python event loop's thread, which polls its waits itself). Handing
+/// the frame to the writer task would wake a parked tokio worker (which in turn wakes the
+/// other one to look for work) just to make that one write; with several streams in flight
+/// the writer task stays in charge, as its batching is what makes many small frames cheap.
+pub(crate) struct Outbox {
+    tx: mpsc::UnboundedSender<Bytes>,
+    direct: Option<Arc<Direct>>,
+}
+
+/// A TCP connection's socket, shared by its writer task and the senders.
+pub(crate) struct Direct {
+    sock: OwnedWriteHalf,
+    /// Frames are queued for the writer task or being written by it (or it has ended): a
+    /// sender must queue behind them.
+    busy: Mutex<bool>,
+}
+
+impl Outbox {
+    /// Frames go to `tx` only.
+    pub(crate) fn queued(tx: mpsc::UnboundedSender<Bytes>) -> Self {
+        Self { tx, direct: None }
+    }
+
+    /// A TCP connection's outbox and the writer task's end of it.
+    pub(crate) fn tcp(sock: OwnedWriteHalf) -> (Self, Arc<Direct>, mpsc::UnboundedReceiver<Bytes>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let direct = Arc::new(Direct {
+            sock,
+            busy: Mutex::new(false),
+        });
+        let outbox = Self {
+            tx,
+            direct: Some(Arc::clone(&direct)),
+        };
+        (outbox, direct, rx)
+    }
+
+    /// Send `frame` (in order with every frame sent before); `lone`: its stream is the only
+    /// one on the connection. Fails when the writer has ended.
+    pub(crate) fn send(&self, frame: Bytes, lone: bool) -> std::result::Result<(), ()> {
+        if let Some(d) = &self.direct {
+            let mut busy = lock(&d.busy);
+            if !*busy && lone && tokio::task::try_id().is_none() {
+                match d.sock.try_write(&frame) {
+                    Ok(n) if n == frame.len() => return Ok(()),
+                    Ok(n) => {
+                        *busy = true;
+                        return self.tx.send(frame.slice(n..)).map_err(drop);
+                    }
+                    // Not writable now (or broken): the writer task deals with it.
+                    Err(_) => {}
+                }
+            }
+            *busy = true;
+            return self.tx.send(frame).map_err(drop);
+        }
+        self.tx.send(frame).map_err(drop)
+    }
+}
+
 struct Conn {
-    writer: mpsc::UnboundedSender<Bytes>,
+    writer: Outbox,
     streams: Mutex<HashMap<u64, Arc<StreamEntry>>>,
     closed: CancellationToken,
     max_message: usize,
@@ -136,8 +203,9 @@ struct Conn {
 
 impl Conn {
     fn send(&self, frame: Bytes) {
+        let lone = lock(&self.streams).len() <= 1;
         // A closed writer means the connection is gone; the reader kills the streams.
-        let _ = self.writer.send(frame);
+        let _ = self.writer.send(frame, lone);
     }
 
     fn send_error(&self, stream: u64, err: &WireError) {
@@ -476,7 +544,7 @@ impl Server {
         > = Arc::new(move |writer| {
             Arc::new(NatsConn {
                 conn: Arc::new(Conn {
-                    writer,
+                    writer: Outbox::queued(writer),
                     streams: Mutex::new(HashMap::new()),
                     closed: CancellationToken::new(),
                     max_message,
@@ -488,16 +556,31 @@ impl Server {
     }
 }
 
-pub(crate) async fn write_loop(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<Bytes>) {
+async fn write_all(sock: &OwnedWriteHalf, mut buf: &[u8]) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        sock.writable().await?;
+        match sock.try_write(buf) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// The writer task of a TCP connection ([`Outbox::tcp`]).
+pub(crate) async fn write_loop(direct: Arc<Direct>, mut rx: mpsc::UnboundedReceiver<Bytes>) {
     // Coalesce queued frames into one write: under load many small frames are ready at
     // once, and one syscall for all of them is what makes small items cheap.
     const MAX_BATCH: usize = 256 * 1024;
     let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
     while let Some(first) = rx.recv().await {
         if first.len() >= MAX_BATCH {
-            if w.write_all(&first).await.is_err() {
+            if write_all(&direct.sock, &first).await.is_err() {
                 break;
             }
+            direct.idle_if_drained(&rx);
             continue;
         }
         buf.extend_from_slice(&first);
@@ -514,12 +597,29 @@ pub(crate) async fn write_loop(mut w: OwnedWriteHalf, mut rx: mpsc::UnboundedRec
                 Err(_) => break,
             }
         }
-        if w.write_all(&buf).await.is_err() {
+        if write_all(&direct.sock, &buf).await.is_err() {
             break;
         }
         buf.clear();
+        direct.idle_if_drained(&rx);
     }
-    let _ = w.shutdown().await;
+    // No sender writes past the end of the writer (their frames fail to queue instead).
+    *lock(&direct.busy) = true;
+    drop(rx);
+    if let Ok(d) = Arc::try_unwrap(direct) {
+        let mut sock = d.sock;
+        let _ = sock.shutdown().await;
+    }
+}
+
+impl Direct {
+    /// After a write: senders may write themselves again unless more frames are queued.
+    fn idle_if_drained(&self, rx: &mpsc::UnboundedReceiver<Bytes>) {
+        let mut busy = lock(&self.busy);
+        if rx.is_empty() {
+            *busy = false;
+        }
+    }
 }
 
 async fn serve_connection(
@@ -530,14 +630,14 @@ async fn serve_connection(
 ) {
     let _ = sock.set_nodelay(true);
     let (r, w) = sock.into_split();
-    let (tx, rx) = mpsc::unbounded_channel();
+    let (outbox, direct, rx) = Outbox::tcp(w);
     let conn = Arc::new(Conn {
-        writer: tx,
+        writer: outbox,
         streams: Mutex::new(HashMap::new()),
         closed: CancellationToken::new(),
         max_message,
     });
-    let writer = tokio::spawn(write_loop(w, rx));
+    let writer = tokio::spawn(write_loop(direct, rx));
     let mut reader = BufReader::with_capacity(64 * 1024, r);
     loop {
         let read = tokio::select! {
