@@ -8,8 +8,8 @@
 //! [`Responder`]) with plain synchronous calls.
 //!
 //! Awaitables: when a value is already available, `__anext__` and friends return a
-//! [`Ready`] awaitable (no event-loop round trip); otherwise a future from
-//! `pyo3_async_runtimes` that resolves when tokio delivers the value.
+//! [`Ready`] awaitable (no event-loop round trip); otherwise an asyncio future polled on
+//! the loop ([`py_future_local`]), which the producer's tokio thread wakes directly.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,7 +27,7 @@ use pyo3::types::{PyDict, PyList, PyModule, PyTuple};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::aio::{py_future, py_future_with};
+use crate::aio::py_future_local;
 use crate::context::PyContext;
 use crate::errors::{handler_error, runtime_error};
 use crate::msgpack::{Wide, from_msgpack, to_msgpack, write_value};
@@ -199,7 +199,7 @@ impl Inbox {
         let rx = Arc::clone(&self.rx);
         let closed = self.closed.clone();
         let bidirectional = self.bidirectional;
-        py_future_with(
+        py_future_local(
             py,
             async move {
                 let mut rx = rx.lock().await;
@@ -350,14 +350,14 @@ impl Sink {
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
             .map(Responder::credit_waiter);
-        py_future(
+        py_future_local(
             py,
             async move {
                 if let Some(w) = waiter {
                     w.await;
                 }
-                Ok(())
             },
+            |py, ()| Ok(py.None()),
             false,
         )
     }
@@ -413,7 +413,7 @@ impl PyAsyncRequestStream {
             }
         }
         let rx = Arc::clone(&self.rx);
-        py_future_with(
+        py_future_local(
             py,
             async move { rx.lock().await.recv().await },
             |py, item| match item {
@@ -660,7 +660,7 @@ impl AsyncResponseStream {
         }
         let stream = Arc::clone(&self.stream);
         let annotated = self.annotated;
-        py_future_with(
+        py_future_local(
             py,
             async move {
                 let mut s = stream.lock().await;

@@ -15,7 +15,7 @@ use pyo3::types::{PyDict, PyList};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::aio::py_future;
+use crate::aio::{py_future, py_future_local};
 use crate::context::{ContextMetadata, PyContext, SpanProxy};
 use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
@@ -573,14 +573,14 @@ impl Client {
             (Bytes::from(to_msgpack(request, Wide::Refuse)?), None)
         };
         let client = self.inner.clone();
-        py_future(
+        // Polled on the loop: the request frame is queued before this returns, and the
+        // worker's acknowledgement wakes the loop from the connection's reader.
+        py_future_local(
             py,
-            async move {
-                let stream = client
-                    .generate(body, route, ctx, input)
-                    .await
-                    .map_err(runtime_error)?;
-                Ok(AsyncResponseStream::new(stream, annotated))
+            async move { client.generate(body, route, ctx, input).await },
+            move |py, stream| {
+                let stream = stream.map_err(runtime_error)?;
+                Py::new(py, AsyncResponseStream::new(stream, annotated)).map(Py::into_any)
             },
             false,
         )
