@@ -1,6 +1,8 @@
 """Request round trip through the runtime, this project vs the reference wheel.
 
 Usage: python benches/bench_runtime.py [--out docs/benchmarks/runtime.md]
+       python benches/bench_runtime.py --ours-only     # this project only, JSON
+       python benches/bench_runtime.py --sequential N  # N round trips, for strace -c -f
 
 One process, discovery ``mem``, request plane ``tcp``: a Python handler yielding 4 items
 per request is served and called through a client on the same event loop. Measured:
@@ -166,6 +168,41 @@ def measure() -> dict[str, float]:
     return asyncio.run(_measure())
 
 
+async def _sequential(count: int) -> float:
+    """``count`` sequential round trips after the warm-up (for ``strace -c -f``); returns
+    the mean in microseconds."""
+    from dynamo._core import DistributedRuntime
+
+    loop = asyncio.get_running_loop()
+    runtime = DistributedRuntime(loop, "mem", "tcp")
+    endpoint = runtime.endpoint("bench.backend.generate")
+
+    async def handler(request):
+        for i in range(ITEMS):
+            yield {"i": i, "text": "token"}
+
+    served = asyncio.ensure_future(endpoint.serve_endpoint(handler))
+    client = await endpoint.client()
+    await client.wait_for_instances()
+
+    async def one() -> None:
+        async for _ in await client.round_robin({"prompt": "hello"}, annotated=False):
+            pass
+
+    for _ in range(WARMUP):
+        await one()
+    t0 = time.perf_counter()
+    for _ in range(count):
+        await one()
+    mean_us = (time.perf_counter() - t0) / count * 1e6
+    runtime.shutdown()
+    try:
+        await asyncio.wait_for(served, 10)
+    except Exception:
+        pass
+    return mean_us
+
+
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import machine, run_under_reference
@@ -173,9 +210,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="write a Markdown report here")
+    parser.add_argument(
+        "--ours-only",
+        action="store_true",
+        help="measure this project only (with the floors) and print JSON",
+    )
+    parser.add_argument(
+        "--sequential",
+        type=int,
+        metavar="N",
+        help=f"only N sequential round trips after {WARMUP} warm-up ones (for strace -c -f)",
+    )
     args = parser.parse_args()
     if args.measure_only:
         print(json.dumps(measure()))
+        return
+    if args.sequential:
+        print(json.dumps({"sequential_mean_us": asyncio.run(_sequential(args.sequential))}))
+        return
+    if args.ours_only:
+        print(json.dumps({**measure(), **asyncio.run(_floors())}))
         return
 
     ours = measure()
