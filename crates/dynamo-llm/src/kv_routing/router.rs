@@ -287,18 +287,20 @@ impl KvRouter {
                 KV_EVENTS_TOPIC,
                 stop.child_token(),
             )?;
-            tokio::spawn(event_loop(
-                Arc::clone(&shared),
-                EventSource {
-                    runtime: runtime.clone(),
-                    namespace: ns.clone(),
-                    component: comp.clone(),
-                    events: rx,
-                    ready,
-                    sync: sync_rx,
-                },
+            bus::spawn_until(
                 stop.clone(),
-            ));
+                event_loop(
+                    Arc::clone(&shared),
+                    EventSource {
+                        runtime: runtime.clone(),
+                        namespace: ns.clone(),
+                        component: comp.clone(),
+                        events: rx,
+                        ready,
+                        sync: sync_rx,
+                    },
+                ),
+            );
         }
 
         let mut metrics =
@@ -728,7 +730,10 @@ struct EventSource {
 /// arrives live). The answer is applied only if no live event of that rank has been applied
 /// meanwhile; otherwise live events are flowing and gap recovery covers any loss. A worker
 /// without a local indexer simply fails the query (logged at debug).
-async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: CancellationToken) {
+///
+/// Runs until the subscription ends; the caller aborts it when the router stops
+/// ([`bus::spawn_until`]), so the loop polls no stop token per wake-up.
+async fn event_loop(shared: Arc<Shared>, source: EventSource) {
     let EventSource {
         runtime,
         namespace,
@@ -794,9 +799,6 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
             }
         };
     let mut batch: Vec<TopicMessage> = Vec::with_capacity(EVENT_BATCH);
-    // Registered once rather than at every wake-up (see `bus::subscribe_with_ready`).
-    let cancelled = stop.cancelled();
-    tokio::pin!(cancelled);
     loop {
         tokio::select! {
             n = rx.recv_many(&mut batch, EVENT_BATCH) => {
@@ -866,7 +868,6 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource, stop: Cancellation
                     Err(e) => tracing::debug!(?worker, error = %e, "no initial KV sync (no local indexer?)"),
                 }
             }
-            () = &mut cancelled => break,
         }
     }
 }
