@@ -398,6 +398,44 @@ fn thread_cpu() -> Duration {
     Duration::ZERO
 }
 
+/// The calling thread's system (kernel) CPU time and minor page faults so far
+/// (`getrusage(RUSAGE_THREAD)`; zeros off 64-bit Linux): what of an event's CPU time was
+/// the kernel's, e.g. first-touch page faults.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+#[expect(unsafe_code, reason = "one libc call: the thread's resource usage")]
+fn thread_sys() -> (Duration, u64) {
+    #[repr(C)]
+    struct Rusage {
+        utime: [i64; 2],
+        stime: [i64; 2],
+        /// maxrss, ixrss, idrss, isrss, minflt, majflt, nswap, inblock, oublock, msgsnd,
+        /// msgrcv, nsignals, nvcsw, nivcsw
+        rest: [i64; 14],
+    }
+    unsafe extern "C" {
+        fn getrusage(who: i32, usage: *mut Rusage) -> i32;
+    }
+    const RUSAGE_THREAD: i32 = 1;
+    let mut u = Rusage {
+        utime: [0; 2],
+        stime: [0; 2],
+        rest: [0; 14],
+    };
+    // SAFETY: `u` is a valid, writable rusage of the platform's layout (64-bit Linux).
+    if unsafe { getrusage(RUSAGE_THREAD, &raw mut u) } != 0 {
+        return (Duration::ZERO, 0);
+    }
+    (
+        Duration::new(u.stime[0] as u64, (u.stime[1] * 1000) as u32),
+        u.rest[4] as u64,
+    )
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+fn thread_sys() -> (Duration, u64) {
+    (Duration::ZERO, 0)
+}
+
 fn pct(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -417,14 +455,43 @@ fn run_single(
     let mut index = (c.single)();
     let (mut apply, mut ops, mut max_event) = (Duration::ZERO, 0usize, Duration::ZERO);
     let mut max_cpu = Duration::ZERO;
+    // `SCALE_SHOW_EVENTS_US=N`: print every event over N µs of CPU time (what it was, its
+    // size, when), to find what the largest events are.
+    let show_over = std::env::var("SCALE_SHOW_EVENTS_US")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_micros);
+    let mut n_events = 0u64;
     let mut apply_req = |index: &mut Box<dyn Index>, r: &Request| {
         for (w, ev) in &r.events {
             // The CPU clock is read outside the index's own (wall-clock) timing.
+            let s0 = show_over.map(|_| thread_sys());
             let c0 = thread_cpu();
             let d = index.apply(*w, ev);
-            max_cpu = max_cpu.max(thread_cpu().saturating_sub(c0));
+            let cpu = thread_cpu().saturating_sub(c0);
+            max_cpu = max_cpu.max(cpu);
             apply += d;
             max_event = max_event.max(d);
+            n_events += 1;
+            if let Some((sys0, faults0)) = s0
+                && show_over.is_some_and(|t| cpu > t)
+            {
+                let (sys1, faults1) = thread_sys();
+                let (kind, blocks) = match &ev.data {
+                    KvCacheEventData::Stored(s) => ("stored", s.blocks.len()),
+                    KvCacheEventData::Removed(r) => ("removed", r.block_hashes.len()),
+                    KvCacheEventData::Cleared => ("cleared", 0),
+                };
+                println!(
+                    "    event {n_events} ({} {kind} {blocks} blocks, worker {w}): CPU {} us \
+                     (kernel {} us, {} minor faults), wall {} us",
+                    c.name,
+                    cpu.as_micros(),
+                    sys1.saturating_sub(sys0).as_micros(),
+                    faults1 - faults0,
+                    d.as_micros()
+                );
+            }
         }
         ops += r.block_ops;
     };

@@ -15,6 +15,7 @@
 //! that guarantees one (O(1) with a bit mask of non-empty classes): a chain of `n` new
 //! blocks gets `n` consecutive ids whenever a free run that long exists.
 
+use super::arena::Arena;
 use super::{Cold, NIL, Node};
 
 /// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
@@ -48,7 +49,7 @@ const fn class_of(len: u32) -> usize {
 
 /// Whether node `id` is free (see the module docs).
 #[inline]
-fn is_free(nodes: &[Node], id: usize) -> bool {
+fn is_free(nodes: &Arena<Node>, id: usize) -> bool {
     id != 0 && nodes.get(id).is_some_and(|n| n.parent == NIL)
 }
 
@@ -65,7 +66,7 @@ impl FreeRuns {
     }
 
     /// Record the run `[start, start + len)` (its nodes are free) and link it in its class.
-    fn link(&mut self, nodes: &mut [Cold], start: u32, len: u32) {
+    fn link(&mut self, nodes: &mut Arena<Cold>, start: u32, len: u32) {
         let c = class_of(len);
         let next = self.heads[c];
         {
@@ -83,7 +84,7 @@ impl FreeRuns {
     }
 
     /// Unlink the run starting at `start` from its class list; returns its length.
-    fn unlink(&mut self, nodes: &mut [Cold], start: u32) -> u32 {
+    fn unlink(&mut self, nodes: &mut Arena<Cold>, start: u32) -> u32 {
         let h = nodes[start as usize];
         let (len, next, prev) = (h.kids, h.hint, h.link);
         let c = class_of(len);
@@ -103,7 +104,7 @@ impl FreeRuns {
 
     /// Free `id` (a live node that the caller has just detached: `parent` already `NIL`),
     /// merging it with the free runs on either side.
-    pub(super) fn push(&mut self, nodes: &mut [Node], cold: &mut [Cold], id: u32) {
+    pub(super) fn push(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, id: u32) {
         debug_assert!(id != 0 && nodes[id as usize].parent == NIL);
         self.count += 1;
         let (mut start, mut len) = (id, 1);
@@ -123,7 +124,12 @@ impl FreeRuns {
 
     /// Take `id` if it is free and starts its run (as the slot right after a live node
     /// does). The caller overwrites the node.
-    pub(super) fn take_at(&mut self, nodes: &mut [Node], cold: &mut [Cold], id: u32) -> bool {
+    pub(super) fn take_at(
+        &mut self,
+        nodes: &mut Arena<Node>,
+        cold: &mut Arena<Cold>,
+        id: u32,
+    ) -> bool {
         if !is_free(nodes, id as usize) || is_free(nodes, id as usize - 1) {
             return false;
         }
@@ -142,7 +148,12 @@ impl FreeRuns {
     /// splitting it over short runs, which shorter chains will use; else the first id of a
     /// run of the largest class. The rest of the run stays free, so the caller's next ids
     /// come from [`Self::take_at`] right after it.
-    pub(super) fn pop(&mut self, nodes: &mut [Node], cold: &mut [Cold], want: u32) -> Option<u32> {
+    pub(super) fn pop(
+        &mut self,
+        nodes: &mut Arena<Node>,
+        cold: &mut Arena<Cold>,
+        want: u32,
+    ) -> Option<u32> {
         if self.nonempty == 0 {
             return None;
         }
@@ -177,7 +188,7 @@ impl FreeRuns {
 
     /// Every free id, run by run, with a check of the runs' bookkeeping (for the
     /// invariant checks): runs are maximal, in the right class, and their tags agree.
-    pub(super) fn checked_ids(&self, nodes: &[Node], cold: &[Cold]) -> Vec<u32> {
+    pub(super) fn checked_ids(&self, nodes: &Arena<Node>, cold: &Arena<Cold>) -> Vec<u32> {
         let mut ids = Vec::new();
         for (c, &head) in self.heads.iter().enumerate() {
             assert_eq!(head == NIL, self.nonempty & (1 << c) == 0, "class mask {c}");
@@ -210,10 +221,11 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use super::super::arena::Arena;
     use super::super::{Cold, EMPTY_COLD, NIL, Node, RadixTree};
     use super::FreeRuns;
 
-    fn arena(n: usize) -> (Vec<Node>, Vec<Cold>) {
+    fn arena(n: usize) -> (Arena<Node>, Arena<Cold>) {
         let nodes = (0..n)
             .map(|i| {
                 let mut x = RadixTree::root();
@@ -222,15 +234,15 @@ mod tests {
                 x
             })
             .collect();
-        (nodes, vec![EMPTY_COLD; n])
+        (nodes, std::iter::repeat_n(EMPTY_COLD, n).collect())
     }
 
-    fn free(runs: &mut FreeRuns, nodes: &mut [Node], cold: &mut [Cold], id: u32) {
+    fn free(runs: &mut FreeRuns, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, id: u32) {
         nodes[id as usize].parent = NIL;
         runs.push(nodes, cold, id);
     }
 
-    fn alloc(nodes: &mut [Node], id: u32) {
+    fn alloc(nodes: &mut Arena<Node>, id: u32) {
         nodes[id as usize].parent = 0;
     }
 

@@ -1,6 +1,7 @@
 //! The single-threaded arena radix tree. See the module docs of [`crate::indexer`] for the
 //! layout and the invariants; this file implements them.
 
+mod arena;
 mod dump;
 mod ext_table;
 mod free_runs;
@@ -14,6 +15,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
+use self::arena::Arena;
 use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
 use self::wide::HolderSet;
@@ -177,24 +179,13 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
-/// Before a push: grow a full arena by a quarter instead of doubling it. The arenas are
-/// the bulk of the heap (40 bytes a node), and doubling leaves up to half of the last
-/// allocation unused (a third on average); large reallocations move pages rather than
-/// copy them, so the extra growth steps are cheap.
-#[inline]
-fn grow_by_quarter<T>(v: &mut Vec<T>) {
-    if v.len() == v.capacity() {
-        v.reserve_exact((v.len() / 4).max(64));
-    }
-}
-
 #[inline]
 fn child_hash(parent: u32, local: u64) -> u64 {
     mix(local ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
 #[inline]
-fn ext_of(cold: &[Cold], extras: &[Extra], handle: u32) -> u64 {
+fn ext_of(cold: &Arena<Cold>, extras: &Arena<Extra>, handle: u32) -> u64 {
     if handle & EXTRA_BIT == 0 {
         cold[handle as usize].ext
     } else {
@@ -203,7 +194,7 @@ fn ext_of(cold: &[Cold], extras: &[Extra], handle: u32) -> u64 {
 }
 
 #[inline]
-fn node_of(extras: &[Extra], handle: u32) -> u32 {
+fn node_of(extras: &Arena<Extra>, handle: u32) -> u32 {
     if handle & EXTRA_BIT == 0 {
         handle
     } else {
@@ -232,11 +223,12 @@ thread_local! {
 /// The radix tree indexer (not synchronized; see [`super::SharedRadixTree`]).
 #[derive(Debug)]
 pub struct RadixTree {
-    nodes: Vec<Node>,
+    /// Arenas in chunks (see `tree/arena.rs`): growing one never copies it.
+    nodes: Arena<Node>,
     /// The rest of each node (same ids as `nodes`).
-    cold: Vec<Cold>,
+    cold: Arena<Cold>,
     free_nodes: FreeRuns,
-    extras: Vec<Extra>,
+    extras: Arena<Extra>,
     free_extras: Vec<u32>,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
     /// and the root.
@@ -264,10 +256,10 @@ impl RadixTree {
     /// block was looked up within that window (`OverlapScores::frequencies`).
     pub fn new(expiration: Option<Duration>) -> Self {
         Self {
-            nodes: vec![Self::root()],
-            cold: vec![EMPTY_COLD],
+            nodes: std::iter::once(Self::root()).collect(),
+            cold: std::iter::once(EMPTY_COLD).collect(),
             free_nodes: FreeRuns::default(),
-            extras: Vec::new(),
+            extras: Arena::new(),
             free_extras: Vec::new(),
             children: ExtTable::default(),
             slots: Vec::new(),
@@ -320,10 +312,10 @@ impl RadixTree {
     /// Returns to the empty tree's value once every block is removed.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
-        self.nodes.capacity() * size_of::<Node>()
-            + self.cold.capacity() * size_of::<Cold>()
+        self.nodes.heap_bytes()
+            + self.cold.heap_bytes()
             + self.free_nodes.heap_bytes()
-            + self.extras.capacity() * size_of::<Extra>()
+            + self.extras.heap_bytes()
             + self.free_extras.capacity() * 4
             + self.children.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
@@ -609,19 +601,27 @@ impl RadixTree {
                     let nodes = &self.nodes;
                     let pm = nodes[node as usize].meta;
                     let count = pm & COUNT_MASK;
-                    if pm & BROKEN == 0 {
-                        while let Some(n) = nodes.get(node as usize + 1)
-                            && let Some(l) = query.get(i)
-                            && n.parent == node
-                            && n.local == l.0
-                            && n.meta & (DUPS | COUNT_MASK) == count
-                        {
-                            node += 1;
-                            depth += 1;
-                            i += 1;
-                            if n.meta & BROKEN != 0 {
-                                break;
+                    // Over the rest of the arena chunk as a slice; at its end, on in the
+                    // next chunk.
+                    let mut more = pm & BROKEN == 0;
+                    while more {
+                        let run = nodes.tail(node as usize + 1);
+                        more = !run.is_empty();
+                        for n in run {
+                            if let Some(l) = query.get(i)
+                                && n.parent == node
+                                && n.local == l.0
+                                && n.meta & (DUPS | COUNT_MASK) == count
+                            {
+                                node += 1;
+                                depth += 1;
+                                i += 1;
+                                if n.meta & BROKEN == 0 {
+                                    continue;
+                                }
                             }
+                            more = false;
+                            break;
                         }
                     }
                 }
@@ -827,9 +827,7 @@ impl RadixTree {
     fn push_node(&mut self, node: Node) -> u32 {
         let id = self.nodes.len() as u32;
         assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
-        grow_by_quarter(&mut self.nodes);
         self.nodes.push(node);
-        grow_by_quarter(&mut self.cold);
         self.cold.push(EMPTY_COLD);
         id
     }
@@ -1027,7 +1025,6 @@ impl RadixTree {
             self.extras[id as usize] = e;
             id
         } else {
-            grow_by_quarter(&mut self.extras);
             self.extras.push(e);
             (self.extras.len() - 1) as u32
         };
@@ -1216,10 +1213,10 @@ impl RadixTree {
 
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
-        self.nodes = vec![Self::root()];
-        self.cold = vec![EMPTY_COLD];
+        self.nodes = std::iter::once(Self::root()).collect();
+        self.cold = std::iter::once(EMPTY_COLD).collect();
         self.free_nodes = FreeRuns::default();
-        self.extras = Vec::new();
+        self.extras = Arena::new();
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
         self.wide = FxHashMap::default();

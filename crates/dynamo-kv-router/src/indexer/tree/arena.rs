@@ -1,0 +1,297 @@
+//! A growable array in fixed-size chunks: growing it allocates one chunk and never moves
+//! an element.
+//!
+//! The node arenas were `Vec`s. At 10M blocks the `cold` arena is ~100 MB, and once the
+//! process's heap holds freed memory (any process that has built and dropped an index, or
+//! just churned), `realloc` serves its growth from that memory and copies the whole array:
+//! 39–360 ms inside one apply event, under the write lock (measured, see
+//! `docs/benchmarks/kv_indexer.md`, round 4). Here growth allocates one more chunk of
+//! [`CHUNK`] elements (uninitialised: the pages are touched as elements are pushed), so
+//! the cost of an event that grows an arena is one allocation, at any size.
+//!
+//! Element `i` is `chunks[i >> CHUNK_BITS][i & MASK]`: a shift, a mask and one load from
+//! the chunk table (a few KiB at 10M elements, so it stays in cache) more than a `Vec`.
+//! Consecutive ids are consecutive addresses within a chunk; [`Arena::tail`] gives the
+//! rest of a chunk as a slice, so that loops over consecutive ids (the query walk along a
+//! chain) run over a plain slice and change chunks only at a boundary.
+//!
+//! Each chunk starts small and grows like a `Vec` (by a quarter, as the arenas did) until
+//! it is full, so that a partly used last chunk wastes at most a quarter of itself (a
+//! whole chunk allocated up front cost 20 B/block at 100k blocks, measured); a growth step
+//! copies at most one chunk.
+
+use std::ops::{Index, IndexMut};
+
+/// log2 of the elements in a chunk: 2^14, i.e. 256 KiB of 16-byte nodes or 384 KiB of
+/// 24-byte ones. Small enough that a growth step copies at most 384 KiB (tens of
+/// microseconds) and a partly used last chunk wastes at most a quarter of that; large
+/// enough that the chunk table of a 10M-node arena is 611 entries (15 KiB, cache
+/// resident) and a chain rarely straddles a boundary (one per 16,384 ids). (2^3 under
+/// `cfg(test)`, so that the property tests' trees of a few dozen nodes cross chunk
+/// boundaries all the time.)
+pub(super) const CHUNK_BITS: u32 = if cfg!(test) { 3 } else { 14 };
+/// Elements in a chunk.
+pub(super) const CHUNK: usize = 1 << CHUNK_BITS;
+const MASK: usize = CHUNK - 1;
+
+/// A growable array of `T` in chunks of [`CHUNK`] elements (see the module docs).
+#[derive(Debug, Clone)]
+pub(super) struct Arena<T> {
+    /// Every chunk but the last holds exactly [`CHUNK`] elements; the last holds
+    /// `1..=CHUNK` (there is no chunk while the arena is empty). Only the last chunk ever
+    /// grows (up to a capacity of exactly [`CHUNK`]).
+    chunks: Vec<Vec<T>>,
+    len: usize,
+}
+
+impl<T> Default for Arena<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Arena<T> {
+    /// An empty arena (allocates nothing).
+    pub(super) const fn new() -> Self {
+        Self {
+            chunks: Vec::new(),
+            len: 0,
+        }
+    }
+
+    /// Number of elements.
+    #[inline]
+    pub(super) const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Element `i`, if `i < len()`.
+    #[inline]
+    pub(super) fn get(&self, i: usize) -> Option<&T> {
+        self.chunks.get(i >> CHUNK_BITS)?.get(i & MASK)
+    }
+
+    /// Elements `i..` up to the end of `i`'s chunk (or of the arena): consecutive ids as
+    /// one slice. Empty when `i >= len()`.
+    #[inline]
+    pub(super) fn tail(&self, i: usize) -> &[T] {
+        self.chunks
+            .get(i >> CHUNK_BITS)
+            .and_then(|c| c.get(i & MASK..))
+            .unwrap_or(&[])
+    }
+
+    /// Append `x`: in the last chunk when it is not full (growing it by a quarter, up to
+    /// [`CHUNK`]), else in a new chunk. Never moves an element of a full chunk.
+    pub(super) fn push(&mut self, x: T) {
+        match self.chunks.last_mut() {
+            Some(c) if c.len() < CHUNK => {
+                if c.len() == c.capacity() {
+                    c.reserve_exact((c.len() / 4).max(64).min(CHUNK - c.len()));
+                }
+                c.push(x);
+            }
+            _ => {
+                let mut c = Vec::with_capacity(64.min(CHUNK));
+                c.push(x);
+                self.chunks.push(c);
+            }
+        }
+        self.len += 1;
+    }
+
+    /// Every element in order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = &T> {
+        self.chunks.iter().flatten()
+    }
+
+    /// Bytes reserved (elements' capacity and the chunk table).
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|c| c.capacity() * size_of::<T>())
+            .sum::<usize>()
+            + self.chunks.capacity() * size_of::<Vec<T>>()
+    }
+}
+
+impl<T> Index<usize> for Arena<T> {
+    type Output = T;
+
+    #[inline]
+    fn index(&self, i: usize) -> &T {
+        &self.chunks[i >> CHUNK_BITS][i & MASK]
+    }
+}
+
+impl<T> IndexMut<usize> for Arena<T> {
+    #[inline]
+    fn index_mut(&mut self, i: usize) -> &mut T {
+        &mut self.chunks[i >> CHUNK_BITS][i & MASK]
+    }
+}
+
+impl<T> FromIterator<T> for Arena<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let mut a = Self::new();
+        for x in iter {
+            a.push(x);
+        }
+        a
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{Arena, CHUNK};
+
+    proptest! {
+        /// Against a `Vec`: the same elements at every index, `get` and `tail` agree with
+        /// slices of the `Vec` (across and at chunk boundaries), and mutation through an
+        /// index lands where reads see it.
+        #[test]
+        fn behaves_like_a_vec(ops in proptest::collection::vec((0u8..3, 0usize..80, any::<u32>()), 0..200)) {
+            let mut a = Arena::new();
+            let mut v: Vec<u32> = Vec::new();
+            for (op, i, x) in ops {
+                match op {
+                    0 => {
+                        a.push(x);
+                        v.push(x);
+                    }
+                    1 if i < v.len() => {
+                        a[i] = x;
+                        v[i] = x;
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(a.len(), v.len());
+                prop_assert_eq!(a.get(i), v.get(i));
+                let end = if i < v.len() { ((i / CHUNK + 1) * CHUNK).min(v.len()) } else { i };
+                prop_assert_eq!(a.tail(i), v.get(i..end).unwrap_or(&[]));
+            }
+            prop_assert_eq!(a.iter().copied().collect::<Vec<_>>(), v.clone());
+            for (i, x) in v.iter().enumerate() {
+                prop_assert_eq!(&a[i], x);
+            }
+        }
+    }
+
+    #[test]
+    fn growth_never_moves_an_element_of_a_full_chunk() {
+        let mut a: Arena<u64> = Arena::new();
+        for i in 0..CHUNK as u64 {
+            a.push(i);
+        }
+        // The first chunk is full: from here on no element may move.
+        let first: *const u64 = &a[0];
+        let last: *const u64 = &a[CHUNK - 1];
+        for i in 0..(CHUNK * 40) as u64 {
+            a.push(i);
+        }
+        assert!(std::ptr::eq(first, &a[0]));
+        assert!(std::ptr::eq(last, &a[CHUNK - 1]));
+        // Nor any of a later full chunk.
+        let second: *const u64 = &a[CHUNK];
+        a.push(0);
+        assert!(std::ptr::eq(second, &a[CHUNK]));
+        // Every chunk but the last is exactly full; the last has room for the rest.
+        assert_eq!(a.chunks.len(), 42);
+        assert!(a.chunks[..41].iter().all(|c| c.capacity() == CHUNK));
+        assert_eq!(a.chunks[41].len(), 1);
+        assert!(a.chunks[41].capacity() <= CHUNK);
+    }
+
+    #[test]
+    fn tail_stops_at_the_chunk_boundary() {
+        let a: Arena<usize> = (0..CHUNK * 2 + 3).collect();
+        assert_eq!(a.tail(1), &(1..CHUNK).collect::<Vec<_>>()[..]);
+        assert_eq!(a.tail(CHUNK - 1), &[CHUNK - 1]);
+        assert_eq!(a.tail(CHUNK), &(CHUNK..CHUNK * 2).collect::<Vec<_>>()[..]);
+        assert_eq!(a.tail(CHUNK * 2 + 2), &[CHUNK * 2 + 2]);
+        assert!(a.tail(CHUNK * 2 + 3).is_empty());
+        assert!(a.tail(CHUNK * 9).is_empty());
+        assert_eq!(a.get(CHUNK * 2 + 3), None);
+    }
+}
+
+/// The tree over chunked arenas (`CHUNK` is 8 under `cfg(test)`).
+#[cfg(test)]
+mod tree_tests {
+    use super::super::RadixTree;
+    use super::CHUNK;
+    use crate::hashing::LocalBlockHash;
+    use crate::protocols::{ExternalSequenceBlockHash, KvCacheStoredBlockData, WorkerWithDpRank};
+
+    /// Blocks with external hashes `ext` and local hashes from `local` on.
+    fn blocks(ext: std::ops::Range<u64>, local: u64) -> Vec<KvCacheStoredBlockData> {
+        let start = ext.start;
+        ext.map(|b| KvCacheStoredBlockData::new(b, local + b - start))
+            .collect()
+    }
+
+    fn q(locals: impl Iterator<Item = u64>) -> Vec<LocalBlockHash> {
+        locals.map(LocalBlockHash).collect()
+    }
+
+    #[test]
+    fn a_chain_across_chunks_scores_its_full_length() {
+        let mut t = RadixTree::default();
+        let (a, b) = (WorkerWithDpRank::new(1, 0), WorkerWithDpRank::new(2, 0));
+        // The root is id 0, so this chain (ids 1..) crosses four chunk boundaries.
+        let n = CHUNK as u64 * 4 + 3;
+        t.store_blocks(a, None, &blocks(0..n, 1000)).expect("store");
+        // A second rank holds exactly the first chunk and a half (same contents).
+        let half = CHUNK as u64 * 3 / 2;
+        t.store_blocks(b, None, &blocks(5000..5000 + half, 1000))
+            .expect("store");
+        t.check_invariants();
+        let full = t.find_matches(&q(1000..1000 + n + 2), false);
+        assert_eq!(full.get(a), Some(n as u32));
+        assert_eq!(full.get(b), Some(half as u32));
+        // A query that leaves the chain right at a chunk boundary (ids are depth).
+        for stop in [
+            CHUNK as u64 - 1,
+            CHUNK as u64,
+            CHUNK as u64 * 2 - 1,
+            CHUNK as u64 * 2,
+        ] {
+            let mut query = q(1000..1000 + stop);
+            query.push(LocalBlockHash(7));
+            let s = t.find_matches(&query, false);
+            assert_eq!(s.get(a), Some(stop as u32), "stop at {stop}");
+            // With early exit the walk takes the slow path (one child lookup a block);
+            // `b` leaves at depth `half` at the latest, then `a` is alone and stops there.
+            let e = t.find_matches(&query, true);
+            assert_eq!(
+                e.get(a),
+                Some(stop.min(half + 1) as u32),
+                "early exit at {stop}"
+            );
+        }
+        // Evicting the chain's tail frees the last chunks' nodes, and a new chain reuses
+        // them from the same ids on, across the same boundaries.
+        let tail: Vec<u64> = (CHUNK as u64 * 2..n).rev().collect();
+        t.remove(a, &tail).expect("remove");
+        t.check_invariants();
+        t.store_blocks(
+            a,
+            Some(ExternalSequenceBlockHash(CHUNK as u64 * 2 - 1)),
+            &blocks(9000..9000 + n, 9077),
+        )
+        .expect("store");
+        t.check_invariants();
+        let mut query = q(1000..1000 + CHUNK as u64 * 2);
+        query.extend(q(9077..9077 + n));
+        assert_eq!(
+            t.find_matches(&query, false).get(a),
+            Some((CHUNK as u64 * 2 + n) as u32)
+        );
+        t.remove_worker(1);
+        t.remove_worker(2);
+        assert_eq!(t.node_count(), 0);
+        assert_eq!(t.heap_bytes(), RadixTree::default().heap_bytes());
+    }
+}
