@@ -20,6 +20,10 @@ pub struct RuntimeConfig {
     pub tcp_host: String,
     /// Listener port (`DYN_TCP_RPC_PORT`, 0 = OS-assigned).
     pub tcp_port: u16,
+    /// Reach a listener of this same process without sockets (`DYN_TCP_IN_PROCESS`, this
+    /// project's own; default true, `0`/`false` for loopback TCP): same frames, streams and
+    /// errors, no thread hand-over per frame.
+    pub tcp_in_process: bool,
     /// Dial timeout (`DYN_TCP_CONNECT_TIMEOUT`, seconds, default 5).
     pub connect_timeout: Duration,
     /// Wait for a worker to accept a request (`DYN_TCP_REQUEST_TIMEOUT`, seconds; default
@@ -80,6 +84,7 @@ impl Default for RuntimeConfig {
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             tcp_host: "127.0.0.1".into(),
             tcp_port: 0,
+            tcp_in_process: true,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             graceful_shutdown_timeout: Duration::from_secs(900),
@@ -141,6 +146,12 @@ impl RuntimeConfig {
         }
         if let Some(v) = parse::<u16>("DYN_TCP_RPC_PORT")? {
             c.tcp_port = v;
+        }
+        if let Some(v) = var("DYN_TCP_IN_PROCESS") {
+            c.tcp_in_process = !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "0" | "false" | "no" | "off"
+            );
         }
         if let Some(v) = secs("DYN_TCP_CONNECT_TIMEOUT")? {
             c.connect_timeout = v;

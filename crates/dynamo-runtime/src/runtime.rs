@@ -192,7 +192,8 @@ impl DistributedRuntime {
             // Negative: disabled.
             Err(_) => None,
         };
-        let pool = ConnectionPool::new(config.max_message_size, config.connect_timeout);
+        let pool = ConnectionPool::new(config.max_message_size, config.connect_timeout)
+            .in_process(config.tcp_in_process);
         let event_plane = config
             .event_plane
             .unwrap_or_else(|| EventPlane::default_for(backend, &config));

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, Read};
-use super::server::{Outbox, write_loop};
+use super::server::{Outbox, Peer, Server, write_loop};
 use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
@@ -175,7 +175,7 @@ impl Connection {
         let (tx, rx) = mpsc::unbounded_channel();
         let conn = Arc::new(Self {
             address: subject.to_owned(),
-            writer: Outbox::queued(tx),
+            writer: Outbox::Queued(tx),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(1),
             closed: AtomicBool::new(false),
@@ -291,6 +291,33 @@ impl Connection {
         Ok(conn)
     }
 
+    /// A connection to `server`, a listener of this process at `address`, without sockets
+    /// (see [`Server::accept_local`]): the same frames, streams and errors as a TCP
+    /// connection to it, each handled by the other end on the sender's thread.
+    fn connect_local(server: &Server, address: &str, max_message: usize) -> Arc<Self> {
+        let closed = CancellationToken::new();
+        let conn = Arc::new_cyclic(|me: &Weak<Self>| {
+            let end = Arc::new(LocalEnd {
+                conn: me.clone(),
+                closed: closed.clone(),
+            });
+            Self {
+                address: address.to_owned(),
+                writer: Outbox::Local(server.accept_local(end, closed)),
+                streams: Mutex::new(HashMap::new()),
+                next_stream: AtomicU64::new(1),
+                closed: AtomicBool::new(false),
+                max_message,
+                nats_max_payload: None,
+                last_open_ms: AtomicU64::new(0),
+                created: std::time::Instant::now(),
+                acks: Arc::default(),
+            }
+        });
+        tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
+        conn
+    }
+
     fn deliver(&self, f: frame::Frame) {
         let event = match f.kind {
             frame::ACK => Event::Ack,
@@ -332,6 +359,12 @@ impl Connection {
                 self.address
             )));
         }
+    }
+
+    /// Whether the connection reaches a listener of this process without sockets
+    /// ([`ConnectionPool::in_process`]).
+    pub fn is_in_process(&self) -> bool {
+        matches!(self.writer, Outbox::Local(_))
     }
 
     /// Whether the connection is unusable.
@@ -403,11 +436,40 @@ impl Connection {
     }
 }
 
+/// The caller's end of an in-process connection ([`Connection::connect_local`]): the
+/// server's frames, delivered at once.
+struct LocalEnd {
+    conn: Weak<Connection>,
+    /// Cancelled when the server's side is gone (its last responder finished).
+    closed: CancellationToken,
+}
+
+impl Peer for LocalEnd {
+    fn receive(&self, frames: Bytes) -> std::result::Result<(), ()> {
+        let conn = self.conn.upgrade().ok_or(())?;
+        for f in super::nats::split_frames(frames) {
+            conn.deliver(f);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LocalEnd {
+    /// The server's side of the connection ended: as a TCP reader's end of file.
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.upgrade() {
+            conn.close("connection closed by the worker");
+        }
+        self.closed.cancel();
+    }
+}
+
 /// Per-address connections, shared by every client of a runtime.
 pub struct ConnectionPool {
     conns: tokio::sync::Mutex<HashMap<String, Arc<Connection>>>,
     max_message: usize,
     connect_timeout: Duration,
+    in_process: bool,
 }
 
 impl ConnectionPool {
@@ -417,7 +479,15 @@ impl ConnectionPool {
             conns: tokio::sync::Mutex::new(HashMap::new()),
             max_message,
             connect_timeout,
+            in_process: true,
         }
+    }
+
+    /// Whether an address served by a listener of this process is reached in process
+    /// ([`Server::accept_local`], the default) rather than through the loopback.
+    pub fn in_process(mut self, on: bool) -> Self {
+        self.in_process = on;
+        self
     }
 
     /// The maximum message size of this pool's connections.
@@ -431,7 +501,14 @@ impl ConnectionPool {
         if let Some(c) = conns.get(address).filter(|c| !c.is_closed()) {
             return Ok(Arc::clone(c));
         }
-        let c = Connection::connect(address, self.max_message, self.connect_timeout).await?;
+        let local = self
+            .in_process
+            .then(|| Server::in_process(address))
+            .flatten();
+        let c = match local {
+            Some(server) => Connection::connect_local(&server, address, self.max_message),
+            None => Connection::connect(address, self.max_message, self.connect_timeout).await?,
+        };
         conns.insert(address.to_owned(), Arc::clone(&c));
         Ok(c)
     }

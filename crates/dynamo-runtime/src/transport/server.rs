@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -130,7 +130,7 @@ struct StreamEntry {
 }
 
 /// The sending side of a connection: frames for its writer (the TCP writer task, or the
-/// NATS publisher).
+/// NATS publisher), or for the other end of an in-process connection.
 ///
 /// A TCP connection's sender may write a frame itself instead, when nothing is queued
 /// before it, the frame's stream is the connection's only one and the sender runs outside
@@ -138,9 +138,25 @@ struct StreamEntry {
 /// the frame to the writer task would wake a parked tokio worker (which in turn wakes the
 /// other one to look for work) just to make that one write; with several streams in flight
 /// the writer task stays in charge, as its batching is what makes many small frames cheap.
-pub(crate) struct Outbox {
-    tx: mpsc::UnboundedSender<Bytes>,
-    direct: Option<Arc<Direct>>,
+pub(crate) enum Outbox {
+    /// Frames go to a queue only (the NATS request plane's publisher).
+    Queued(mpsc::UnboundedSender<Bytes>),
+    /// A TCP connection: the writer task's queue, or a direct write.
+    Tcp {
+        tx: mpsc::UnboundedSender<Bytes>,
+        direct: Arc<Direct>,
+    },
+    /// An in-process connection ([`Peer`]): the frames are handled by the other end at once,
+    /// on the sender's thread.
+    Local(Arc<dyn Peer>),
+}
+
+/// The receiving end of an in-process connection (a caller and a server of the same
+/// process): what a TCP connection's reader would do with the frames, done by the sender.
+pub(crate) trait Peer: Send + Sync {
+    /// Handle `frames` (one or more encoded frames, in order). Fails when the other end is
+    /// gone, as a write to a closed connection does.
+    fn receive(&self, frames: Bytes) -> std::result::Result<(), ()>;
 }
 
 /// A TCP connection's socket, shared by its writer task and the senders.
@@ -152,11 +168,6 @@ pub(crate) struct Direct {
 }
 
 impl Outbox {
-    /// Frames go to `tx` only.
-    pub(crate) fn queued(tx: mpsc::UnboundedSender<Bytes>) -> Self {
-        Self { tx, direct: None }
-    }
-
     /// A TCP connection's outbox and the writer task's end of it.
     pub(crate) fn tcp(sock: OwnedWriteHalf) -> (Self, Arc<Direct>, mpsc::UnboundedReceiver<Bytes>) {
         let (tx, rx) = mpsc::unbounded_channel();
@@ -164,33 +175,36 @@ impl Outbox {
             sock,
             busy: Mutex::new(false),
         });
-        let outbox = Self {
+        let outbox = Self::Tcp {
             tx,
-            direct: Some(Arc::clone(&direct)),
+            direct: Arc::clone(&direct),
         };
         (outbox, direct, rx)
     }
 
     /// Send `frame` (in order with every frame sent before); `lone`: its stream is the only
-    /// one on the connection. Fails when the writer has ended.
+    /// one on the connection. Fails when the writer (or the other end) has ended.
     pub(crate) fn send(&self, frame: Bytes, lone: bool) -> std::result::Result<(), ()> {
-        if let Some(d) = &self.direct {
-            let mut busy = lock(&d.busy);
-            if !*busy && lone && tokio::task::try_id().is_none() {
-                match d.sock.try_write(&frame) {
-                    Ok(n) if n == frame.len() => return Ok(()),
-                    Ok(n) => {
-                        *busy = true;
-                        return self.tx.send(frame.slice(n..)).map_err(drop);
+        match self {
+            Self::Queued(tx) => tx.send(frame).map_err(drop),
+            Self::Local(peer) => peer.receive(frame),
+            Self::Tcp { tx, direct: d } => {
+                let mut busy = lock(&d.busy);
+                if !*busy && lone && tokio::task::try_id().is_none() {
+                    match d.sock.try_write(&frame) {
+                        Ok(n) if n == frame.len() => return Ok(()),
+                        Ok(n) => {
+                            *busy = true;
+                            return tx.send(frame.slice(n..)).map_err(drop);
+                        }
+                        // Not writable now (or broken): the writer task deals with it.
+                        Err(_) => {}
                     }
-                    // Not writable now (or broken): the writer task deals with it.
-                    Err(_) => {}
                 }
+                *busy = true;
+                tx.send(frame).map_err(drop)
             }
-            *busy = true;
-            return self.tx.send(frame).map_err(drop);
         }
-        self.tx.send(frame).map_err(drop)
     }
 }
 
@@ -376,7 +390,12 @@ pub struct Server {
     endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
     cancel: CancellationToken,
     live: Arc<LiveConnections>,
+    max_message: usize,
 }
+
+/// The listeners of this process by advertised address (`host:port`, as in the discovery
+/// records), for callers of the same process ([`Server::in_process`]).
+static IN_PROCESS: Mutex<Vec<(String, Weak<Server>)>> = Mutex::new(Vec::new());
 
 /// Count of connection tasks still running (to let the last frames flush at shutdown):
 /// TCP connections, and for the NATS request plane each subject's serving task and each
@@ -415,7 +434,9 @@ impl Server {
             endpoints: Arc::new(Mutex::new(HashMap::new())),
             cancel: CancellationToken::new(),
             live: Arc::new(LiveConnections::default()),
+            max_message,
         });
+        lock(&IN_PROCESS).push((address.to_string(), Arc::downgrade(&server)));
         let endpoints = Arc::clone(&server.endpoints);
         let cancel = server.cancel.clone();
         let live = Arc::clone(&server.live);
@@ -463,6 +484,57 @@ impl Server {
     /// Close the listener and every connection.
     pub fn close(&self) {
         self.cancel.cancel();
+    }
+
+    /// The open listener of this process whose address is `address`: a caller of the same
+    /// process may then connect in process ([`Server::accept_local`]) instead of through
+    /// the loopback. A connection to that address would reach this listener anyway.
+    pub(crate) fn in_process(address: &str) -> Option<Arc<Self>> {
+        let mut all = lock(&IN_PROCESS);
+        all.retain(|(_, s)| s.upgrade().is_some_and(|s| !s.cancel.is_cancelled()));
+        all.iter()
+            .find(|(a, _)| a == address)
+            .and_then(|(_, s)| s.upgrade())
+    }
+
+    /// Accept an in-process connection whose caller receives this side's frames through
+    /// `caller`; returns the end the caller sends its frames to.
+    ///
+    /// The same connection as a TCP one, without the sockets: the caller's frames are
+    /// dispatched on the caller's thread as this server's reader would dispatch them
+    /// (same size limit, same per-stream state), and the responses are delivered to the
+    /// caller's streams on the responder's thread as the caller's reader would. A
+    /// sequential request of one process then crosses no thread at all. When the server
+    /// closes, the connection's streams are killed as on a TCP connection, and the caller
+    /// sees the connection end (`closed`) once every responder has finished; the caller
+    /// is told by `caller` being dropped.
+    pub(crate) fn accept_local(
+        &self,
+        caller: Arc<dyn Peer>,
+        closed: CancellationToken,
+    ) -> Arc<dyn Peer> {
+        let conn = Arc::new(Conn {
+            writer: Outbox::Local(caller),
+            streams: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
+            max_message: self.max_message,
+        });
+        let end = Arc::new(LocalEnd {
+            conn: Arc::downgrade(&conn),
+            endpoints: Arc::clone(&self.endpoints),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let cancel = self.cancel.clone();
+        let guard = self.live.guard();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            close_conn(conn);
+            // As a TCP connection's writer: the last responders' frames, for a moment.
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_secs(1), closed.cancelled()).await;
+            drop(guard);
+        });
+        end
     }
 
     /// Resolves when every connection task has flushed its last frames and ended (or after
@@ -544,7 +616,7 @@ impl Server {
         > = Arc::new(move |writer| {
             Arc::new(NatsConn {
                 conn: Arc::new(Conn {
-                    writer: Outbox::queued(writer),
+                    writer: Outbox::Queued(writer),
                     streams: Mutex::new(HashMap::new()),
                     closed: CancellationToken::new(),
                     max_message,
@@ -622,6 +694,70 @@ impl Direct {
     }
 }
 
+/// The server's end of an in-process connection: the caller's frames, dispatched at once.
+struct LocalEnd {
+    conn: Weak<Conn>,
+    endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
+    /// Entered for the dispatch when the caller's thread is outside the runtime (handlers
+    /// may spawn tasks).
+    runtime: tokio::runtime::Handle,
+}
+
+impl Peer for LocalEnd {
+    fn receive(&self, frames: Bytes) -> std::result::Result<(), ()> {
+        let conn = self.conn.upgrade().ok_or(())?;
+        if conn.closed.is_cancelled() {
+            // The connection is closing: its reader would read nothing more.
+            return Ok(());
+        }
+        let _rt = tokio::runtime::Handle::try_current()
+            .is_err()
+            .then(|| self.runtime.enter());
+        for f in super::nats::split_frames(frames) {
+            if f.payload.len() > conn.max_message {
+                too_large(&conn, f.kind, f.stream, f.payload.len());
+            } else {
+                dispatch(&conn, &self.endpoints, f);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A frame over the size limit, skipped by the reader: a request (or a request item) gets an
+/// `ERROR` for its stream (an item also kills its stream); the connection carries on.
+fn too_large(conn: &Conn, kind: u8, stream: u64, size: usize) {
+    if kind == frame::REQUEST || kind == frame::ITEM {
+        conn.send_error(
+            stream,
+            &WireError::new(
+                ErrorKind::InvalidArgument,
+                format!(
+                    "Request too large: {size} bytes exceeds the maximum message \
+                     size of {} bytes",
+                    conn.max_message
+                ),
+                false,
+            ),
+        );
+        let streams = lock(&conn.streams);
+        if let (frame::ITEM, Some(s)) = (kind, streams.get(&stream)) {
+            s.state.context.kill();
+        }
+    }
+}
+
+/// The end of a connection's reader: every stream it carried is killed.
+fn close_conn(conn: Arc<Conn>) {
+    conn.closed.cancel();
+    let streams: Vec<_> = lock(&conn.streams).drain().map(|(_, s)| s).collect();
+    for s in streams {
+        s.state.context.kill();
+        lock(&s.input).take();
+        s.state.credit_notify.notify_waiters();
+    }
+}
+
 async fn serve_connection(
     sock: TcpStream,
     endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
@@ -646,25 +782,7 @@ async fn serve_connection(
         };
         match read {
             Ok(Read::Frame(f)) => dispatch(&conn, &endpoints, f),
-            Ok(Read::TooLarge { kind, stream, size }) => {
-                if kind == frame::REQUEST || kind == frame::ITEM {
-                    conn.send_error(
-                        stream,
-                        &WireError::new(
-                            ErrorKind::InvalidArgument,
-                            format!(
-                                "Request too large: {size} bytes exceeds the maximum message \
-                                 size of {max_message} bytes"
-                            ),
-                            false,
-                        ),
-                    );
-                    let streams = lock(&conn.streams);
-                    if let (frame::ITEM, Some(s)) = (kind, streams.get(&stream)) {
-                        s.state.context.kill();
-                    }
-                }
-            }
+            Ok(Read::TooLarge { kind, stream, size }) => too_large(&conn, kind, stream, size),
             Ok(Read::Eof) => break,
             Err(e) => {
                 tracing::debug!(error = %e, "request plane: connection error");
@@ -672,14 +790,7 @@ async fn serve_connection(
             }
         }
     }
-    conn.closed.cancel();
-    let streams: Vec<_> = lock(&conn.streams).drain().map(|(_, s)| s).collect();
-    for s in streams {
-        s.state.context.kill();
-        lock(&s.input).take();
-        s.state.credit_notify.notify_waiters();
-    }
-    drop(conn);
+    close_conn(conn);
     // The writer ends once every responder (each holds the connection) is gone; give it a
     // moment to flush the final frames.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
