@@ -5,7 +5,10 @@ Usage: python benches/bench_runtime.py [--out docs/benchmarks/runtime.md]
        python benches/bench_runtime.py --sequential N  # N round trips, for strace -c -f
 
 One process, discovery ``mem``, request plane ``tcp``: a Python handler yielding 4 items
-per request is served and called through a client on the same event loop. Measured:
+per request is served and called through a client on the same event loop. The client
+reaches this process's own listener in process (no socket; ``DYN_TCP_IN_PROCESS=0`` for
+loopback TCP, the path callers in other processes take: benches/bench_request_plane.py).
+Measured:
 
 * sequential round-trip latency (send, receive all 4 items), median and p99;
 * throughput with 64 requests in flight;
