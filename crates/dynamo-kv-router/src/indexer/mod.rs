@@ -30,7 +30,8 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes` / `cold`: two arenas indexed by the same node id, 40 bytes a node. `nodes`
+//! * `nodes` / `cold`: two arenas indexed by the same node id, 40 bytes a node, in chunks of
+//!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it). `nodes`
 //!   holds what a query's walk reads at every block (16 bytes: `tokens_hash`, parent id,
 //!   `meta` below), four blocks a cache line; `cold` the rest (24 bytes: the first holding
 //!   rank with its external hash inline, since most blocks have one holder, the head of
@@ -46,7 +47,9 @@
 //!   found by checking the next arena slot and has no table entry. A chain stored by a
 //!   later event (a worker's continuation, a branch) starts with an explicit child; the
 //!   parent's `hint` names the last such child seen, so that the common hop is one line
-//!   instead of a table probe and a line.
+//!   instead of a table probe and a line. The root's children (all explicit) have a
+//!   table of their own, `roots`, keyed by `tokens_hash`: far smaller than `children`, so
+//!   the first probe of every query stays in cache.
 //! * per rank, `lookup`: a tag table of `u32` residency handles keyed by external hash.
 //!   Before an event's probes, the buckets of all its hashes (and for removes, the nodes
 //!   they name) are loaded in one loop, so that their cache misses overlap.

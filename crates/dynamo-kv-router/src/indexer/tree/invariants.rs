@@ -1,7 +1,7 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
 use super::{
-    BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, RadixTree, WIDE, WIDE_DROP, WIDE_MIN, node_of,
+    BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN, node_of,
 };
 
 impl RadixTree {
@@ -102,7 +102,7 @@ impl RadixTree {
                 assert!(m & COUNT_MASK <= WIDE_MIN, "narrow {id} above the limit");
             }
             let parent = self.nodes[id].parent;
-            if parent != super::ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
+            if parent != ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
                 let mut up = Vec::new();
                 self.for_each_residency(parent, |s| up.push(s));
                 for h in &distinct {
@@ -119,10 +119,16 @@ impl RadixTree {
             .filter(|&(id, &l)| l && self.nodes[id].meta & WIDE != 0)
             .count();
         assert_eq!(self.wide.len(), wide_nodes, "holder sets of freed nodes");
-        let explicit = (1..self.nodes.len())
-            .filter(|&id| live[id] && !Self::is_implicit(id as u32, self.nodes[id].parent))
-            .count();
-        assert_eq!(self.children.len(), explicit, "child table size");
+        let explicit = |root: bool| {
+            (1..self.nodes.len())
+                .filter(|&id| {
+                    let parent = self.nodes[id].parent;
+                    live[id] && !Self::is_implicit(id as u32, parent) && (parent == ROOT) == root
+                })
+                .count()
+        };
+        assert_eq!(self.children.len(), explicit(false), "child table size");
+        assert_eq!(self.roots.len(), explicit(true), "root table size");
         for &f in &free {
             assert_eq!(
                 self.nodes[f as usize].parent, NIL,

@@ -230,9 +230,14 @@ pub struct RadixTree {
     free_nodes: FreeRuns,
     extras: Arena<Extra>,
     free_extras: Vec<u32>,
-    /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`)
-    /// and the root.
+    /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`),
+    /// the root and the root's children.
     children: ExtTable,
+    /// The root's children (all explicit, even id 1), keyed by `tokens_hash`: a table of
+    /// their own (thousands to a few hundred thousand entries, against millions in
+    /// `children`), so that every query's first probe, and every store's under the root,
+    /// hits a table small enough to stay in cache, and goes there directly.
+    roots: ExtTable,
     /// Number of explicit (non-implicit) children of each non-root node that has any.
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
@@ -262,6 +267,7 @@ impl RadixTree {
             extras: Arena::new(),
             free_extras: Vec::new(),
             children: ExtTable::default(),
+            roots: ExtTable::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -318,6 +324,7 @@ impl RadixTree {
             + self.extras.heap_bytes()
             + self.free_extras.capacity() * 4
             + self.children.heap_bytes()
+            + self.roots.heap_bytes()
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
             + self
@@ -743,14 +750,18 @@ impl RadixTree {
     // ----- internals ---------------------------------------------------------------------
 
     /// Whether `id` is an *implicit* child: allocated right after its parent, and therefore
-    /// found without the child table (see the module docs).
+    /// found without the child table (see the module docs). The root has none: its
+    /// children are all in `roots`.
     #[inline]
     const fn is_implicit(id: u32, parent: u32) -> bool {
-        id == parent.wrapping_add(1)
+        parent != ROOT && id == parent.wrapping_add(1)
     }
 
     #[inline]
     fn child(&self, parent: u32, local: u64) -> Option<u32> {
+        if parent == ROOT {
+            return self.root_child(local);
+        }
         let next = parent as usize + 1;
         if let Some(n) = self.nodes.get(next)
             && n.parent == parent
@@ -773,6 +784,19 @@ impl RadixTree {
                 n.parent == parent && n.local == local
             })
             .map(|i| children.get(i))
+    }
+
+    /// The root's explicit child with content `local` (from `roots`).
+    #[inline]
+    fn root_child(&self, local: u64) -> Option<u32> {
+        let nodes = &self.nodes;
+        let roots = &self.roots;
+        roots
+            .find(tag_of(child_hash(ROOT, local)), |id| {
+                let n = &nodes[id as usize];
+                n.parent == ROOT && n.local == local
+            })
+            .map(|i| roots.get(i))
     }
 
     /// Create the child `(parent, local)`, which must not exist; `want` is the number of
@@ -806,12 +830,14 @@ impl RadixTree {
             self.push_node(node)
         };
         if !Self::is_implicit(id, parent) {
-            if parent != ROOT {
+            let tag = tag_of(child_hash(parent, local));
+            if parent == ROOT {
+                self.roots.insert_new(tag, id);
+            } else {
                 self.cold[parent as usize].kids += 1;
+                self.children.insert_new(tag, id);
+                self.hint_child(parent, id);
             }
-            self.children
-                .insert_new(tag_of(child_hash(parent, local)), id);
-            self.hint_child(parent, id);
         }
         id
     }
@@ -1187,15 +1213,18 @@ impl RadixTree {
             if self.cold[node as usize].slot != NIL || self.has_children(node) {
                 return;
             }
-            if !Self::is_implicit(node, n.parent)
-                && let Some(index) = self
-                    .children
-                    .find(tag_of(child_hash(n.parent, n.local)), |x| x == node)
-            {
-                self.children.remove_at(index);
-            }
-            if !Self::is_implicit(node, n.parent) && n.parent != ROOT {
-                self.cold[n.parent as usize].kids -= 1;
+            if !Self::is_implicit(node, n.parent) {
+                let table = if n.parent == ROOT {
+                    &mut self.roots
+                } else {
+                    self.cold[n.parent as usize].kids -= 1;
+                    &mut self.children
+                };
+                if let Some(index) =
+                    table.find(tag_of(child_hash(n.parent, n.local)), |x| x == node)
+                {
+                    table.remove_at(index);
+                }
             }
             // A freed node has no parent, so `child` never mistakes it for an implicit child.
             self.nodes[node as usize].parent = NIL;
@@ -1219,6 +1248,7 @@ impl RadixTree {
         self.extras = Arena::new();
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
+        self.roots = ExtTable::default();
         self.wide = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
