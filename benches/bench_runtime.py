@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
@@ -109,7 +110,10 @@ async def _floors() -> dict[str, float]:
     return {"empty_handler_median_ms": empty_p50, "asyncio_echo_median_ms": echo_p50}
 
 
-async def _measure() -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def _served():
+    """A runtime (mem discovery, tcp request plane) serving the ITEMS-item handler; yields
+    one sequential round trip as a coroutine function, and shuts the runtime down after."""
     from dynamo._core import DistributedRuntime
 
     loop = asyncio.get_running_loop()
@@ -131,6 +135,22 @@ async def _measure() -> dict[str, float]:
             n += 1
         assert n == ITEMS, n
 
+    try:
+        yield one
+    finally:
+        runtime.shutdown()
+        try:
+            await asyncio.wait_for(served, 10)
+        except Exception:
+            pass
+
+
+async def _measure() -> dict[str, float]:
+    async with _served() as one:
+        return await _measure_with(one)
+
+
+async def _measure_with(one) -> dict[str, float]:
     for _ in range(WARMUP):
         await one()
 
@@ -154,12 +174,6 @@ async def _measure() -> dict[str, float]:
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
     elapsed = time.perf_counter() - t0
-
-    runtime.shutdown()
-    try:
-        await asyncio.wait_for(served, 10)
-    except Exception:
-        pass
     return {
         "latency_median_ms": statistics.median(samples) * 1e3,
         "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
@@ -174,36 +188,13 @@ def measure() -> dict[str, float]:
 async def _sequential(count: int) -> float:
     """``count`` sequential round trips after the warm-up (for ``strace -c -f``); returns
     the mean in microseconds."""
-    from dynamo._core import DistributedRuntime
-
-    loop = asyncio.get_running_loop()
-    runtime = DistributedRuntime(loop, "mem", "tcp")
-    endpoint = runtime.endpoint("bench.backend.generate")
-
-    async def handler(request):
-        for i in range(ITEMS):
-            yield {"i": i, "text": "token"}
-
-    served = asyncio.ensure_future(endpoint.serve_endpoint(handler))
-    client = await endpoint.client()
-    await client.wait_for_instances()
-
-    async def one() -> None:
-        async for _ in await client.round_robin({"prompt": "hello"}, annotated=False):
-            pass
-
-    for _ in range(WARMUP):
-        await one()
-    t0 = time.perf_counter()
-    for _ in range(count):
-        await one()
-    mean_us = (time.perf_counter() - t0) / count * 1e6
-    runtime.shutdown()
-    try:
-        await asyncio.wait_for(served, 10)
-    except Exception:
-        pass
-    return mean_us
+    async with _served() as one:
+        for _ in range(WARMUP):
+            await one()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            await one()
+        return (time.perf_counter() - t0) / count * 1e6
 
 
 def main() -> None:

@@ -144,6 +144,14 @@ fn registry(py: Python<'_>) -> PyResult<&Registry> {
     })
 }
 
+/// The running loop's waker and a new asyncio future of that loop.
+fn loop_future(py: Python<'_>) -> PyResult<(Arc<Waker>, Bound<'_, PyAny>)> {
+    let event_loop = registry(py)?.get_running_loop.bind(py).call0()?;
+    let waker = waker(py, &event_loop)?;
+    let py_future = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+    Ok((waker, py_future))
+}
+
 fn waker(py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<Arc<Waker>> {
     let reg = registry(py)?;
     let key = event_loop.as_ptr() as usize;
@@ -207,10 +215,7 @@ where
     T: Send + 'static,
     C: FnOnce(Python<'_>, T) -> PyResult<Py<PyAny>> + Send + 'static,
 {
-    let reg = registry(py)?;
-    let event_loop = reg.get_running_loop.bind(py).call0()?;
-    let waker = waker(py, &event_loop)?;
-    let py_future = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+    let (waker, py_future) = loop_future(py)?;
     let target = py_future.clone().unbind();
     let rt = dynamo_runtime::tokio_runtime().map_err(runtime_error)?;
     let task = rt.spawn(async move {
@@ -336,10 +341,7 @@ where
     T: Send + 'static,
     C: FnOnce(Python<'_>, T) -> PyResult<Py<PyAny>> + Send + 'static,
 {
-    let reg = registry(py)?;
-    let event_loop = reg.get_running_loop.bind(py).call0()?;
-    let waker = waker(py, &event_loop)?;
-    let py_future = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
+    let (waker, py_future) = loop_future(py)?;
     let fut: LocalFuture = Box::pin(async move {
         let out = fut.await;
         Box::new(move |py: Python<'_>| convert(py, out)) as Deliver

@@ -154,6 +154,28 @@ impl Drop for Connection {
 }
 
 impl Connection {
+    /// A connection with no stream yet, sending through `writer` (the transport's tasks
+    /// are the caller's to start).
+    fn new(
+        address: &str,
+        writer: Outbox,
+        max_message: usize,
+        nats_max_payload: Option<usize>,
+    ) -> Self {
+        Self {
+            address: address.to_owned(),
+            writer,
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(1),
+            closed: AtomicBool::new(false),
+            max_message,
+            nats_max_payload,
+            last_open_ms: AtomicU64::new(0),
+            created: std::time::Instant::now(),
+            acks: Arc::default(),
+        }
+    }
+
     /// A logical connection to the worker subject `subject` over NATS (see
     /// [`super::nats`]).
     async fn connect_nats(
@@ -173,18 +195,12 @@ impl Connection {
             .await
             .map_err(|e| Error::Nats(format!("flush failed: {e}")))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let conn = Arc::new(Self {
-            address: subject.to_owned(),
-            writer: Outbox::Queued(tx),
-            streams: Mutex::new(HashMap::new()),
-            next_stream: AtomicU64::new(1),
-            closed: AtomicBool::new(false),
+        let conn = Arc::new(Self::new(
+            subject,
+            Outbox::Queued(tx),
             max_message,
-            nats_max_payload: Some(client.server_info().max_payload),
-            last_open_ms: AtomicU64::new(0),
-            created: std::time::Instant::now(),
-            acks: Arc::default(),
-        });
+            Some(client.server_info().max_payload),
+        ));
         tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
         tokio::spawn(super::nats::pump(
             client,
@@ -261,18 +277,7 @@ impl Connection {
         let _ = sock.set_nodelay(true);
         let (r, w) = sock.into_split();
         let (outbox, direct, rx) = Outbox::tcp(w);
-        let conn = Arc::new(Self {
-            address: address.to_owned(),
-            writer: outbox,
-            streams: Mutex::new(HashMap::new()),
-            next_stream: AtomicU64::new(1),
-            closed: AtomicBool::new(false),
-            max_message,
-            nats_max_payload: None,
-            last_open_ms: AtomicU64::new(0),
-            created: std::time::Instant::now(),
-            acks: Arc::default(),
-        });
+        let conn = Arc::new(Self::new(address, outbox, max_message, None));
         tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
         tokio::spawn(write_loop(direct, rx));
         let reader_conn = Arc::clone(&conn);
@@ -301,18 +306,12 @@ impl Connection {
                 conn: me.clone(),
                 closed: closed.clone(),
             });
-            Self {
-                address: address.to_owned(),
-                writer: Outbox::Local(server.accept_local(end, closed)),
-                streams: Mutex::new(HashMap::new()),
-                next_stream: AtomicU64::new(1),
-                closed: AtomicBool::new(false),
+            Self::new(
+                address,
+                Outbox::Local(server.accept_local(end, closed)),
                 max_message,
-                nats_max_payload: None,
-                last_open_ms: AtomicU64::new(0),
-                created: std::time::Instant::now(),
-                acks: Arc::default(),
-            }
+                None,
+            )
         });
         tokio::spawn(watch_acks(Arc::clone(&conn.acks), Arc::downgrade(&conn)));
         conn
