@@ -17,8 +17,8 @@
 //!
 //! Each chunk starts small and grows like a `Vec` (by a quarter, as the arenas did) until
 //! it is full, so that a partly used last chunk wastes at most a quarter of itself (a
-//! whole chunk allocated up front cost 20 B/block at 100k blocks, measured); a growth step
-//! copies at most one chunk.
+//! whole chunk allocated up front leaves up to a chunk unused per arena, megabytes for a
+//! tree of 100k blocks); a growth step copies at most one chunk.
 
 use std::ops::{Index, IndexMut};
 

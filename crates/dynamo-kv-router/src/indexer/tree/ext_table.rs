@@ -16,10 +16,17 @@
 //! array is written nearly in order). Until the old array is empty a lookup that misses
 //! in the new array probes the old one too. A whole-table doubling in one insert was the
 //! largest single event of CPU time at 10M blocks (a rank's 8 -> 16 MiB lookup: 8–15 ms);
-//! now an insert moves at most a few dozen entries, and the new array costs no writes up
-//! front (empty is all-zero: large zeroed allocations come as untouched pages). Deletion
-//! shifts the following entries of the cluster back (no tombstones), so nothing is ever
-//! rehashed in place either.
+//! now an insert moves at most a few dozen entries. A large table's new array is **zeroed
+//! ahead of time**: from 25/32 load on, each insert appends [`PREPARE_STEP`] zeroed
+//! buckets to it (allocated once at its full size, so it never moves), and the growth
+//! insert finds it ready: writing 16 MiB of zeros in that one insert was the largest event
+//! left at 10M (~4.5 ms), 256 MiB at 50M ~170 ms (a calloc of untouched pages instead
+//! costs a page fault per first touch on the probe path, measured slower). Only tables of
+//! at least [`PREPARE_MIN`] buckets: the prepared array is held from 25/32 load on, so a
+//! table that settles just below its growth holds twice its size for good (from 12/16
+//! load, every rank's lookup at 100k blocks did, +40 % heap), and below that size the
+//! zero-fill is short anyway. Deletion shifts the following entries of the
+//! cluster back (no tombstones), so nothing is ever rehashed in place either.
 
 /// Smallest non-empty table (log2 of its buckets).
 const MIN_BITS: u32 = 3;
@@ -29,6 +36,14 @@ const MIN_BITS: u32 = 3;
 /// (One under `cfg(test)`, so that the property tests' small tables spend most of their
 /// life half migrated.)
 const MIGRATE_STEP: usize = if cfg!(test) { 1 } else { 16 };
+/// Smallest table (buckets) whose next array is zeroed ahead of time: 2^20 buckets (8 MiB,
+/// a 16 MiB next array, ~4.5 ms of zero-fill here). (16 under `cfg(test)`.)
+const PREPARE_MIN: usize = if cfg!(test) { 16 } else { 1 << 20 };
+/// Buckets of the next array zeroed per insert from 25/32 load on: a table of `n` buckets
+/// goes from 25/32 to 26/32 load in `n / 32` inserts (more when removals come in between)
+/// and the next array has `2n` buckets, so 64 an insert would just do; 128 (1 KiB, 16
+/// sequential lines) is done halfway.
+const PREPARE_STEP: usize = 128;
 /// Set in an index from [`ExtTable::find`] for an entry of the old array.
 const IN_OLD: usize = 1 << 63;
 
@@ -131,6 +146,10 @@ pub(super) struct ExtTable {
     old_bits: u32,
     old_len: usize,
     cursor: usize,
+    /// The next array (twice `entries`), zeroed up to its length, allocated at its full
+    /// capacity from 25/32 load on in tables of at least [`PREPARE_MIN`] buckets (see the
+    /// module docs).
+    next: Vec<u64>,
 }
 
 impl ExtTable {
@@ -145,7 +164,7 @@ impl ExtTable {
 
     /// Bytes reserved.
     pub(super) fn heap_bytes(&self) -> usize {
-        (self.entries.capacity() + self.old.capacity()) * 8
+        (self.entries.capacity() + self.old.capacity() + self.next.capacity()) * 8
     }
 
     /// Index of the entry whose key has tag `tag` and satisfies `eq(handle)`.
@@ -211,6 +230,9 @@ impl ExtTable {
         if self.old_len != 0 {
             self.migrate(MIGRATE_STEP);
         }
+        if self.entries.len() >= PREPARE_MIN && (self.len + 1) * 32 > self.entries.len() * 25 {
+            self.prepare();
+        }
         // Grow at 13/16 load of all entries: linear probing stays within a line or two.
         if (self.len + 1) * 16 > self.entries.len() * 13 {
             self.grow();
@@ -219,8 +241,19 @@ impl ExtTable {
         self.len += 1;
     }
 
-    /// Start growing: a zeroed array of twice the size becomes the table (no write up
-    /// front) and the current one is migrated by later inserts.
+    /// Zero the next [`PREPARE_STEP`] buckets of the next array (allocating it, at its
+    /// full size, the first time).
+    fn prepare(&mut self) {
+        let want = self.entries.len() * 2;
+        if self.next.capacity() < want {
+            self.next = Vec::with_capacity(want);
+        }
+        let n = (self.next.len() + PREPARE_STEP).min(want);
+        self.next.resize(n, 0);
+    }
+
+    /// Start growing: the next array (zeroed by the inserts before, see [`Self::prepare`])
+    /// becomes the table and the current one is migrated by later inserts.
     fn grow(&mut self) {
         // Not reached in practice (see `MIGRATE_STEP`); keeps a single old array.
         if self.old_len != 0 {
@@ -232,19 +265,12 @@ impl ExtTable {
             self.bits + 1
         };
         assert!(bits <= 32, "lookup table capacity exceeded");
-        // Written up front (`resize`, not `vec![0; n]`, which would be a calloc of untouched
-        // pages): a bucket is then one page fault's worth cheaper when the migration and
-        // later probes first touch it, at the price of one sequential pass over the array
-        // in this insert (a quarter of what a whole-table doubling wrote and read).
-        #[expect(
-            clippy::slow_vector_initialization,
-            reason = "written on purpose: a calloc's untouched pages cost more later"
-        )]
-        let fresh = {
-            let mut v = Vec::with_capacity(1usize << bits);
-            v.resize(1usize << bits, 0);
-            v
-        };
+        // Zeroed by writes (`resize`, not `vec![0; n]`, which would be a calloc of
+        // untouched pages): a bucket is then one page fault's worth cheaper when the
+        // migration and later probes first touch it. Complete already in a table of
+        // `PREPARE_MIN` buckets or more; the rest (if any) is written here.
+        let mut fresh = std::mem::take(&mut self.next);
+        fresh.resize(1usize << bits, 0);
         self.old = std::mem::replace(&mut self.entries, fresh);
         self.old_bits = self.bits;
         self.bits = bits;
@@ -345,6 +371,7 @@ impl ExtTable {
             self.old_len == 0,
             "old array kept empty"
         );
+        assert!(self.next.iter().all(|&e| e == 0), "next array not zero");
     }
 }
 
@@ -354,7 +381,7 @@ mod tests {
 
     use proptest::prelude::*;
 
-    use super::{ExtTable, MIGRATE_STEP, stored, tag_of};
+    use super::{ExtTable, MIGRATE_STEP, PREPARE_MIN, stored, tag_of};
 
     /// A deliberately weak mix so that tags collide and clusters form.
     fn hash(k: u64) -> u64 {
@@ -457,6 +484,7 @@ mod tests {
         let mut longest = 0;
         for k in 0..n {
             let (cap, old_len) = (t.entries.len(), t.old_len);
+            let (next, prepared) = (t.next.as_ptr(), t.next.len());
             t.insert_new(tag_of(strong(u64::from(k))), k);
             if t.entries.len() == cap {
                 // Not a growth step: the migration moved the rest of at most one cluster
@@ -467,6 +495,12 @@ mod tests {
                 // A growth step moves nothing: the old array is the whole previous table.
                 grown += 1;
                 assert_eq!(t.old_len, t.len() - 1);
+                // ... and, in a table large enough, writes nothing: the new array was
+                // zeroed by earlier inserts.
+                if cap >= PREPARE_MIN {
+                    assert_eq!(prepared, t.entries.len(), "next array not ready at {cap}");
+                    assert!(std::ptr::eq(next, t.entries.as_ptr()), "next array moved");
+                }
                 longest = longest_cluster(&t.old);
             }
             if k % 97 == 0 {
