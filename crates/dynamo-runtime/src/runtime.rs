@@ -449,26 +449,22 @@ impl DistributedRuntime {
     /// [`DistributedRuntime::connection_id`], reached through this process's request-plane
     /// server (its TCP address and the endpoint's path, or the instance's NATS subject).
     fn instance_of(&self, endpoint: &EndpointId, server: &Server) -> Instance {
+        let transport = match self.inner.request_plane {
+            RequestPlane::Tcp => {
+                TransportAddress::Tcp(format!("{}/{}", server.address(), endpoint.path()))
+            }
+            RequestPlane::Nats => {
+                TransportAddress::NatsTcp(crate::transport::nats::instance_subject(
+                    &endpoint.namespace,
+                    &endpoint.component,
+                    &endpoint.name,
+                    self.connection_id(),
+                ))
+            }
+        };
         Instance {
-            namespace: endpoint.namespace.clone(),
-            component: endpoint.component.clone(),
-            endpoint: endpoint.name.clone(),
-            instance_id: self.connection_id(),
-            transport: match self.inner.request_plane {
-                RequestPlane::Tcp => {
-                    TransportAddress::Tcp(format!("{}/{}", server.address(), endpoint.path()))
-                }
-                RequestPlane::Nats => {
-                    TransportAddress::NatsTcp(crate::transport::nats::instance_subject(
-                        &endpoint.namespace,
-                        &endpoint.component,
-                        &endpoint.name,
-                        self.connection_id(),
-                    ))
-                }
-            },
-            device_type: None,
             request_plane_codec: Some(crate::transport::codec::CODEC_NAME.to_owned()),
+            ..Instance::new(endpoint, self.connection_id(), transport)
         }
     }
 

@@ -509,15 +509,11 @@ async fn nats_no_responders_is_refused_at_once_or_awaited_after_a_broker_restart
     let ep = EndpointId::parse("natsnr.backend.generate").unwrap();
     let id = worker.connection_id();
     // The worker's discovery entry, before it serves (nobody subscribed to the subject).
-    let instance = Instance {
-        namespace: ep.namespace.clone(),
-        component: ep.component.clone(),
-        endpoint: ep.name.clone(),
-        instance_id: id,
-        transport: TransportAddress::NatsTcp(format!("natsnr_backend.generate-{id:x}")),
-        device_type: None,
-        request_plane_codec: None,
-    };
+    let instance = Instance::new(
+        &ep,
+        id,
+        TransportAddress::NatsTcp(format!("natsnr_backend.generate-{id:x}")),
+    );
     caller.discovery().register(&instance).await.unwrap();
     let client = caller.client(&ep);
     tokio::time::timeout(WAIT, client.wait_for_instances())

@@ -159,15 +159,11 @@ async fn script(in_process: bool) -> Vec<String> {
     seen.push(ending(&mut s).await);
 
     // An endpoint the worker does not serve.
-    let fake = Instance {
-        namespace: missing.namespace.clone(),
-        component: missing.component.clone(),
-        endpoint: missing.name.clone(),
-        instance_id: 77,
-        transport: TransportAddress::Tcp(format!("{host}/{}", missing.path())),
-        device_type: None,
-        request_plane_codec: None,
-    };
+    let fake = Instance::new(
+        &missing,
+        77,
+        TransportAddress::Tcp(format!("{host}/{}", missing.path())),
+    );
     caller.discovery().register(&fake).await.unwrap();
     let err = call(&caller, &missing, b"1", Context::default())
         .await

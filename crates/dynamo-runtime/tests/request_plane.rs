@@ -211,15 +211,11 @@ async fn a_dropped_connection_ends_the_stream_with_disconnected() {
     });
     let drt = runtime(RuntimeConfig::default());
     let ep = unique("dead");
-    let fake = Instance {
-        namespace: ep.namespace.clone(),
-        component: ep.component.clone(),
-        endpoint: ep.name.clone(),
-        instance_id: 99,
-        transport: TransportAddress::Tcp(format!("{addr}/{}", ep.path())),
-        device_type: None,
-        request_plane_codec: None,
-    };
+    let fake = Instance::new(
+        &ep,
+        99,
+        TransportAddress::Tcp(format!("{addr}/{}", ep.path())),
+    );
     drt.discovery().register(&fake).await.unwrap();
     let client = drt.client(&ep);
     client.wait_for_instances().await.unwrap();

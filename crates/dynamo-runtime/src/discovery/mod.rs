@@ -84,6 +84,20 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// The record of instance `instance_id` of `endpoint`, reached at `transport` (no
+    /// device type, no codec advertised).
+    pub fn new(endpoint: &EndpointId, instance_id: u64, transport: TransportAddress) -> Self {
+        Self {
+            namespace: endpoint.namespace.clone(),
+            component: endpoint.component.clone(),
+            endpoint: endpoint.name.clone(),
+            instance_id,
+            transport,
+            device_type: None,
+            request_plane_codec: None,
+        }
+    }
+
     /// The discovery key of this instance.
     pub fn key(&self) -> String {
         format!(
@@ -268,15 +282,11 @@ mod tests {
     use crate::discovery::file::FileStore;
 
     fn instance(ep: &EndpointId, id: u64) -> Instance {
-        Instance {
-            namespace: ep.namespace.clone(),
-            component: ep.component.clone(),
-            endpoint: ep.name.clone(),
-            instance_id: id,
-            transport: TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
-            device_type: None,
-            request_plane_codec: None,
-        }
+        Instance::new(
+            ep,
+            id,
+            TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
+        )
     }
 
     async fn until(rx: &mut watch::Receiver<Arc<Vec<Instance>>>, ids: &[u64]) {
