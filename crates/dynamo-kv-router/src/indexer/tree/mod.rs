@@ -184,6 +184,18 @@ fn child_hash(parent: u32, local: u64) -> u64 {
     mix(local ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15))
 }
 
+/// The explicit child `(parent, local)` in `table`: `roots` for the root's children,
+/// `children` for everyone else's.
+#[inline]
+fn find_child(nodes: &Arena<Node>, table: &ExtTable, parent: u32, local: u64) -> Option<u32> {
+    table
+        .find(tag_of(child_hash(parent, local)), |id| {
+            let n = &nodes[id as usize];
+            n.parent == parent && n.local == local
+        })
+        .map(|i| table.get(i))
+}
+
 #[inline]
 fn ext_of(cold: &Arena<Cold>, extras: &Arena<Extra>, handle: u32) -> u64 {
     if handle & EXTRA_BIT == 0 {
@@ -760,7 +772,7 @@ impl RadixTree {
     #[inline]
     fn child(&self, parent: u32, local: u64) -> Option<u32> {
         if parent == ROOT {
-            return self.root_child(local);
+            return find_child(&self.nodes, &self.roots, ROOT, local);
         }
         let next = parent as usize + 1;
         if let Some(n) = self.nodes.get(next)
@@ -776,27 +788,7 @@ impl RadixTree {
         {
             return Some(hint);
         }
-        let nodes = &self.nodes;
-        let children = &self.children;
-        children
-            .find(tag_of(child_hash(parent, local)), |id| {
-                let n = &nodes[id as usize];
-                n.parent == parent && n.local == local
-            })
-            .map(|i| children.get(i))
-    }
-
-    /// The root's explicit child with content `local` (from `roots`).
-    #[inline]
-    fn root_child(&self, local: u64) -> Option<u32> {
-        let nodes = &self.nodes;
-        let roots = &self.roots;
-        roots
-            .find(tag_of(child_hash(ROOT, local)), |id| {
-                let n = &nodes[id as usize];
-                n.parent == ROOT && n.local == local
-            })
-            .map(|i| roots.get(i))
+        find_child(&self.nodes, &self.children, parent, local)
     }
 
     /// Create the child `(parent, local)`, which must not exist; `want` is the number of
