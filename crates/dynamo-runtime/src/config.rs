@@ -128,6 +128,28 @@ fn parse<T: std::str::FromStr>(name: &str) -> Result<Option<T>> {
         .transpose()
 }
 
+/// A yes/no environment value: `1`/`true`/`yes`/`on` or `0`/`false`/`no`/`off` (any
+/// case, surrounding blanks ignored); `None` for anything else.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+fn flag(name: &str) -> Result<Option<bool>> {
+    var(name)
+        .map(|v| {
+            parse_bool(&v).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "invalid value {v:?} for {name} (expected 1/true/yes/on or 0/false/no/off)"
+                ))
+            })
+        })
+        .transpose()
+}
+
 fn secs(name: &str) -> Result<Option<Duration>> {
     Ok(parse::<f64>(name)?
         .filter(|s| s.is_finite() && *s >= 0.0)
@@ -147,11 +169,8 @@ impl RuntimeConfig {
         if let Some(v) = parse::<u16>("DYN_TCP_RPC_PORT")? {
             c.tcp_port = v;
         }
-        if let Some(v) = var("DYN_TCP_IN_PROCESS") {
-            c.tcp_in_process = !matches!(
-                v.trim().to_ascii_lowercase().as_str(),
-                "0" | "false" | "no" | "off"
-            );
+        if let Some(v) = flag("DYN_TCP_IN_PROCESS")? {
+            c.tcp_in_process = v;
         }
         if let Some(v) = secs("DYN_TCP_CONNECT_TIMEOUT")? {
             c.connect_timeout = v;
@@ -439,5 +458,18 @@ mod tests {
         assert_eq!(parse_event_plane(Some("")).unwrap(), None);
         assert_eq!(parse_event_plane(Some("zmq")).unwrap(), Some("zmq"));
         assert!(parse_event_plane(Some("kafka")).is_err());
+    }
+
+    #[test]
+    fn parses_yes_no_values() {
+        for v in ["1", "true", " Yes ", "ON"] {
+            assert_eq!(parse_bool(v), Some(true), "{v:?}");
+        }
+        for v in ["0", "False", "no", " off"] {
+            assert_eq!(parse_bool(v), Some(false), "{v:?}");
+        }
+        for v in ["", "2", "maybe", "tru"] {
+            assert_eq!(parse_bool(v), None, "{v:?}");
+        }
     }
 }

@@ -7,6 +7,7 @@
 //! range), every bad value is an error naming the variable and its value.
 
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
+use dynamo_runtime::config::parse_bool;
 
 /// How a variable sets its field.
 #[derive(Clone, Copy)]
@@ -186,14 +187,6 @@ const VARS: &[(&str, &str, Kind)] = &[
 /// The variables read, in the order they apply.
 pub fn router_env_vars() -> impl Iterator<Item = &'static str> {
     VARS.iter().map(|(var, _, _)| *var)
-}
-
-fn parse_bool(v: &str) -> Option<bool> {
-    match v.to_ascii_lowercase().as_str() {
-        "1" | "true" | "yes" | "on" => Some(true),
-        "0" | "false" | "no" | "off" => Some(false),
-        _ => None,
-    }
 }
 
 /// `base` with the `DYN_ROUTER_*` variables of `lookup` applied, then validated.
