@@ -30,24 +30,25 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes` / `cold`: two arenas indexed by the same node id, 40 bytes a node, in chunks of
-//!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it). `nodes`
-//!   holds what a query's walk reads at every block (16 bytes: `tokens_hash`, parent id,
-//!   `meta` below), four blocks a cache line; `cold` the rest (24 bytes: the first holding
-//!   rank with its external hash inline, since most blocks have one holder, the head of
-//!   the node's `extras` list, a child hint and the explicit-child count), read by a walk
-//!   only where the chain ends or the holders change. Further holders of a node live in
-//!   `extras` (24 bytes each), a doubly linked list per node. Child counts are not stored per node: the implicit child (below) is detected
-//!   from the arena, and the count of explicit children fills the node's padding.
+//! * `nodes` / `cold`: two arenas indexed by the same node id, 32 bytes a node, in chunks of
+//!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it).
+//!   `nodes` holds what a query's walk reads at every block (16 bytes: `tokens_hash`,
+//!   parent id, `meta` below), four blocks a cache line; `cold` the rest (16 bytes: the
+//!   first holding rank with its external hash inline, since most blocks have one holder,
+//!   and the head of the node's `extras` list), read by a walk only where the holders
+//!   change. Further holders of a node live in `extras` (24 bytes each), a doubly linked
+//!   list per node. Child counts are not stored per node: the implicit child (below) is
+//!   detected from the arena, and the nodes that have explicit children (branch points, a
+//!   few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of their own.
 //! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
 //!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without
 //!   reading the arena) of node ids keyed by `(parent id, tokens_hash)`. A node allocated
 //!   right after its parent (`id == parent + 1`, which is every block of a stored chain but
 //!   the first, since chains are allocated consecutively) is an *implicit* child: it is
 //!   found by checking the next arena slot and has no table entry. A chain stored by a
-//!   later event (a worker's continuation, a branch) starts with an explicit child; the
-//!   parent's `hint` names the last such child seen, so that the common hop is one line
-//!   instead of a table probe and a line. The root's children (all explicit) have a
+//!   later event (a worker's continuation, a branch) starts with an explicit child. A
+//!   parent without `BRANCH` has none, so a walk that leaves a chain where no branch is
+//!   stops on the node's own line, without a table probe. The root's children (all explicit) have a
 //!   table of their own, `roots`, keyed by `tokens_hash`: far smaller than `children`, so
 //!   the first probe of every query stays in cache.
 //! * per rank, `lookup`: a tag table of `u32` residency handles keyed by external hash.
@@ -84,8 +85,8 @@
 //!
 //! Invariants (checked by [`RadixTree::check_invariants`] in the tests):
 //! 1. every live node except the root and implicit children is in `children` under
-//!    `(parent, tokens_hash)`, its parent's child count includes it, and freed nodes have no
-//!    parent;
+//!    `(parent, tokens_hash)`, its parent's child count (`kids`, `BRANCH`) includes it,
+//!    and freed nodes have no parent;
 //! 2. a live node has a residency or a child; a node with extras has a primary residency;
 //! 3. each residency has exactly one lookup entry, in its own rank's table;
 //! 4. `len()` equals the number of residencies and of lookup entries.

@@ -234,10 +234,10 @@ fn many_workers_share_nodes_and_promotion_keeps_lookups_valid() {
 }
 
 #[test]
-fn a_stale_child_hint_never_matches_a_reused_node() {
+fn a_freed_explicit_child_never_matches_a_reused_node() {
     let mut t = RadixTree::default();
     // Two chains under block 100: the second one's first block is an explicit child of the
-    // first block and becomes its hint.
+    // first block, which is flagged `BRANCH` while it has one.
     t.store(w(0), &stored(None, &[(1, 100), (2, 101)]))
         .expect("store");
     t.store(w(0), &stored(Some(1), &[(3, 102), (4, 103)]))
@@ -246,7 +246,8 @@ fn a_stale_child_hint_never_matches_a_reused_node() {
         t.find_matches(&q(&[100, 102, 103]), false).get(w(0)),
         Some(3)
     );
-    // Free the hinted child, then reuse its id elsewhere with the same local hash.
+    // Free the explicit child (the flag goes), then reuse its id elsewhere with the same
+    // local hash.
     t.remove(w(0), &[4, 3]).expect("remove");
     t.store(w(1), &stored(None, &[(5, 7), (6, 102)]))
         .expect("store");
@@ -254,7 +255,7 @@ fn a_stale_child_hint_never_matches_a_reused_node() {
     assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(0)), Some(1));
     assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(1)), None);
     assert_eq!(t.find_matches(&q(&[7, 102]), false).get(w(1)), Some(2));
-    // Stored again, the child is found through the table and hinted again.
+    // Stored again, the child is found through the table (flagged again).
     t.store(w(0), &stored(Some(1), &[(3, 102)])).expect("store");
     assert_eq!(t.find_matches(&q(&[100, 102]), false).get(w(0)), Some(2));
     t.check_invariants();

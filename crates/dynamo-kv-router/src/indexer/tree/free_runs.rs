@@ -6,8 +6,9 @@
 //! A boundary-tag allocator over the node arena, with no memory of its own: a run's
 //! bookkeeping lives in the [`Cold`] part of its freed nodes (which nothing else reads: a
 //! freed node's `parent` is `NIL`, and every reader of a node checks its parent first;
-//! reuse overwrites it). The first node of a run holds its length (`kids`) and its links
-//! in a list of runs of the same size class (`hint` = next, `link` = previous); the last
+//! reuse overwrites it). The first node of a run holds its length and its next link in a
+//! list of runs of the same size class (low and high halves of `ext`) and the previous
+//! one (`link`); the last
 //! node holds the run's start (`slot`). A node is free when its `parent` (in [`Node`]) is
 //! `NIL` and it is not the root, so freeing an id
 //! merges it with the runs on either side in O(1) (runs are always maximal), and
@@ -17,6 +18,23 @@
 
 use super::arena::Arena;
 use super::{Cold, NIL, Node};
+
+/// A run head's length (the low half of its `ext`).
+#[inline]
+const fn run_len(c: &Cold) -> u32 {
+    c.ext as u32
+}
+
+/// A run head's next run in its class (the high half of its `ext`).
+#[inline]
+const fn run_next(c: &Cold) -> u32 {
+    (c.ext >> 32) as u32
+}
+
+#[inline]
+fn set_run_next(c: &mut Cold, next: u32) {
+    c.ext = (c.ext & 0xffff_ffff) | (u64::from(next) << 32);
+}
 
 /// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
 const CLASSES: usize = 32;
@@ -71,8 +89,7 @@ impl FreeRuns {
         let next = self.heads[c];
         {
             let h = &mut nodes[start as usize];
-            h.kids = len;
-            h.hint = next;
+            h.ext = u64::from(len) | (u64::from(next) << 32);
             h.link = NIL;
         }
         nodes[(start + len - 1) as usize].slot = start;
@@ -86,7 +103,7 @@ impl FreeRuns {
     /// Unlink the run starting at `start` from its class list; returns its length.
     fn unlink(&mut self, nodes: &mut Arena<Cold>, start: u32) -> u32 {
         let h = nodes[start as usize];
-        let (len, next, prev) = (h.kids, h.hint, h.link);
+        let (len, next, prev) = (run_len(&h), run_next(&h), h.link);
         let c = class_of(len);
         if prev == NIL {
             self.heads[c] = next;
@@ -94,7 +111,7 @@ impl FreeRuns {
                 self.nonempty &= !(1 << c);
             }
         } else {
-            nodes[prev as usize].hint = next;
+            set_run_next(&mut nodes[prev as usize], next);
         }
         if next != NIL {
             nodes[next as usize].link = prev;
@@ -173,7 +190,7 @@ impl FreeRuns {
         let below = c0.checked_sub(1).map_or(NIL, |c| self.heads[c as usize]);
         let c = if fit != 0 {
             fit.trailing_zeros()
-        } else if below != NIL && cold[below as usize].kids >= want {
+        } else if below != NIL && run_len(&cold[below as usize]) >= want {
             c0 - 1
         } else if self.count * 16 < nodes.len() {
             return None;
@@ -197,8 +214,8 @@ impl FreeRuns {
             while r != NIL {
                 let h = &cold[r as usize];
                 assert_eq!(h.link, prev, "run list links");
-                assert_eq!(class_of(h.kids), c, "run class");
-                let end = r + h.kids;
+                assert_eq!(class_of(run_len(h)), c, "run class");
+                let end = r + run_len(h);
                 assert_eq!(cold[(end - 1) as usize].slot, r, "run tail tag");
                 assert!(!is_free(nodes, r as usize - 1), "run not merged below");
                 assert!(!is_free(nodes, end as usize), "run not merged above");
@@ -207,7 +224,7 @@ impl FreeRuns {
                     ids.push(id);
                 }
                 prev = r;
-                r = h.hint;
+                r = run_next(h);
             }
         }
         assert_eq!(ids.len(), self.count, "free count");

@@ -1,7 +1,8 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
 use super::{
-    BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN, node_of,
+    BRANCH, BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN,
+    node_of,
 };
 
 impl RadixTree {
@@ -45,13 +46,29 @@ impl RadixTree {
                 .nodes
                 .get(id + 1)
                 .is_some_and(|c| c.parent == id as u32);
-            let explicit = self.cold[id].kids;
+            let explicit = self.kids.get(&(id as u32)).copied().unwrap_or(0);
+            assert_eq!(
+                self.nodes[id].meta & BRANCH != 0,
+                explicit != 0,
+                "BRANCH flag of {id}"
+            );
             assert_eq!(
                 u32::from(implicit) + explicit,
                 children[id],
                 "child count of {id}"
             );
         }
+        for (&id, &k) in &self.kids {
+            assert!(
+                id != ROOT && live[id as usize] && k > 0,
+                "explicit count of {id}"
+            );
+        }
+        assert_eq!(
+            self.nodes[ROOT as usize].meta & BRANCH,
+            0,
+            "root flagged BRANCH"
+        );
         assert_eq!(count, self.residencies, "residency count");
         // Holder counts and flags: the count is exact; without `DUPS` no rank holds a node
         // twice; without `BROKEN` every holder of a child holds its parent.

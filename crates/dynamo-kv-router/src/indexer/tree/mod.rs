@@ -38,7 +38,7 @@ const EXTRA_BIT: u32 = 1 << 31;
 /// head is `Node::link`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
-/// `meta` bits: number of residencies of the node (low bits) and three flags.
+/// `meta` bits: number of residencies of the node (low bits) and four flags.
 const COUNT_MASK: u32 = (1 << 28) - 1;
 /// Some child of the node may be held by a rank that does not hold the node (a rank
 /// released it while holding a deeper block); see [`RadixTree::find_matches_at`].
@@ -47,6 +47,10 @@ const BROKEN: u32 = 1 << 31;
 const DUPS: u32 = 1 << 30;
 /// The node is *wide*: it has a [`HolderSet`] in `RadixTree::wide` (exact, O(1) membership).
 const WIDE: u32 = 1 << 28;
+/// The node (not the root) has explicit children (counted in `RadixTree::kids`): without
+/// it, a child that is not the next arena slot does not exist, known from the node's own
+/// line without a child-table probe.
+const BRANCH: u32 = 1 << 29;
 /// A node becomes wide when its holder count exceeds this; narrower nodes answer "does
 /// this rank hold it?" by scanning their holder list, so this bounds that scan on the apply
 /// path. 64 holders: a scan of 64 list entries is a few microseconds, while a holder set
@@ -66,18 +70,17 @@ const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 40 bytes in two arrays of the same ids: what a query's walk reads of every block (this
-/// 16-byte part: content, parent, holder count) and the rest ([`Cold`], 24 bytes: the
-/// primary residency, the extras head, the child hint and the explicit-child count). A
-/// walk along a chain of implicit children therefore reads 16 bytes a block, four blocks
-/// a cache line, in address order.
+/// 32 bytes in two arrays of the same ids: what a query's walk reads of every block (this
+/// 16-byte part: content, parent, holder count and flags) and the rest ([`Cold`], 16 bytes:
+/// the primary residency and the extras head). A walk along a chain of implicit children
+/// therefore reads 16 bytes a block, four blocks a cache line, in address order.
 #[derive(Clone, Copy, Debug)]
 struct Node {
     /// `tokens_hash` of the block.
     local: u64,
     /// Parent node (`NIL` for the root and for freed nodes).
     parent: u32,
-    /// Residency count and the `BROKEN` / `DUPS` flags.
+    /// Residency count and the `BROKEN` / `DUPS` / `WIDE` / `BRANCH` flags.
     meta: u32,
 }
 
@@ -86,7 +89,8 @@ struct Node {
 /// The first worker rank that holds the block (its *primary residency*) is stored inline
 /// because most blocks are held by one rank; further ranks go to `extras`, a list whose
 /// head is here. The child count is not stored: a node's implicit child is the next arena
-/// slot, and explicit children are counted in `kids` (only branch points have any).
+/// slot, and explicit children are counted in `RadixTree::kids` (only branch points have
+/// any; flagged `BRANCH` in `meta`).
 #[derive(Clone, Copy, Debug)]
 struct Cold {
     /// External hash of the primary residency (meaningless when `slot == NIL`).
@@ -96,12 +100,6 @@ struct Cold {
     slot: u32,
     /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
     link: u32,
-    /// A hint: an explicit child of the node (or `NIL`, or a stale id), tried before the
-    /// child table. Only trusted after checking the child's parent and `local`.
-    hint: u32,
-    /// Number of explicit (non-implicit) children (0 for the root, whose children are all
-    /// explicit and never counted).
-    kids: u32,
 }
 
 /// A node's [`Cold`] part before any residency.
@@ -109,8 +107,6 @@ const EMPTY_COLD: Cold = Cold {
     ext: 0,
     slot: NIL,
     link: NIL,
-    hint: NIL,
-    kids: 0,
 };
 
 impl Cold {
@@ -250,7 +246,9 @@ pub struct RadixTree {
     /// `children`), so that every query's first probe, and every store's under the root,
     /// hits a table small enough to stay in cache, and goes there directly.
     roots: ExtTable,
-    /// Number of explicit (non-implicit) children of each non-root node that has any.
+    /// Number of explicit (non-implicit) children of each non-root node that has any (the
+    /// nodes flagged `BRANCH`; the root's are never counted).
+    kids: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -280,6 +278,7 @@ impl RadixTree {
             free_extras: Vec::new(),
             children: ExtTable::default(),
             roots: ExtTable::default(),
+            kids: FxHashMap::default(),
             slots: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
@@ -337,6 +336,7 @@ impl RadixTree {
             + self.free_extras.capacity() * 4
             + self.children.heap_bytes()
             + self.roots.heap_bytes()
+            + self.kids.capacity() * (size_of::<(u32, u32)>() + 1)
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.free_slots.capacity() * 4
             + self
@@ -438,12 +438,7 @@ impl RadixTree {
                 self.insert_child(parent, block.tokens_hash.0, want)
             } else {
                 match self.child(parent, block.tokens_hash.0) {
-                    Some(c) => {
-                        if !Self::is_implicit(c, parent) {
-                            self.hint_child(parent, c);
-                        }
-                        c
-                    }
+                    Some(c) => c,
                     None => {
                         fresh = true;
                         self.insert_child(parent, block.tokens_hash.0, want)
@@ -781,12 +776,8 @@ impl RadixTree {
         {
             return Some(next as u32);
         }
-        let hint = self.cold[parent as usize].hint;
-        if let Some(n) = self.nodes.get(hint as usize)
-            && n.parent == parent
-            && n.local == local
-        {
-            return Some(hint);
+        if self.nodes[parent as usize].meta & BRANCH == 0 {
+            return None;
         }
         find_child(&self.nodes, &self.children, parent, local)
     }
@@ -826,20 +817,12 @@ impl RadixTree {
             if parent == ROOT {
                 self.roots.insert_new(tag, id);
             } else {
-                self.cold[parent as usize].kids += 1;
+                *self.kids.entry(parent).or_insert(0) += 1;
+                self.nodes[parent as usize].meta |= BRANCH;
                 self.children.insert_new(tag, id);
-                self.hint_child(parent, id);
             }
         }
         id
-    }
-
-    /// Make `child` (an explicit child of `parent`) the parent's hint.
-    #[inline]
-    fn hint_child(&mut self, parent: u32, child: u32) {
-        if parent != ROOT {
-            self.cold[parent as usize].hint = child;
-        }
     }
 
     fn push_node(&mut self, node: Node) -> u32 {
@@ -1125,7 +1108,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & BROKEN != 0 {
             return;
         }
-        let broken = if self.cold[node as usize].kids != 0 {
+        let broken = if self.nodes[node as usize].meta & BRANCH != 0 {
             true
         } else {
             let c = node + 1;
@@ -1209,7 +1192,7 @@ impl RadixTree {
                 let table = if n.parent == ROOT {
                     &mut self.roots
                 } else {
-                    self.cold[n.parent as usize].kids -= 1;
+                    self.drop_kid(n.parent);
                     &mut self.children
                 };
                 if let Some(index) =
@@ -1232,6 +1215,17 @@ impl RadixTree {
         }
     }
 
+    /// One explicit child of `parent` (not the root) is gone.
+    fn drop_kid(&mut self, parent: u32) {
+        if let Some(k) = self.kids.get_mut(&parent) {
+            *k -= 1;
+            if *k == 0 {
+                self.kids.remove(&parent);
+                self.nodes[parent as usize].meta &= !BRANCH;
+            }
+        }
+    }
+
     /// Return every arena to its empty size once the last node is gone.
     fn reset_arenas(&mut self) {
         self.nodes = std::iter::once(Self::root()).collect();
@@ -1241,6 +1235,7 @@ impl RadixTree {
         self.free_extras = Vec::new();
         self.children = ExtTable::default();
         self.roots = ExtTable::default();
+        self.kids = FxHashMap::default();
         self.wide = FxHashMap::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
@@ -1273,7 +1268,7 @@ impl RadixTree {
         self.nodes
             .get(node as usize + 1)
             .is_some_and(|n| n.parent == node)
-            || self.cold[node as usize].kids != 0
+            || self.nodes[node as usize].meta & BRANCH != 0
     }
 
     #[inline]
