@@ -14,7 +14,9 @@ figure is the mean over the rounds (ours varies its router seed per round the sa
 "ours >= reference" can be told apart from run-to-run noise. Wall and CPU seconds of each
 replay are measured inside the process that runs it (CPU: ``time.process_time``, all
 threads), and the wall ratio is taken per round between the two runs alternated back to back.
-``--modes`` and ``--speedups`` restrict the configurations.
+``--modes`` and ``--speedups`` restrict the configurations; ``--workers 6,8,12`` runs each one
+at several worker counts, and a panel of several configurations ends with, per figure, the
+number of configurations in which ours is at least as good as the reference.
 
 ``--scale N`` also replays the trace tiled N times (copy k shifted by k x the trace span, its
 hash ids offset so copies share nothing) to show the per-request simulation cost as the trace
@@ -47,13 +49,13 @@ KEYS = [
 ENGINE = {"engine": {"num_gpu_blocks": 16384, "block_size": 64}}
 
 
-def measure(trace: str, mode: str, speedup: float, seed: int) -> dict:
+def measure(trace: str, mode: str, speedup: float, seed: int, workers: int = 8) -> dict:
     """One replay with whichever ``dynamo`` this interpreter imports."""
     from dynamo._core import run_mocker_trace_replay
 
     kwargs = dict(
         extra_engine_args=ENGINE,
-        num_workers=8,
+        num_workers=workers,
         router_mode=mode,
         arrival_speedup_ratio=speedup,
         trace_block_size=512,
@@ -148,26 +150,36 @@ def main() -> None:
     ap.add_argument("--ours-only", action="store_true", help="skip the reference wheel")
     ap.add_argument("--modes", default="kv_router,round_robin")
     ap.add_argument("--speedups", default="2,4")
+    ap.add_argument(
+        "--workers", default="8", help="worker counts (comma list): a panel of configurations"
+    )
     ap.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--args", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure_only:
-        trace, mode, speedup, seed = a.args.split("|")
-        print(json.dumps(measure(trace, mode, float(speedup), int(seed))))
+        trace, mode, speedup, seed, workers = a.args.split("|")
+        print(json.dumps(measure(trace, mode, float(speedup), int(seed), int(workers))))
         return
 
     script = str(Path(__file__).resolve())
     results: dict = {"machine": machine(), "rounds": a.rounds, "runs": {}}
     whos = ("ours",) if a.ours_only else ("ours", "reference")
-    configs = [(float(s), m) for s in a.speedups.split(",") for m in a.modes.split(",") if s and m]
-    for speedup, mode in configs:
+    worker_counts = [int(w) for w in a.workers.split(",") if w]
+    configs = [
+        (w, float(s), m)
+        for w in worker_counts
+        for s in a.speedups.split(",")
+        for m in a.modes.split(",")
+        if s and m
+    ]
+    for workers, speedup, mode in configs:
         ours, ref = [], []
         for rnd in range(a.rounds):
-            arg = f"{a.trace}|{mode}|{speedup}|{rnd}"
-            ours.append(measure(str(a.trace), mode, speedup, rnd))
+            arg = f"{a.trace}|{mode}|{speedup}|{rnd}|{workers}"
+            ours.append(measure(str(a.trace), mode, speedup, rnd, workers))
             if not a.ours_only:
                 ref.append(run_under_reference(script, "--args", arg))
-        key = f"{mode}@{speedup:g}x"
+        key = f"{mode}@{speedup:g}x" + (f"/{workers}w" if worker_counts != [8] else "")
         mean = lambda rs, k: statistics.fmean(r[k] for r in rs)  # noqa: E731
         results["runs"][key] = {
             "ours": {k: mean(ours, k) for k in [*KEYS, "wall_s", "cpu_s"]},
@@ -186,7 +198,7 @@ def main() -> None:
             ]
     print(f"machine: {results['machine']} (shared with other jobs); means of {a.rounds} rounds")
     hdr = (
-        f"{'run':<18}{'':<5}"
+        f"{'run':<20}{'':<5}"
         + "".join(f"{k.replace('_ms', ''):>22}" for k in KEYS)
         + f"{'wall s':>10}{'cpu s':>8}"
     )
@@ -195,18 +207,18 @@ def main() -> None:
         for who in whos:
             row = r[who]
             print(
-                f"{key:<18}{who[:3]:<5}"
+                f"{key:<20}{who[:3]:<5}"
                 + "".join(f"{row[k]:>22.4f}" for k in KEYS)
                 + f"{row['wall_s']:>10.2f}{row['cpu_s']:>8.2f}"
             )
         if a.ours_only:
             continue
         diff = {k: (r["ours"][k] - r["reference"][k]) / r["reference"][k] * 100 for k in KEYS}
-        print(f"{'':<18}{'diff':<5}" + "".join(f"{diff[k]:>21.1f}%" for k in KEYS))
+        print(f"{'':<20}{'diff':<5}" + "".join(f"{diff[k]:>21.1f}%" for k in KEYS))
         results["runs"][key]["diff_pct"] = diff
         wr, cr = r["wall_ratio_rounds"], r["cpu_ratio_rounds"]
         print(
-            f"{'':<18}ratio ours/ref per round: wall {statistics.fmean(wr):.2f} "
+            f"{'':<20}ratio ours/ref per round: wall {statistics.fmean(wr):.2f} "
             f"({min(wr):.2f}-{max(wr):.2f}), cpu {statistics.fmean(cr):.2f} "
             f"({min(cr):.2f}-{max(cr):.2f})"
         )
@@ -218,10 +230,28 @@ def main() -> None:
                 (mo, ho), (mf, hf), (d, hd) = ci(o), ci(f), diff_ci(o, f)
                 stats[k] = {"ours": [mo, ho], "reference": [mf, hf], "diff": [d, hd]}
                 print(
-                    f"{'':<18}{k:<26} ours {mo:.4f} +- {ho:.4f}  ref {mf:.4f} +- {hf:.4f}"
+                    f"{'':<20}{k:<26} ours {mo:.4f} +- {ho:.4f}  ref {mf:.4f} +- {hf:.4f}"
                     f"  diff {d:+.4f} +- {hd:.4f} (95% CI)"
                 )
             results["runs"][key]["ci95"] = stats
+
+    compared = [r for r in results["runs"].values() if "diff_pct" in r]
+    if len(compared) > 1:
+        # Over a panel of configurations: in how many is ours' mean at least as good as the
+        # reference's (reuse higher, latencies lower), and the mean relative difference.
+        panel = {}
+        for k in KEYS:
+            sign = 1.0 if k == "prefix_cache_reused_ratio" else -1.0
+            wins = sum(sign * r["diff_pct"][k] >= 0 for r in compared)
+            panel[k] = {
+                "wins": wins,
+                "mean_diff_pct": statistics.fmean(r["diff_pct"][k] for r in compared),
+            }
+            print(
+                f"panel {k:<26} ours at least as good in {wins} of {len(compared)} "
+                f"configurations, mean difference {panel[k]['mean_diff_pct']:+.2f}%"
+            )
+        results["panel"] = panel
 
     if a.scale > 1:
         with tempfile.TemporaryDirectory() as d:
