@@ -35,11 +35,15 @@
 //!   `nodes` holds what a query's walk reads at every block (16 bytes: `tokens_hash`,
 //!   parent id, `meta` below), four blocks a cache line; `cold` the rest (16 bytes: the
 //!   first holding rank with its external hash inline, since most blocks have one holder,
-//!   and the head of the node's `extras` list), read by a walk only where the holders
-//!   change. Further holders of a node live in `extras` (24 bytes each), a doubly linked
-//!   list per node. Child counts are not stored per node: the implicit child (below) is
-//!   detected from the arena, and the nodes that have explicit children (branch points, a
-//!   few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of their own.
+//!   and the node's holder block), read by a walk only where the holders change. Further
+//!   holders of a node live in one block of `holders` (`tree/holders.rs`: 12 bytes an
+//!   entry, external hash and worker slot; blocks of `2^c` entries from a pool per size
+//!   class), so that a node's holders are one or a few cache lines read in order; a rank's
+//!   lookup names such a residency `EXTRA_BIT | node` and finds its entry by scanning the
+//!   block for its slot and hash. Child counts are not stored per node: the implicit child
+//!   (below) is detected from the arena, and the nodes that have explicit children (branch
+//!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of
+//!   their own.
 //! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
 //!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without
 //!   reading the arena) of node ids keyed by `(parent id, tokens_hash)`. A node allocated
@@ -58,7 +62,7 @@
 //!   released the node while it may still hold a child: children's holders may not all
 //!   hold it) and `DUPS` (a rank may hold the node under two external hashes). Without
 //!   them, a child whose count equals its parent's has exactly the parent's holders, so a
-//!   query walks a chain checking counts and reads holder lists only where the set of
+//!   query walks a chain checking counts and reads holder blocks only where the set of
 //!   holders changes. Flags are set
 //!   conservatively (a flag only costs a scan) and cleared when the node is freed; `DUPS`
 //!   also when at most one holder is left.
@@ -68,7 +72,7 @@
 //!   a bit test, so such a node's `DUPS` and `BROKEN` are exact rather than conservative
 //!   (a conservative flag on a prefix shared by 1,000 workers made every query scan 1,000
 //!   holders per block), and a query enumerates or filters its holders with bit
-//!   operations instead of walking its list. It goes back to the list alone below 32
+//!   operations instead of scanning its block. It goes back to the block alone below 32
 //!   holders.
 //! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed;
 //!   the bookkeeping lives in the freed nodes), and a chain of `n` new blocks starts in a
@@ -87,7 +91,9 @@
 //! 1. every live node except the root and implicit children is in `children` under
 //!    `(parent, tokens_hash)`, its parent's child count (`kids`, `BRANCH`) includes it,
 //!    and freed nodes have no parent;
-//! 2. a live node has a residency or a child; a node with extras has a primary residency;
+//! 2. a live node has a residency or a child; a node with further holders has a primary
+//!    residency, and one holder block of exactly `count - 1` entries (more than a quarter
+//!    of its capacity unless that is 1 or 2);
 //! 3. each residency has exactly one lookup entry, in its own rank's table;
 //! 4. `len()` equals the number of residencies and of lookup entries.
 //! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node

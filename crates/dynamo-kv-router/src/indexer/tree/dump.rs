@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{ROOT, RadixTree, ext_of, node_of};
+use super::{EXTRA_BIT, ROOT, RadixTree, node_of};
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,
@@ -24,18 +24,36 @@ impl RadixTree {
             let Some(s) = &self.slots[slot as usize] else {
                 continue;
             };
+            // The rank's residencies: (node, external hash), each once (a rank holding a
+            // node under several hashes has as many equal `EXTRA_BIT | node` handles).
+            let mut handles: Vec<u32> = s.lookup.iter().collect();
+            handles.sort_unstable();
+            handles.dedup();
+            let mut residencies: Vec<(u32, u64)> = Vec::new();
+            for &h in &handles {
+                let node = node_of(h);
+                let c = &self.cold[node as usize];
+                if h & EXTRA_BIT == 0 {
+                    residencies.push((node, c.ext));
+                } else if c.has_extras() {
+                    self.holders.scan(c.link, |e| {
+                        if e.slot == slot {
+                            residencies.push((node, e.ext()));
+                        }
+                        true
+                    });
+                }
+            }
             // node -> this rank's external hash at that node (the smallest, when the rank
             // holds the node under several hashes, so that the dump does not depend on the
             // lookup table's iteration order).
             let mut held: FxHashMap<u32, u64> = FxHashMap::default();
-            for h in s.lookup.iter() {
-                let ext = ext_of(&self.cold, &self.extras, h);
-                held.entry(node_of(&self.extras, h))
+            for &(node, ext) in &residencies {
+                held.entry(node)
                     .and_modify(|e| *e = (*e).min(ext))
                     .or_insert(ext);
             }
-            for h in s.lookup.iter() {
-                let node = node_of(&self.extras, h);
+            for &(node, ext) in &residencies {
                 // Reachable iff the rank holds every ancestor.
                 let mut up = self.nodes[node as usize].parent;
                 let mut reachable = true;
@@ -52,13 +70,7 @@ impl RadixTree {
                 let parent = self.nodes[node as usize].parent;
                 let parent_ext = (parent != ROOT).then(|| held[&parent]);
                 let depth = self.depth(node, &mut depth_memo);
-                items.push((
-                    depth,
-                    slot,
-                    node,
-                    ext_of(&self.cold, &self.extras, h),
-                    parent_ext,
-                ));
+                items.push((depth, slot, node, ext, parent_ext));
             }
         }
         items.sort_unstable_by_key(|&(depth, slot, node, ext, _)| (depth, slot, node, ext));

@@ -4,6 +4,9 @@ use super::{
     BRANCH, BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN,
     node_of,
 };
+use rustc_hash::FxHashMap;
+
+use super::holders::Holders;
 
 impl RadixTree {
     /// Check every structural invariant (tests and debugging).
@@ -157,18 +160,66 @@ impl RadixTree {
             let Some(s) = s else { continue };
             assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
             assert!(!s.lookup.is_empty(), "empty slot kept");
+            // Every `EXTRA_BIT | node` handle of this slot names one of its entries in the
+            // node's block: as many handles as entries.
+            let mut handles: FxHashMap<u32, usize> = FxHashMap::default();
             for h in s.lookup.iter() {
-                let node = node_of(&self.extras, h);
+                let node = node_of(h);
                 assert!(live[node as usize]);
-                let owner = if h & EXTRA_BIT == 0 {
-                    self.cold[h as usize].primary()
+                if h & EXTRA_BIT == 0 {
+                    assert_eq!(
+                        self.cold[h as usize].primary(),
+                        slot as u32,
+                        "lookup entry owned by another slot"
+                    );
                 } else {
-                    self.extras[(h & !EXTRA_BIT) as usize].slot
-                };
-                assert_eq!(owner, slot as u32, "lookup entry owned by another slot");
+                    *handles.entry(node).or_default() += 1;
+                }
                 lookups += 1;
+            }
+            for (node, n) in handles {
+                let c = &self.cold[node as usize];
+                let mut entries = 0;
+                if c.has_extras() {
+                    self.holders.scan(c.link, |e| {
+                        entries += usize::from(e.slot == slot as u32);
+                        true
+                    });
+                }
+                assert_eq!(entries, n, "entries of slot {slot} in the block of {node}");
             }
         }
         assert_eq!(lookups, self.residencies, "lookup entries");
+        // Holder blocks: one per node with further holders, exactly `count - 1` entries in
+        // use, none left on freed nodes.
+        let mut blocks = 0;
+        for (id, &is_live) in live.iter().enumerate().skip(1) {
+            let c = &self.cold[id];
+            if !is_live || !c.has_extras() {
+                continue;
+            }
+            blocks += 1;
+            let mut entries = 0;
+            self.holders.scan(c.link, |_| {
+                entries += 1;
+                true
+            });
+            assert_eq!(
+                entries + 1,
+                self.nodes[id].meta & COUNT_MASK,
+                "holder block of {id}"
+            );
+            // Full at most, and over a quarter full unless it is of 1 or 2 entries.
+            let cap = Holders::capacity(c.link);
+            assert!(
+                entries <= cap && (cap <= 2 || entries * 4 > cap),
+                "holder block of {id}: {entries} in {cap}"
+            );
+        }
+        assert_eq!(
+            self.holders.checked_blocks(),
+            blocks,
+            "holder blocks in use"
+        );
     }
 }

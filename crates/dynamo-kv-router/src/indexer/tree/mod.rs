@@ -5,6 +5,7 @@ mod arena;
 mod dump;
 mod ext_table;
 mod free_runs;
+mod holders;
 mod invariants;
 mod wide;
 
@@ -18,6 +19,7 @@ use rustc_hash::FxHashMap;
 use self::arena::Arena;
 use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
+use self::holders::{Holder, Holders};
 use self::wide::HolderSet;
 use super::OverlapScores;
 use crate::error::{Error, Result};
@@ -31,11 +33,13 @@ use crate::protocols::{
 const NIL: u32 = u32::MAX;
 /// The root node: never freed, never in the child table, holds no residency.
 const ROOT: u32 = 0;
-/// Marks a residency handle that points into `extras` rather than at a node's primary slot.
+/// Marks a residency handle of a node's further holders (`EXTRA_BIT | node`: the entry of
+/// the handle's rank, under the handle's external hash, in the node's holder block)
+/// rather than its primary one (`node`).
 const EXTRA_BIT: u32 = 1 << 31;
 
-/// Set in `Node::slot` when the node has residencies beyond the primary one (their list
-/// head is `Node::link`).
+/// Set in `Cold::slot` when the node has residencies beyond the primary one (their block
+/// is `Cold::link`).
 const HAS_EXTRAS: u32 = 1 << 31;
 
 /// `meta` bits: number of residencies of the node (low bits) and four flags.
@@ -52,13 +56,13 @@ const WIDE: u32 = 1 << 28;
 /// line without a child-table probe.
 const BRANCH: u32 = 1 << 29;
 /// A node becomes wide when its holder count exceeds this; narrower nodes answer "does
-/// this rank hold it?" by scanning their holder list, so this bounds that scan on the apply
-/// path. 64 holders: a scan of 64 list entries is a few microseconds, while a holder set
-/// costs one bit per worker slot (125 bytes at 1,000 slots), under a tenth of the 64
-/// residencies' own 24-byte list entries. (Tiny under `cfg(test)`, so that the property
+/// this rank hold it?" by scanning their holder block, so this bounds that scan on the
+/// apply path. 64 holders: a scan of 64 block entries is 12 cache lines in order, while a
+/// holder set costs one bit per worker slot (125 bytes at 1,000 slots), about a sixth of
+/// the 64 residencies' own 12-byte block entries. (Tiny under `cfg(test)`, so that the property
 /// tests' handful of ranks exercises both representations.)
 const WIDE_MIN: u32 = if cfg!(test) { 3 } else { 64 };
-/// A wide node goes back to its list alone when its holder count falls below this (half of
+/// A wide node goes back to its block alone when its holder count falls below this (half of
 /// [`WIDE_MIN`]: hysteresis, so a count oscillating around the limit does not rebuild the
 /// set at every event).
 const WIDE_DROP: u32 = if cfg!(test) { 2 } else { 32 };
@@ -72,7 +76,7 @@ const WARM_MIN: usize = 1 << 18;
 ///
 /// 32 bytes in two arrays of the same ids: what a query's walk reads of every block (this
 /// 16-byte part: content, parent, holder count and flags) and the rest ([`Cold`], 16 bytes:
-/// the primary residency and the extras head). A walk along a chain of implicit children
+/// the primary residency and the holder block). A walk along a chain of implicit children
 /// therefore reads 16 bytes a block, four blocks a cache line, in address order.
 #[derive(Clone, Copy, Debug)]
 struct Node {
@@ -84,13 +88,13 @@ struct Node {
     meta: u32,
 }
 
-/// The part of a node that a walk reads only where the chain or the holders change.
+/// The part of a node that a walk reads only where the holders change.
 ///
 /// The first worker rank that holds the block (its *primary residency*) is stored inline
-/// because most blocks are held by one rank; further ranks go to `extras`, a list whose
-/// head is here. The child count is not stored: a node's implicit child is the next arena
-/// slot, and explicit children are counted in `RadixTree::kids` (only branch points have
-/// any; flagged `BRANCH` in `meta`).
+/// because most blocks are held by one rank; further ranks go to a block of `holders`
+/// (contiguous, see `tree/holders.rs`) named here. The child count is not stored: a
+/// node's implicit child is the next arena slot, and explicit children are counted in
+/// `RadixTree::kids` (only branch points have any; flagged `BRANCH` in `meta`).
 #[derive(Clone, Copy, Debug)]
 struct Cold {
     /// External hash of the primary residency (meaningless when `slot == NIL`).
@@ -98,7 +102,7 @@ struct Cold {
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
-    /// Head of the node's `extras` list when `HAS_EXTRAS` is set.
+    /// The node's holder block when `HAS_EXTRAS` is set (its `count - 1` entries).
     link: u32,
 }
 
@@ -125,22 +129,14 @@ impl Cold {
     }
 }
 
-/// A residency of a node beyond the primary one (24 bytes).
-#[derive(Clone, Copy, Debug)]
-struct Extra {
-    ext: u64,
-    slot: u32,
-    node: u32,
-    next: u32,
-    prev: u32,
-}
-
 /// A worker rank known to the tree: its id and its `block_hash -> residency` lookup.
 #[derive(Debug)]
 struct Slot {
     worker: WorkerWithDpRank,
-    /// Residency handles (`node id` or `EXTRA_BIT | extra id`), keyed by their external
-    /// hash (read through the handle).
+    /// Residency handles (`node id` or `EXTRA_BIT | node id`), keyed by their external
+    /// hash (read through the handle: the node's primary, or its holder block's entry of
+    /// this rank with that hash). Two handles of one rank may be equal (a rank holding a
+    /// node under two hashes); with equal tags too their buckets are interchangeable.
     lookup: ExtTable,
 }
 
@@ -192,22 +188,27 @@ fn find_child(nodes: &Arena<Node>, table: &ExtTable, parent: u32, local: u64) ->
         .map(|i| table.get(i))
 }
 
+/// Whether `handle`, in the lookup of worker slot `slot`, is the residency of external
+/// hash `ext`.
 #[inline]
-fn ext_of(cold: &Arena<Cold>, extras: &Arena<Extra>, handle: u32) -> u64 {
+fn handle_is(cold: &Arena<Cold>, holders: &Holders, slot: u32, handle: u32, ext: u64) -> bool {
     if handle & EXTRA_BIT == 0 {
-        cold[handle as usize].ext
-    } else {
-        extras[(handle & !EXTRA_BIT) as usize].ext
+        return cold[handle as usize].ext == ext;
     }
+    let c = &cold[(handle & !EXTRA_BIT) as usize];
+    let mut found = false;
+    if c.has_extras() {
+        holders.scan(c.link, |h| {
+            found = h.slot == slot && h.ext() == ext;
+            !found
+        });
+    }
+    found
 }
 
 #[inline]
-fn node_of(extras: &Arena<Extra>, handle: u32) -> u32 {
-    if handle & EXTRA_BIT == 0 {
-        handle
-    } else {
-        extras[(handle & !EXTRA_BIT) as usize].node
-    }
+const fn node_of(handle: u32) -> u32 {
+    handle & !EXTRA_BIT
 }
 
 /// Per-thread query scratch, reused so that a query allocates only its result.
@@ -236,8 +237,8 @@ pub struct RadixTree {
     /// The rest of each node (same ids as `nodes`).
     cold: Arena<Cold>,
     free_nodes: FreeRuns,
-    extras: Arena<Extra>,
-    free_extras: Vec<u32>,
+    /// Holder blocks of the nodes with more than one residency.
+    holders: Holders,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`),
     /// the root and the root's children.
     children: ExtTable,
@@ -274,8 +275,7 @@ impl RadixTree {
             nodes: std::iter::once(Self::root()).collect(),
             cold: std::iter::once(EMPTY_COLD).collect(),
             free_nodes: FreeRuns::default(),
-            extras: Arena::new(),
-            free_extras: Vec::new(),
+            holders: Holders::default(),
             children: ExtTable::default(),
             roots: ExtTable::default(),
             kids: FxHashMap::default(),
@@ -332,8 +332,7 @@ impl RadixTree {
         self.nodes.heap_bytes()
             + self.cold.heap_bytes()
             + self.free_nodes.heap_bytes()
-            + self.extras.heap_bytes()
-            + self.free_extras.capacity() * 4
+            + self.holders.heap_bytes()
             + self.children.heap_bytes()
             + self.roots.heap_bytes()
             + self.kids.capacity() * (size_of::<(u32, u32)>() + 1)
@@ -415,7 +414,7 @@ impl RadixTree {
                 .get(&worker)
                 .and_then(|&slot| self.find_residency(slot, p.0));
             match handle {
-                Some(h) => parent = node_of(&self.extras, h),
+                Some(h) => parent = node_of(h),
                 None => return Err(Error::ParentBlockNotFound { parent_hash: p.0 }),
             }
         }
@@ -473,7 +472,7 @@ impl RadixTree {
         for &h in hashes {
             let Self {
                 cold,
-                extras,
+                holders,
                 slots,
                 ..
             } = self;
@@ -483,16 +482,16 @@ impl RadixTree {
             };
             match s
                 .lookup
-                .find(tag_of(mix(h)), |x| ext_of(cold, extras, x) == h)
+                .find(tag_of(mix(h)), |x| handle_is(cold, holders, slot, x, h))
             {
                 Some(index) => {
                     let handle = s.lookup.remove_at(index);
-                    let node = node_of(&self.extras, handle);
+                    let node = node_of(handle);
                     // Without `DUPS` the rank held `node` once: after this it holds it no
                     // more, which the release of its parent (evictions go deepest first)
                     // uses instead of scanning.
                     let once = self.nodes[node as usize].meta & DUPS == 0;
-                    self.release_marking(handle, true, released);
+                    self.release_marking(handle, slot, Some(h), true, released);
                     released = if once { node } else { NIL };
                 }
                 None => missing.push(h),
@@ -517,12 +516,13 @@ impl RadixTree {
         let handles: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
         // Extras first: releasing a primary residency promotes one of the node's extras, and
         // that must never be one of this slot's (whose lookup table is already gone).
-        // The rank keeps no block, so no child can be held without its parent by it.
+        // The rank keeps no block, so no child can be held without its parent by it. (Each
+        // `EXTRA_BIT | node` handle takes one of the rank's entries of the node, whichever.)
         for &h in handles.iter().filter(|&&h| h & EXTRA_BIT != 0) {
-            self.release_marking(h, false, NIL);
+            self.release_marking(h, slot, None, false, NIL);
         }
         for &h in handles.iter().filter(|&&h| h & EXTRA_BIT == 0) {
-            self.release_marking(h, false, NIL);
+            self.release_marking(h, slot, None, false, NIL);
         }
         self.free_slot_if_empty(slot);
     }
@@ -661,7 +661,7 @@ impl RadixTree {
                 } else if !self.same_holders(node, child) {
                     // Ranks that hold `child` go on; the others score `depth`.
                     if let Some(set) = self.holder_set(child) {
-                        // A wide node: bit tests instead of a pass over its holder list.
+                        // A wide node: bit tests instead of a pass over its holder block.
                         active.retain(|&slot| {
                             let keep = set.contains(slot);
                             if !keep {
@@ -891,27 +891,38 @@ impl RadixTree {
         }
     }
 
-    /// After [`Self::warm_lookup`]: find each hash's residency and load its node and meta
-    /// (the next misses of a remove), again in one loop of independent loads.
+    /// After [`Self::warm_lookup`]: load each hash's node (its first bucket with a matching
+    /// tag, unverified: this only loads), then find each residency (which reads a further
+    /// holder's block), each pass one loop of independent loads (the next misses of a
+    /// remove).
     fn warm_residencies(&self, slot: u32, hashes: &[u64]) {
-        if self.residencies >= WARM_MIN {
-            let mut acc = 0u32;
-            for &h in hashes {
-                if let Some(handle) = self.find_residency(slot, h) {
-                    let node = node_of(&self.extras, handle);
-                    acc ^= self.nodes[node as usize].meta ^ self.cold[node as usize].slot;
+        if self.residencies < WARM_MIN {
+            return;
+        }
+        let Some(s) = self.slots[slot as usize].as_ref() else {
+            return;
+        };
+        let mut acc = 0u32;
+        for &h in hashes {
+            if let Some(i) = s.lookup.find(tag_of(mix(h)), |_| true) {
+                let node = node_of(s.lookup.get(i)) as usize;
+                if let (Some(n), Some(c)) = (self.nodes.get(node), self.cold.get(node)) {
+                    acc ^= n.meta ^ c.slot;
                 }
             }
-            std::hint::black_box(acc);
         }
+        for &h in hashes {
+            acc ^= self.find_residency(slot, h).unwrap_or(0);
+        }
+        std::hint::black_box(acc);
     }
 
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
-        let (cold, extras) = (&self.cold, &self.extras);
+        let (cold, holders) = (&self.cold, &self.holders);
         let lookup = &s.lookup;
         lookup
-            .find(tag_of(mix(ext)), |x| ext_of(cold, extras, x) == ext)
+            .find(tag_of(mix(ext)), |x| handle_is(cold, holders, slot, x, ext))
             .map(|i| lookup.get(i))
     }
 
@@ -924,14 +935,16 @@ impl RadixTree {
         let tag = tag_of(mix(ext));
         let Self {
             cold,
-            extras,
+            holders,
             slots,
             ..
         } = self;
         let Some(s) = slots[slot as usize].as_ref() else {
             return false;
         };
-        let found = s.lookup.find(tag, |x| ext_of(cold, extras, x) == ext);
+        let found = s
+            .lookup
+            .find(tag, |x| handle_is(cold, holders, slot, x, ext));
         let old = found.map(|i| s.lookup.get(i));
         let absent = known_absent || self.lacks(node, slot);
         let (Some(index), Some(old)) = (found, old) else {
@@ -941,7 +954,7 @@ impl RadixTree {
             }
             return absent;
         };
-        if node_of(&self.extras, old) == node {
+        if node_of(old) == node {
             return false;
         }
         // Add the new residency before releasing the old one so that no node on the
@@ -950,7 +963,7 @@ impl RadixTree {
         if let Some(s) = self.slots[slot as usize].as_mut() {
             s.lookup.set(index, new);
         }
-        self.release(old);
+        self.release_marking(old, slot, Some(ext), true, NIL);
         // The release may have changed `node`'s parent chain; claim nothing below.
         false
     }
@@ -990,7 +1003,7 @@ impl RadixTree {
         handle
     }
 
-    /// Give `node` a holder set built from its holder list (which makes its `DUPS` exact).
+    /// Give `node` a holder set built from its holder block (which makes its `DUPS` exact).
     fn widen(&mut self, node: u32) {
         let mut set = HolderSet::default();
         self.for_each_residency(node, |s| {
@@ -1014,48 +1027,25 @@ impl RadixTree {
             n.ext = ext;
             return node;
         }
-        let head = self.extras_head(node);
-        let e = Extra {
-            ext,
-            slot,
-            node,
-            next: head,
-            prev: NIL,
-        };
-        let id = if let Some(id) = self.free_extras.pop() {
-            self.extras[id as usize] = e;
-            id
-        } else {
-            self.extras.push(e);
-            (self.extras.len() - 1) as u32
-        };
-        assert!(
-            id < EXTRA_BIT,
-            "radix tree residency capacity (2^31) exceeded"
-        );
-        if head != NIL {
-            self.extras[head as usize].prev = id;
-        }
-        self.set_extras_head(node, id);
-        id | EXTRA_BIT
+        // The node's residencies before this one: the primary and `len` further ones.
+        let len = (self.nodes[node as usize].meta & COUNT_MASK) - 2;
+        let block = if n.has_extras() { n.link } else { NIL };
+        let block = self.holders.push(block, len, Holder::new(slot, ext));
+        let n = &mut self.cold[node as usize];
+        n.slot |= HAS_EXTRAS;
+        n.link = block;
+        node | EXTRA_BIT
     }
 
-    /// Detach a residency from its node (the caller has already dropped or replaced its
-    /// lookup entry) and free the node and any ancestors left empty and childless.
-    fn release(&mut self, handle: u32) {
-        self.release_marking(handle, true, NIL);
-    }
-
-    /// [`Self::release`]; with `mark`, flag the node `BROKEN` when the releasing rank may
-    /// still hold one of its children (not needed when the rank's every block goes).
-    /// `gone`: a node the rank is known not to hold (or `NIL`).
-    fn release_marking(&mut self, handle: u32, mark: bool, gone: u32) {
-        let (node, slot) = if handle & EXTRA_BIT != 0 {
-            let e = &self.extras[(handle & !EXTRA_BIT) as usize];
-            (e.node, e.slot)
-        } else {
-            (handle, self.cold[handle as usize].primary())
-        };
+    /// Detach the residency `handle` of worker slot `slot` under external hash `ext`
+    /// (`None`: any of the slot's residencies that the handle names) from its node (the
+    /// caller has already dropped or replaced its lookup entry), and free the node and any
+    /// ancestors left empty and childless. With `mark`, flag the node `BROKEN` when the
+    /// releasing rank may still hold one of its children (not needed when the rank's every
+    /// block goes). `gone`: a node the rank is known not to hold (or `NIL`).
+    fn release_marking(&mut self, handle: u32, slot: u32, ext: Option<u64>, mark: bool, gone: u32) {
+        let node = node_of(handle);
+        debug_assert!(handle & EXTRA_BIT != 0 || self.cold[node as usize].primary() == slot);
         {
             let m = &mut self.nodes[node as usize].meta;
             *m -= 1;
@@ -1066,7 +1056,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.narrow(node, slot);
         }
-        self.detach(handle);
+        self.detach(handle, slot, ext);
         // A node that is still live keeps its parent (freed ones have none).
         if mark
             && node != ROOT
@@ -1080,7 +1070,7 @@ impl RadixTree {
     }
 
     /// `slot` left the wide `node` (its count already dropped): update the holder set and
-    /// the exact `DUPS`; below [`WIDE_DROP`] holders the node goes back to its list alone.
+    /// the exact `DUPS`; below [`WIDE_DROP`] holders the node goes back to its block alone.
     fn narrow(&mut self, node: u32, slot: u32) {
         let Some(set) = self.wide.get_mut(&node) else {
             return;
@@ -1132,54 +1122,46 @@ impl RadixTree {
         found
     }
 
-    fn detach(&mut self, handle: u32) {
+    /// Take the residency off its node (see [`Self::release_marking`]; the node's count
+    /// already excludes it).
+    fn detach(&mut self, handle: u32, slot: u32, ext: Option<u64>) {
         self.residencies -= 1;
+        let node = node_of(handle);
+        // The node's further residencies before this call.
+        let len = self.nodes[node as usize].meta & COUNT_MASK;
+        let n = self.cold[node as usize];
         if handle & EXTRA_BIT != 0 {
-            let id = handle & !EXTRA_BIT;
-            let e = self.extras[id as usize];
-            if e.prev != NIL {
-                self.extras[e.prev as usize].next = e.next;
-            } else {
-                self.set_extras_head(e.node, e.next);
-            }
-            if e.next != NIL {
-                self.extras[e.next as usize].prev = e.prev;
-            }
-            self.free_extras.push(id);
+            let mut at = 0;
+            let mut found = false;
+            self.holders.scan(n.link, |h| {
+                found = h.slot == slot && ext.is_none_or(|e| h.ext() == e);
+                at += u32::from(!found);
+                !found
+            });
+            debug_assert!(found, "holder entry of {handle:x}");
+            let block = self.holders.swap_remove(n.link, len, at);
+            self.set_holder_block(node, block);
             return;
         }
-        let node = handle;
-        let head = self.extras_head(node);
-        if head == NIL {
+        if !n.has_extras() {
             self.cold[node as usize].slot = NIL;
             self.free_upwards(node);
             return;
         }
-        // Promote the first extra to primary and repoint its lookup entry at the node.
-        let e = self.extras[head as usize];
-        {
-            let n = &mut self.cold[node as usize];
-            n.slot = e.slot;
-            n.ext = e.ext;
-        }
-        self.set_extras_head(node, e.next);
-        if e.next != NIL {
-            self.extras[e.next as usize].prev = NIL;
-        }
-        let Self {
-            cold,
-            extras,
-            slots,
-            ..
-        } = self;
-        if let Some(s) = slots[e.slot as usize].as_mut()
-            && let Some(index) = s.lookup.find(tag_of(mix(e.ext)), |x| {
-                x == head | EXTRA_BIT && ext_of(cold, extras, x) == e.ext
-            })
+        // Promote the last further holder to primary and repoint its lookup entry at the
+        // node.
+        let e = self.holders.get(n.link, len - 1);
+        let block = self.holders.swap_remove(n.link, len, len - 1);
+        self.cold[node as usize].slot = e.slot;
+        self.cold[node as usize].ext = e.ext();
+        self.set_holder_block(node, block);
+        if let Some(s) = self.slots[e.slot as usize].as_mut()
+            && let Some(index) = s
+                .lookup
+                .find(tag_of(mix(e.ext())), |x| x == node | EXTRA_BIT)
         {
             s.lookup.set(index, node);
         }
-        self.free_extras.push(head);
     }
 
     fn free_upwards(&mut self, mut node: u32) {
@@ -1231,8 +1213,7 @@ impl RadixTree {
         self.nodes = std::iter::once(Self::root()).collect();
         self.cold = std::iter::once(EMPTY_COLD).collect();
         self.free_nodes = FreeRuns::default();
-        self.extras = Arena::new();
-        self.free_extras = Vec::new();
+        self.holders = Holders::default();
         self.children = ExtTable::default();
         self.roots = ExtTable::default();
         self.kids = FxHashMap::default();
@@ -1242,23 +1223,15 @@ impl RadixTree {
         }
     }
 
-    #[inline]
-    fn extras_head(&self, node: u32) -> u32 {
-        if self.cold[node as usize].has_extras() {
-            self.cold[node as usize].link
-        } else {
-            NIL
-        }
-    }
-
-    fn set_extras_head(&mut self, node: u32, head: u32) {
+    /// Name `block` (`NIL`: none) as `node`'s holder block.
+    fn set_holder_block(&mut self, node: u32, block: u32) {
         let n = &mut self.cold[node as usize];
-        if head == NIL {
+        if block == NIL {
             n.slot &= !HAS_EXTRAS;
             n.link = NIL;
         } else {
             n.slot |= HAS_EXTRAS;
-            n.link = head;
+            n.link = block;
         }
     }
 
@@ -1278,14 +1251,11 @@ impl RadixTree {
             return;
         }
         f(n.primary());
-        if !n.has_extras() {
-            return;
-        }
-        let mut e = self.extras_head(node);
-        while e != NIL {
-            let x = &self.extras[e as usize];
-            f(x.slot);
-            e = x.next;
+        if n.has_extras() {
+            self.holders.scan(n.link, |h| {
+                f(h.slot);
+                true
+            });
         }
     }
 }

@@ -1,0 +1,273 @@
+//! The holders of a node beyond its primary one, **contiguous**: one block per node, of
+//! `2^c` entries for the smallest `c` that fits them, from a pool per size class.
+//!
+//! They were a doubly linked list of 24-byte entries scattered over one arena: a query
+//! enumerating a popular block's 16 holders followed 15 dependent cache misses, and
+//! detaching a holder wrote its two neighbours (two more lines). Here an entry is 12
+//! bytes (external hash and worker slot: the node and the links are gone), a node's
+//! holders are one or a few cache lines read in order, and removing one moves the
+//! block's last entry into its place.
+//!
+//! A block is named by its size class and the index of its first entry in one pool,
+//! packed into one `u32` (the node's `Cold::link`): [`BlockRef`]. The number of entries in use is not
+//! stored: the node's holder count gives it to writers (`count - 1`, the primary being
+//! inline), and readers stop at the first unused entry (`slot == NIL`) or the block's end.
+//! A block moves to the next class (copying its entries) when a push finds it full, and
+//! to a class twice its length when removals leave it a quarter full (hysteresis: a length
+//! that oscillates around a power of two does not move its block at every event); freed
+//! blocks go to their class's free list. The pool is an [`Arena`] (in chunks: growth
+//! never copies; a block may straddle two chunks, which costs its scan one more chunk
+//! lookup); one pool for every class, so that reading a block is one chunk-table load and
+//! the entries (a pool per class was one more dependent load, the class's pool header).
+
+use super::NIL;
+use super::arena::Arena;
+
+/// Size classes (block of class `c`: `2^c` entries).
+const CLASSES: usize = 32;
+/// Bits of a [`BlockRef`] that hold the block's first entry (the top bits hold the class):
+/// at most 2^27 entries in the pool (1.5 GiB).
+const INDEX_BITS: u32 = 27;
+
+/// One holder: the worker slot and the external hash under which it holds the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Holder {
+    ext_lo: u32,
+    ext_hi: u32,
+    /// Worker slot, or `NIL` for an unused entry.
+    pub(super) slot: u32,
+}
+
+impl Holder {
+    const UNUSED: Self = Self {
+        ext_lo: 0,
+        ext_hi: 0,
+        slot: NIL,
+    };
+
+    pub(super) const fn new(slot: u32, ext: u64) -> Self {
+        Self {
+            ext_lo: ext as u32,
+            ext_hi: (ext >> 32) as u32,
+            slot,
+        }
+    }
+
+    #[inline]
+    pub(super) const fn ext(&self) -> u64 {
+        (self.ext_hi as u64) << 32 | self.ext_lo as u64
+    }
+}
+
+/// The class of a block for `len >= 1` entries.
+#[inline]
+pub(super) const fn class_of(len: u32) -> u32 {
+    32 - (len - 1).leading_zeros()
+}
+
+/// A block: its class and index, packed (see the module docs).
+pub(super) type BlockRef = u32;
+
+#[inline]
+const fn class_and_base(b: BlockRef) -> (u32, usize) {
+    (b >> INDEX_BITS, (b & ((1 << INDEX_BITS) - 1)) as usize)
+}
+
+/// The pools of holder blocks (see the module docs).
+#[derive(Debug, Default)]
+pub(super) struct Holders {
+    pool: Arena<Holder>,
+    /// Free blocks of each class (their [`BlockRef`]s).
+    free: Vec<Vec<BlockRef>>,
+    /// Blocks in use, and their entries (used or not).
+    blocks: usize,
+    capacity: usize,
+}
+
+impl Holders {
+    /// A free block of class `c`, its entries unused.
+    fn alloc(&mut self, c: u32) -> BlockRef {
+        let c = c as usize;
+        if self.free.len() <= c {
+            self.free.resize_with(c + 1, Vec::new);
+        }
+        self.blocks += 1;
+        self.capacity += 1 << c;
+        if let Some(b) = self.free[c].pop() {
+            return b;
+        }
+        let base = self.pool.len();
+        assert!(
+            base + (1 << c) <= 1 << INDEX_BITS && c < CLASSES,
+            "radix tree holder blocks exhausted"
+        );
+        for _ in 0..1usize << c {
+            self.pool.push(Holder::UNUSED);
+        }
+        (c as u32) << INDEX_BITS | base as u32
+    }
+
+    /// Free block `b`, whose entries from `used` on are unused already.
+    fn release(&mut self, b: BlockRef, used: u32) {
+        let (c, base) = class_and_base(b);
+        self.blocks -= 1;
+        self.capacity -= 1 << c;
+        for i in base..base + used as usize {
+            self.pool[i] = Holder::UNUSED;
+        }
+        self.free[c as usize].push(b);
+    }
+
+    /// Entry `j` of block `b`.
+    #[inline]
+    pub(super) fn get(&self, b: BlockRef, j: u32) -> Holder {
+        let (_, base) = class_and_base(b);
+        self.pool[base + j as usize]
+    }
+
+    fn set(&mut self, b: BlockRef, j: u32, h: Holder) {
+        let (_, base) = class_and_base(b);
+        self.pool[base + j as usize] = h;
+    }
+
+    /// The entries in use of block `b`, in order, until `f` returns `false`.
+    #[inline]
+    pub(super) fn scan(&self, b: BlockRef, mut f: impl FnMut(Holder) -> bool) {
+        let (c, base) = class_and_base(b);
+        let pool = &self.pool;
+        let end = base + (1 << c);
+        let mut i = base;
+        while i < end {
+            let run = pool.tail(i);
+            let run = &run[..run.len().min(end - i)];
+            for &h in run {
+                if h.slot == NIL || !f(h) {
+                    return;
+                }
+            }
+            i += run.len();
+        }
+    }
+
+    /// Append `h` to block `b` holding `len` entries (`NIL` and 0 for none); returns the
+    /// block, which moved when it was full.
+    pub(super) fn push(&mut self, b: BlockRef, len: u32, h: Holder) -> BlockRef {
+        let b = if len == 0 {
+            self.alloc(0)
+        } else if len == 1 << (b >> INDEX_BITS) {
+            self.moved(b, len, class_of(len + 1))
+        } else {
+            b
+        };
+        self.set(b, len, h);
+        b
+    }
+
+    /// Remove entry `j` of block `b` holding `len` entries (the last one takes its place);
+    /// returns the block (`NIL` once empty), which moved to a class twice the rest when the
+    /// rest fills a quarter of it.
+    pub(super) fn swap_remove(&mut self, b: BlockRef, len: u32, j: u32) -> BlockRef {
+        let last = self.get(b, len - 1);
+        self.set(b, j, last);
+        self.set(b, len - 1, Holder::UNUSED);
+        let c = b >> INDEX_BITS;
+        if len == 1 {
+            self.release(b, 0);
+            NIL
+        } else if c >= 2 && len - 1 <= 1 << (c - 2) {
+            self.moved(b, len - 1, class_of(len - 1) + 1)
+        } else {
+            b
+        }
+    }
+
+    /// The first `len` entries of `b` moved to a new block of class `c`; `b` is freed.
+    fn moved(&mut self, b: BlockRef, len: u32, c: u32) -> BlockRef {
+        let n = self.alloc(c);
+        for j in 0..len {
+            let h = self.get(b, j);
+            self.set(n, j, h);
+        }
+        self.release(b, len);
+        n
+    }
+
+    /// Number of entries block `b` can hold.
+    pub(super) const fn capacity(b: BlockRef) -> u32 {
+        1 << (b >> INDEX_BITS)
+    }
+
+    /// Bytes reserved.
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.pool.heap_bytes()
+            + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
+            + self.free.capacity() * size_of::<Vec<BlockRef>>()
+    }
+
+    /// Number of blocks in use (for the invariant checks), with the free blocks checked to
+    /// be unused and, with the blocks in use, to fill the pool.
+    pub(super) fn checked_blocks(&self) -> usize {
+        let mut entries = 0;
+        let mut free = 0;
+        for (c, list) in self.free.iter().enumerate() {
+            for &b in list {
+                assert_eq!((b >> INDEX_BITS) as usize, c, "free block in its class");
+                let mut any = false;
+                self.scan(b, |_| {
+                    any = true;
+                    false
+                });
+                assert!(!any, "free block {b} holds entries");
+                free += 1usize << c;
+            }
+        }
+        entries += free + self.capacity;
+        assert_eq!(
+            entries,
+            self.pool.len(),
+            "blocks in use and free fill the pool"
+        );
+        self.blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{Holder, Holders, NIL};
+
+    proptest! {
+        /// Blocks against `Vec`s: pushes, swap-removes, class changes, reuse of freed
+        /// blocks; the entries in use always read back as the model's.
+        #[test]
+        fn behaves_like_vecs(
+            ops in proptest::collection::vec((0usize..6, any::<bool>(), 0u32..40), 0..400)
+        ) {
+            let mut h = Holders::default();
+            let mut model: Vec<Vec<Holder>> = vec![Vec::new(); 6];
+            let mut refs = [NIL; 6];
+            for (k, push, x) in ops {
+                let len = model[k].len() as u32;
+                if push || len == 0 {
+                    let e = Holder::new(x, u64::from(x) << 40 | u64::from(k as u32));
+                    refs[k] = h.push(refs[k], len, e);
+                    model[k].push(e);
+                } else {
+                    let j = x % len;
+                    refs[k] = h.swap_remove(refs[k], len, j);
+                    model[k].swap_remove(j as usize);
+                }
+                for (m, &b) in model.iter().zip(&refs) {
+                    let mut got = Vec::new();
+                    if b != NIL {
+                        h.scan(b, |e| { got.push(e); true });
+                    }
+                    prop_assert_eq!(&got, m);
+                }
+                let in_use = model.iter().filter(|m| !m.is_empty()).count();
+                prop_assert_eq!(h.checked_blocks(), in_use);
+            }
+        }
+    }
+}
