@@ -5,6 +5,8 @@ Usage: python benches/bench_request_plane.py [--out docs/benchmarks/request_plan
 A worker process serves a Python handler yielding 4 items per request; a client process
 (discovery ``etcd``) measures the sequential round trip (median, p99) and the throughput
 with 64 requests in flight, for each request plane (``tcp``, ``nats``) and implementation.
+The floor of that layout is measured beside them: a raw asyncio TCP echo between the same
+two kinds of process (one request line, 4 reply lines written one by one), sequential only.
 etcd and nats-server are started on free loopback ports (tests/services.py). The reference
 runs in its own venv (``REF_PYTHON``, see benches/_common.py), client and worker alike.
 """
@@ -49,6 +51,59 @@ async def _serve(plane: str) -> None:
     await endpoint.serve_endpoint(handler)
 
 
+async def _serve_echo() -> None:
+    """The floor's worker: per request line, ITEMS reply lines, each its own write."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.readline():
+            for i in range(ITEMS):
+                writer.write(b'{"i": %d, "text": "token"}\n' % i)
+            await writer.drain()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def _sequential(samples: list[float]) -> dict[str, float]:
+    samples.sort()
+    return {
+        "latency_median_ms": statistics.median(samples) * 1e3,
+        "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
+    }
+
+
+async def _measure_echo() -> dict[str, float]:
+    """Sequential round trip of the raw asyncio echo in a second process (the floor)."""
+    worker = subprocess.Popen(
+        [sys.executable, __file__, "--serve-echo"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert worker.stdout is not None
+        port = int(worker.stdout.readline())
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+        async def one() -> None:
+            writer.write(b'{"prompt": "hello"}\n')
+            for _ in range(ITEMS):
+                await reader.readline()
+
+        for _ in range(WARMUP):
+            await one()
+        samples = []
+        deadline = time.perf_counter() + SECONDS
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await one()
+            samples.append(time.perf_counter() - t0)
+        writer.close()
+        return _sequential(samples)
+    finally:
+        worker.terminate()
+        worker.wait(15)
+
+
 async def _measure(plane: str) -> dict[str, float]:
     from dynamo._core import DistributedRuntime
 
@@ -81,7 +136,6 @@ async def _measure(plane: str) -> dict[str, float]:
             t0 = time.perf_counter()
             await one()
             samples.append(time.perf_counter() - t0)
-        samples.sort()
         done = 0
         stop_at = time.perf_counter() + SECONDS
 
@@ -94,11 +148,7 @@ async def _measure(plane: str) -> dict[str, float]:
         t0 = time.perf_counter()
         await asyncio.gather(*(loop() for _ in range(CONCURRENCY)))
         elapsed = time.perf_counter() - t0
-        return {
-            "latency_median_ms": statistics.median(samples) * 1e3,
-            "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
-            "throughput_rps": done / elapsed,
-        }
+        return {**_sequential(samples), "throughput_rps": done / elapsed}
     finally:
         worker.terminate()
         try:
@@ -112,11 +162,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--serve", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-echo", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plane", default="tcp", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help="write a Markdown report here")
     args = parser.parse_args()
     if args.serve:
         asyncio.run(_serve(args.serve))
+        return
+    if args.serve_echo:
+        asyncio.run(_serve_echo())
         return
     if args.measure_only:
         print(json.dumps(asyncio.run(_measure(args.plane))))
@@ -145,6 +199,7 @@ def main() -> None:
             results[("dynamo-rs", plane)] = asyncio.run(_measure(plane))
             os.environ["BENCH_NS"] = f"benchrp-ref-{plane}"
             results[("reference", plane)] = run_under_reference(__file__, "--plane", plane)
+        results[("asyncio echo (floor)", "tcp")] = asyncio.run(_measure_echo())
     finally:
         etcd.close()
         nats.close()
@@ -183,6 +238,13 @@ def main() -> None:
             f"* tcp ratios, dynamo-rs / reference: latency "
             f"{ours['latency_median_ms'] / ref['latency_median_ms']:.2f}x, throughput "
             f"{ours['throughput_rps'] / ref['throughput_rps']:.2f}x."
+        )
+    floor = results[("asyncio echo (floor)", "tcp")]
+    if "latency_median_ms" in ours:
+        lines.append(
+            f"* tcp median over the floor (asyncio echo): dynamo-rs "
+            f"{ours['latency_median_ms'] / floor['latency_median_ms']:.2f}x, +"
+            f"{ours['latency_median_ms'] - floor['latency_median_ms']:.3f} ms."
         )
     report = "\n".join(lines) + "\n"
     print(report)
