@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,3 +52,23 @@ def run_under_reference(script: str, *args: str) -> dict:
 
 def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}"
+
+
+async def time_sequential(one, seconds: float, warmup: int) -> list[float]:
+    """Durations (s) of back-to-back awaits of ``one()`` for ``seconds``, after ``warmup``
+    untimed ones."""
+    for _ in range(warmup):
+        await one()
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        await one()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def median_p99_ms(samples: list[float]) -> tuple[float, float]:
+    """Median and p99 of ``samples`` (seconds) in milliseconds; sorts ``samples``."""
+    samples.sort()
+    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3

@@ -17,11 +17,13 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_p99_ms, time_sequential
 
 HERE = Path(__file__).resolve().parent
 ITEMS = 4
@@ -67,11 +69,8 @@ async def _serve_echo() -> None:
 
 
 def _sequential(samples: list[float]) -> dict[str, float]:
-    samples.sort()
-    return {
-        "latency_median_ms": statistics.median(samples) * 1e3,
-        "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
-    }
+    median, p99 = median_p99_ms(samples)
+    return {"latency_median_ms": median, "latency_p99_ms": p99}
 
 
 async def _measure_echo() -> dict[str, float]:
@@ -89,14 +88,7 @@ async def _measure_echo() -> dict[str, float]:
             for _ in range(ITEMS):
                 await reader.readline()
 
-        for _ in range(WARMUP):
-            await one()
-        samples = []
-        deadline = time.perf_counter() + SECONDS
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            await one()
-            samples.append(time.perf_counter() - t0)
+        samples = await time_sequential(one, SECONDS, WARMUP)
         writer.close()
         return _sequential(samples)
     finally:
@@ -128,14 +120,7 @@ async def _measure(plane: str) -> dict[str, float]:
                 n += 1
             assert n == ITEMS, n
 
-        for _ in range(WARMUP):
-            await one()
-        samples = []
-        deadline = time.perf_counter() + SECONDS
-        while time.perf_counter() < deadline:
-            t0 = time.perf_counter()
-            await one()
-            samples.append(time.perf_counter() - t0)
+        samples = await time_sequential(one, SECONDS, WARMUP)
         done = 0
         stop_at = time.perf_counter() + SECONDS
 

@@ -32,28 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import median_p99_ms, time_sequential
+
 ITEMS = 4
 CONCURRENCY = 64
 #: Wall time per measurement; long enough for stable medians on a noisy 2-core machine.
 SECONDS = 3.0
 WARMUP = 200
-
-
-def _sequential_ms(samples: list[float]) -> tuple[float, float]:
-    samples.sort()
-    return statistics.median(samples) * 1e3, samples[int(len(samples) * 0.99)] * 1e3
-
-
-async def _time_sequential(one) -> list[float]:
-    for _ in range(WARMUP):
-        await one()
-    samples = []
-    deadline = time.perf_counter() + SECONDS
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        await one()
-        samples.append(time.perf_counter() - t0)
-    return samples
 
 
 async def _floors() -> dict[str, float]:
@@ -76,7 +62,7 @@ async def _floors() -> dict[str, float]:
         async for _ in await client.round_robin({"prompt": "hello"}, annotated=False):
             pass
 
-    empty_p50, _ = _sequential_ms(await _time_sequential(one_empty))
+    empty_p50, _ = median_p99_ms(await time_sequential(one_empty, SECONDS, WARMUP))
     runtime.shutdown()
     try:
         await asyncio.wait_for(served, 10)
@@ -99,7 +85,7 @@ async def _floors() -> dict[str, float]:
         for _ in range(ITEMS):
             await reader.readline()
 
-    echo_p50, _ = _sequential_ms(await _time_sequential(one_echo))
+    echo_p50, _ = median_p99_ms(await time_sequential(one_echo, SECONDS, WARMUP))
     writer.close()
     await writer.wait_closed()
     server.close()
