@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -137,16 +136,7 @@ async def _measure() -> dict[str, float]:
 
 
 async def _measure_with(one) -> dict[str, float]:
-    for _ in range(WARMUP):
-        await one()
-
-    samples = []
-    deadline = time.perf_counter() + SECONDS
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        await one()
-        samples.append(time.perf_counter() - t0)
-    samples.sort()
+    median, p99 = median_p99_ms(await time_sequential(one, SECONDS, WARMUP))
 
     done = 0
     stop_at = time.perf_counter() + SECONDS
@@ -160,11 +150,7 @@ async def _measure_with(one) -> dict[str, float]:
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
     elapsed = time.perf_counter() - t0
-    return {
-        "latency_median_ms": statistics.median(samples) * 1e3,
-        "latency_p99_ms": samples[int(len(samples) * 0.99)] * 1e3,
-        "throughput_rps": done / elapsed,
-    }
+    return {"latency_median_ms": median, "latency_p99_ms": p99, "throughput_rps": done / elapsed}
 
 
 def measure() -> dict[str, float]:
