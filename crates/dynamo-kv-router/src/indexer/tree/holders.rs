@@ -8,25 +8,35 @@
 //! holders are one or a few cache lines read in order, and removing one moves the
 //! block's last entry into its place.
 //!
-//! A block is named by its size class and the index of its first entry in one pool,
-//! packed into one `u32` (the node's `Cold::link`): [`BlockRef`]. The number of entries in use is not
+//! A block is named by its size class and its index among the blocks of that class,
+//! packed into one `u32` (the node's `Cold::link`): [`BlockRef`]. Each class has a pool of
+//! its own, where block `i` of class `c` is entries `i << c ..` (blocks never straddle a
+//! chunk of the pool while `2^c` fits a chunk). The number of entries in use is not
 //! stored: the node's holder count gives it to writers (`count - 1`, the primary being
 //! inline), and readers stop at the first unused entry (`slot == NIL`) or the block's end.
 //! A block moves to the next class (copying its entries) when a push finds it full, and
 //! to a class twice its length when removals leave it a quarter full (hysteresis: a length
 //! that oscillates around a power of two does not move its block at every event); freed
-//! blocks go to their class's free list. The pool is an [`Arena`] (in chunks: growth
-//! never copies; a block may straddle two chunks, which costs its scan one more chunk
-//! lookup); one pool for every class, so that reading a block is one chunk-table load and
-//! the entries (a pool per class was one more dependent load, the class's pool header).
+//! blocks go to their class's free list. The pools are [`Arena`]s (in chunks: growth
+//! never copies).
+//!
+//! Capacity: 2^27 blocks **per class** (the index bits of a [`BlockRef`]), so the first
+//! limit reached is 2^27 nodes with exactly two holders: at least 270M indexed blocks
+//! (past 8 GiB of index). With one pool for all classes, indexed by entry, it was 2^27
+//! entries in all, slack included, where the index panicked: about 250M indexed blocks
+//! at the 16-worker stream's mix (estimated: ~0.4 further holders per indexed block,
+//! blocks ~3/4 full), sooner where more workers share blocks. A pool per class costs one
+//! more load before a block (the class's pool header, in cache in practice); measured
+//! within the noise of one pool in round 6 of
+//! `docs/benchmarks/kv_indexer.md` and again in round 7.
 
 use super::NIL;
 use super::arena::Arena;
 
 /// Size classes (block of class `c`: `2^c` entries).
 const CLASSES: usize = 32;
-/// Bits of a [`BlockRef`] that hold the block's first entry (the top bits hold the class):
-/// at most 2^27 entries in the pool (1.5 GiB).
+/// Bits of a [`BlockRef`] that hold the block's index in its class (the top bits hold the
+/// class): at most 2^27 blocks of each class.
 const INDEX_BITS: u32 = 27;
 
 /// One holder: the worker slot and the external hash under which it holds the node.
@@ -68,15 +78,18 @@ pub(super) const fn class_of(len: u32) -> u32 {
 /// A block: its class and index, packed (see the module docs).
 pub(super) type BlockRef = u32;
 
+/// The class of block `b` and the index of its first entry in that class's pool.
 #[inline]
-const fn class_and_base(b: BlockRef) -> (u32, usize) {
-    (b >> INDEX_BITS, (b & ((1 << INDEX_BITS) - 1)) as usize)
+const fn class_and_base(b: BlockRef) -> (usize, usize) {
+    let c = b >> INDEX_BITS;
+    (c as usize, ((b & ((1 << INDEX_BITS) - 1)) as usize) << c)
 }
 
 /// The pools of holder blocks (see the module docs).
 #[derive(Debug, Default)]
 pub(super) struct Holders {
-    pool: Arena<Holder>,
+    /// One pool per class (index `c`: blocks of `2^c` entries), created on first use.
+    pools: Vec<Arena<Holder>>,
     /// Free blocks of each class (their [`BlockRef`]s).
     free: Vec<Vec<BlockRef>>,
     /// Blocks in use, and their entries (used or not).
@@ -90,21 +103,24 @@ impl Holders {
         let c = c as usize;
         if self.free.len() <= c {
             self.free.resize_with(c + 1, Vec::new);
+            self.pools.resize_with(c + 1, Arena::default);
         }
         self.blocks += 1;
         self.capacity += 1 << c;
         if let Some(b) = self.free[c].pop() {
             return b;
         }
-        let base = self.pool.len();
+        let pool = &mut self.pools[c];
+        let index = pool.len() >> c;
+        // Past 8 GiB of index at the smallest class (see the module docs).
         assert!(
-            base + (1 << c) <= 1 << INDEX_BITS && c < CLASSES,
-            "radix tree holder blocks exhausted"
+            index < 1 << INDEX_BITS && c < CLASSES,
+            "radix tree holder blocks of class {c} exhausted"
         );
         for _ in 0..1usize << c {
-            self.pool.push(Holder::UNUSED);
+            pool.push(Holder::UNUSED);
         }
-        (c as u32) << INDEX_BITS | base as u32
+        (c as u32) << INDEX_BITS | index as u32
     }
 
     /// Free block `b`, whose entries from `used` on are unused already.
@@ -112,29 +128,30 @@ impl Holders {
         let (c, base) = class_and_base(b);
         self.blocks -= 1;
         self.capacity -= 1 << c;
+        let pool = &mut self.pools[c];
         for i in base..base + used as usize {
-            self.pool[i] = Holder::UNUSED;
+            pool[i] = Holder::UNUSED;
         }
-        self.free[c as usize].push(b);
+        self.free[c].push(b);
     }
 
     /// Entry `j` of block `b`.
     #[inline]
     pub(super) fn get(&self, b: BlockRef, j: u32) -> Holder {
-        let (_, base) = class_and_base(b);
-        self.pool[base + j as usize]
+        let (c, base) = class_and_base(b);
+        self.pools[c][base + j as usize]
     }
 
     fn set(&mut self, b: BlockRef, j: u32, h: Holder) {
-        let (_, base) = class_and_base(b);
-        self.pool[base + j as usize] = h;
+        let (c, base) = class_and_base(b);
+        self.pools[c][base + j as usize] = h;
     }
 
     /// The entries in use of block `b`, in order, until `f` returns `false`.
     #[inline]
     pub(super) fn scan(&self, b: BlockRef, mut f: impl FnMut(Holder) -> bool) {
         let (c, base) = class_and_base(b);
-        let pool = &self.pool;
+        let pool = &self.pools[c];
         let end = base + (1 << c);
         let mut i = base;
         while i < end {
@@ -199,7 +216,8 @@ impl Holders {
 
     /// Bytes reserved.
     pub(super) fn heap_bytes(&self) -> usize {
-        self.pool.heap_bytes()
+        self.pools.iter().map(Arena::heap_bytes).sum::<usize>()
+            + self.pools.capacity() * size_of::<Arena<Holder>>()
             + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
             + self.free.capacity() * size_of::<Vec<BlockRef>>()
     }
@@ -224,8 +242,8 @@ impl Holders {
         entries += free + self.capacity;
         assert_eq!(
             entries,
-            self.pool.len(),
-            "blocks in use and free fill the pool"
+            self.pools.iter().map(Arena::len).sum::<usize>(),
+            "blocks in use and free fill the pools"
         );
         self.blocks
     }
@@ -236,6 +254,35 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{Holder, Holders, NIL};
+
+    /// A [`BlockRef`]'s index counts blocks of its class, not entries: the limit is 2^27
+    /// blocks of each class (see the module docs).
+    #[test]
+    fn blocks_are_numbered_within_their_class() {
+        let mut h = Holders::default();
+        let small: Vec<u32> = (0..3).map(|_| h.alloc(0)).collect();
+        let large: Vec<u32> = (0..3).map(|_| h.alloc(5)).collect();
+        let index = |b: u32| b & ((1 << super::INDEX_BITS) - 1);
+        assert_eq!(
+            small.iter().map(|&b| index(b)).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(
+            large.iter().map(|&b| index(b)).collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(h.pools[5].len(), 3 << 5);
+        // Entries of different blocks never alias.
+        for (k, &b) in small.iter().chain(&large).enumerate() {
+            h.set(b, 0, Holder::new(k as u32, k as u64));
+        }
+        for (k, &b) in small.iter().chain(&large).enumerate() {
+            assert_eq!(h.get(b, 0), Holder::new(k as u32, k as u64));
+        }
+        h.release(large[1], 1);
+        assert_eq!(h.alloc(5), large[1], "a freed block is reused in its class");
+        assert_eq!(h.checked_blocks(), 6);
+    }
 
     proptest! {
         /// Blocks against `Vec`s: pushes, swap-removes, class changes, reuse of freed
