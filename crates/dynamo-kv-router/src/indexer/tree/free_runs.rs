@@ -36,6 +36,16 @@ fn set_run_next(c: &mut Cold, next: u32) {
     c.ext = (c.ext & 0xffff_ffff) | (u64::from(next) << 32);
 }
 
+/// Free ids are *scarce* while fewer than `1 / SCARCE` of the arena's ids are free: a chain
+/// longer than every free run is then appended to the arena whole, not split over the
+/// largest run and the ones after it. Each split is a branch step for every later query
+/// walking the chain (a child-table probe and a node load, dependent misses). Round 7 of
+/// `docs/benchmarks/kv_indexer.md`: at 1M live blocks 16 (the previous value) left 0.69
+/// branch steps in a 100-block query, 8 leaves 0.08, and the p99 of those queries from a
+/// cold cache halved (4.7 / 3.9 -> 2.3 / 2.0 us in two runs), for +0.9 B/block of free ids
+/// (+1.6 at 100k).
+const SCARCE: usize = 8;
+
 /// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
 const CLASSES: usize = 32;
 
@@ -160,8 +170,8 @@ impl FreeRuns {
 
     /// Take the first id of a run of at least `want` ids if there is one (the smallest
     /// size class that guarantees it, or the first run of the class below when it is long
-    /// enough). Otherwise `None` when free ids are scarce (under a
-    /// sixteenth of the arena): the caller appends the chain to the arena instead of
+    /// enough). Otherwise `None` when free ids are scarce (under 1/[`SCARCE`] of the
+    /// arena): the caller appends the chain to the arena instead of
     /// splitting it over short runs, which shorter chains will use; else the first id of a
     /// run of the largest class. The rest of the run stays free, so the caller's next ids
     /// come from [`Self::take_at`] right after it.
@@ -192,7 +202,7 @@ impl FreeRuns {
             fit.trailing_zeros()
         } else if below != NIL && run_len(&cold[below as usize]) >= want {
             c0 - 1
-        } else if self.count * 16 < nodes.len() {
+        } else if self.count * SCARCE < nodes.len() {
             return None;
         } else {
             31 - self.nonempty.leading_zeros()
@@ -307,7 +317,7 @@ mod tests {
                             None => prop_assert!(
                                 model.is_empty()
                                     || (best < want.next_power_of_two()
-                                        && model.len() * 16 < nodes.len())
+                                        && model.len() * super::SCARCE < nodes.len())
                             ),
                         }
                     }
