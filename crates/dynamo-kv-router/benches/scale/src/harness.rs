@@ -462,6 +462,11 @@ fn run_single(
         .and_then(|v| v.parse::<u64>().ok())
         .map(Duration::from_micros);
     let mut n_events = 0u64;
+    // `SCALE_LONG_WARM=1`: ask every query of 100+ blocks a second time right after the
+    // first, and print both latencies' percentiles: cold (the first, as measured for the
+    // figures) against warm (its nodes now in cache), to tell cache misses from work.
+    let long_warm = std::env::var_os("SCALE_LONG_WARM").is_some();
+    let mut long_pairs: Vec<(Duration, Duration)> = Vec::new();
     let mut apply_req = |index: &mut Box<dyn Index>, r: &Request| {
         for (w, ev) in &r.events {
             // The CPU clock is read outside the index's own (wall-clock) timing.
@@ -507,10 +512,28 @@ fn run_single(
         lat.push(d);
         if r.query.len() >= 100 {
             long_lat.push(d);
+            if long_warm {
+                long_pairs.push((d, index.find(&r.query).0));
+            }
         }
         score_sum += u64::from(s);
         steady += r.block_ops;
         apply_req(&mut index, &r);
+    }
+    if !long_pairs.is_empty() {
+        let (mut cold, mut warm): (Vec<Duration>, Vec<Duration>) = long_pairs.into_iter().unzip();
+        cold.sort_unstable();
+        warm.sort_unstable();
+        println!(
+            "    {} queries of 100+ blocks, ns: cold p50 {:.0} p90 {:.0} p99 {:.0}, asked again right after p50 {:.0} p90 {:.0} p99 {:.0}",
+            cold.len(),
+            pct(&cold, 0.5),
+            pct(&cold, 0.9),
+            pct(&cold, 0.99),
+            pct(&warm, 0.5),
+            pct(&warm, 0.9),
+            pct(&warm, 0.99)
+        );
     }
     let with_index = live_bytes();
     drop(index);
