@@ -76,9 +76,10 @@
 //!   holders.
 //! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed;
 //!   the bookkeeping lives in the freed nodes), and a chain of `n` new blocks starts in a
-//!   run of at least `n` ids when one exists (or at the end of the arena when free ids are
-//!   scarce), so that its blocks stay implicit children and a query walks them in address
-//!   order.
+//!   run of at least `n` ids when one exists (or at the end of the arena while fewer than
+//!   1/8 of the ids are free), so that its blocks stay implicit children and a query walks
+//!   them in address order; a chain split over runs costs every later query a branch step
+//!   at each split.
 //!
 //! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
 //! a node is freed the moment it has no residency and no children (its ancestors are
@@ -98,6 +99,13 @@
 //! 4. `len()` equals the number of residencies and of lookup entries.
 //! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node
 //!    twice; without `BROKEN` every rank holding a child holds the node.
+//!
+//! # Limits
+//!
+//! Ids are 32-bit, so the tree has fixed limits; past one it panics with a message naming
+//! it. In the order a growing index meets them: 2^27 holder blocks of one size class (at
+//! least 270M indexed blocks, over 8 GiB of index), 2^31 nodes (64 GiB of nodes), 2^31 - 2
+//! worker ranks at once, 2^28 - 1 holders of one block, 2^32 buckets in one lookup table.
 //!
 //! # Concurrency
 //!
