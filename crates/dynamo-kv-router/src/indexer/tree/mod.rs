@@ -944,16 +944,22 @@ impl RadixTree {
         };
         let found = s
             .lookup
-            .find(tag, |x| handle_is(cold, holders, slot, x, ext));
-        let old = found.map(|i| s.lookup.get(i));
+            .find_or_vacant(tag, |x| handle_is(cold, holders, slot, x, ext));
         let absent = known_absent || self.lacks(node, slot);
-        let (Some(index), Some(old)) = (found, old) else {
-            let new = self.add_residency(slot, node, ext, !absent);
-            if let Some(s) = self.slots[slot as usize].as_mut() {
-                s.lookup.insert_new(tag, new);
+        let index = match found {
+            Ok(index) => index,
+            Err(vacant) => {
+                // `add_residency` leaves the lookups alone, so `vacant` is still empty.
+                let new = self.add_residency(slot, node, ext, !absent);
+                if let Some(s) = self.slots[slot as usize].as_mut() {
+                    s.lookup.insert_vacant(vacant, tag, new);
+                }
+                return absent;
             }
-            return absent;
         };
+        let old = self.slots[slot as usize]
+            .as_ref()
+            .map_or(NIL, |s| s.lookup.get(index));
         if node_of(old) == node {
             return false;
         }
