@@ -80,32 +80,10 @@ const fn home(tag: u32, bits: u32) -> usize {
     (tag >> (32 - bits)) as usize
 }
 
-/// Index of the entry with tag `tag` whose handle satisfies `eq`, in one array.
+/// Index of the entry with tag `tag` whose handle satisfies `eq`, in one array; on a miss,
+/// the first empty bucket from `tag`'s home on (where [`place`] would put such an entry).
 #[inline]
-fn probe(a: &[u64], bits: u32, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Option<usize> {
-    let mask = a.len() - 1;
-    let mut i = home(tag, bits);
-    loop {
-        let e = a[i];
-        if stored(e) == 0 {
-            return None;
-        }
-        if entry_tag(e) == tag && eq(handle_of(e)) {
-            return Some(i);
-        }
-        i = (i + 1) & mask;
-    }
-}
-
-/// [`probe`], and on a miss the first empty bucket from `tag`'s home on: where [`place`]
-/// would put an entry with that tag.
-#[inline]
-fn probe_or_vacant(
-    a: &[u64],
-    bits: u32,
-    tag: u32,
-    eq: &mut impl FnMut(u32) -> bool,
-) -> Result<usize, usize> {
+fn probe(a: &[u64], bits: u32, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Result<usize, usize> {
     let mask = a.len() - 1;
     let mut i = home(tag, bits);
     loop {
@@ -196,17 +174,8 @@ impl ExtTable {
 
     /// Index of the entry whose key has tag `tag` and satisfies `eq(handle)`.
     #[inline]
-    pub(super) fn find(&self, tag: u32, mut eq: impl FnMut(u32) -> bool) -> Option<usize> {
-        if self.len == 0 {
-            return None;
-        }
-        if let Some(i) = probe(&self.entries, self.bits, tag, &mut eq) {
-            return Some(i);
-        }
-        if self.old_len == 0 {
-            return None;
-        }
-        probe(&self.old, self.old_bits, tag, &mut eq).map(|i| i | IN_OLD)
+    pub(super) fn find(&self, tag: u32, eq: impl FnMut(u32) -> bool) -> Option<usize> {
+        self.find_or_vacant(tag, eq).ok()
     }
 
     /// [`Self::find`], and on a miss a [`Vacant`] for [`Self::insert_vacant`]: the bucket
@@ -221,12 +190,12 @@ impl ExtTable {
         if self.len == 0 {
             return Err(Vacant(usize::MAX));
         }
-        let vacant = match probe_or_vacant(&self.entries, self.bits, tag, &mut eq) {
+        let vacant = match probe(&self.entries, self.bits, tag, &mut eq) {
             Ok(i) => return Ok(i),
             Err(v) => v,
         };
         if self.old_len != 0
-            && let Some(i) = probe(&self.old, self.old_bits, tag, &mut eq)
+            && let Ok(i) = probe(&self.old, self.old_bits, tag, &mut eq)
         {
             return Ok(i | IN_OLD);
         }
@@ -238,12 +207,12 @@ impl ExtTable {
     /// migrates or grows the table, which moves entries.
     pub(super) fn insert_vacant(&mut self, vacant: Vacant, tag: u32, handle: u32) {
         let Vacant(i) = vacant;
-        if i == usize::MAX || self.old_len != 0 || (self.len + 1) * 16 > self.entries.len() * 13 {
+        if i == usize::MAX || self.old_len != 0 || self.grows_on_insert() {
             return self.insert_new(tag, handle);
         }
         debug_assert_eq!(stored(self.entries[i]), 0);
         debug_assert_ne!(handle, u32::MAX);
-        if self.entries.len() >= PREPARE_MIN && (self.len + 1) * 32 > self.entries.len() * 25 {
+        if self.prepares_on_insert() {
             self.prepare();
         }
         self.entries[i] = entry(tag, handle);
@@ -298,15 +267,27 @@ impl ExtTable {
         if self.old_len != 0 {
             self.migrate(MIGRATE_STEP);
         }
-        if self.entries.len() >= PREPARE_MIN && (self.len + 1) * 32 > self.entries.len() * 25 {
+        if self.prepares_on_insert() {
             self.prepare();
         }
-        // Grow at 13/16 load of all entries: linear probing stays within a line or two.
-        if (self.len + 1) * 16 > self.entries.len() * 13 {
+        if self.grows_on_insert() {
             self.grow();
         }
         place(&mut self.entries, self.bits, entry(tag, handle));
         self.len += 1;
+    }
+
+    /// Whether the next insert grows the table: at 13/16 load of all entries (linear
+    /// probing stays within a line or two).
+    #[inline]
+    fn grows_on_insert(&self) -> bool {
+        (self.len + 1) * 16 > self.entries.len() * 13
+    }
+
+    /// Whether the next insert zeroes more of the next array (see [`Self::prepare`]).
+    #[inline]
+    fn prepares_on_insert(&self) -> bool {
+        self.entries.len() >= PREPARE_MIN && (self.len + 1) * 32 > self.entries.len() * 25
     }
 
     /// Zero the next [`PREPARE_STEP`] buckets of the next array (allocating it, at its
