@@ -944,10 +944,11 @@ impl RadixTree {
         };
         let found = s
             .lookup
-            .find_or_vacant(tag, |x| handle_is(cold, holders, slot, x, ext));
+            .find_or_vacant(tag, |x| handle_is(cold, holders, slot, x, ext))
+            .map(|i| (i, s.lookup.get(i)));
         let absent = known_absent || self.lacks(node, slot);
-        let index = match found {
-            Ok(index) => index,
+        let (index, old) = match found {
+            Ok(found) => found,
             Err(vacant) => {
                 // `add_residency` leaves the lookups alone, so `vacant` is still empty.
                 let new = self.add_residency(slot, node, ext, !absent);
@@ -957,9 +958,6 @@ impl RadixTree {
                 return absent;
             }
         };
-        let old = self.slots[slot as usize]
-            .as_ref()
-            .map_or(NIL, |s| s.lookup.get(index));
         if node_of(old) == node {
             return false;
         }
