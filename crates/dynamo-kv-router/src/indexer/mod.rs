@@ -111,8 +111,8 @@
 //!
 //! [`SharedRadixTree`] wraps the tree in a `parking_lot::RwLock`. Queries take the read
 //! lock (`read_recursive`: they do not queue behind a writer that is waiting, only wait
-//! for one that holds the lock) and run on the caller's thread, so any number of them
-//! proceed in parallel; each
+//! for one that holds the lock, spinning briefly before they park) and run on the
+//! caller's thread, so any number of them proceed in parallel; each
 //! event takes the write lock for the time it takes to apply that one event (a few
 //! microseconds for a 64-block store), and decoding happens before the lock is taken.
 //! There is no queue of pending writes in front of the tree (unlike the reference's actor
@@ -140,9 +140,9 @@
 mod tests;
 mod tree;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use parking_lot::RwLock;
+use parking_lot::{RwLock, RwLockReadGuard};
 
 pub use tree::{EventCounters, RadixTree};
 
@@ -170,6 +170,12 @@ impl OverlapScores {
             .map(|&(_, s)| s)
     }
 }
+
+/// How long a query spins on the lock while an event holds it before it parks (see
+/// [`SharedRadixTree::find_matches`]): longer than an event's apply (a 64-block store takes
+/// a few microseconds, the largest events at 10M+ blocks a few milliseconds), short enough
+/// that a writer preempted while holding the lock costs a spinning reader little CPU.
+const READ_SPIN: Duration = Duration::from_micros(50);
 
 /// A [`RadixTree`] shared between threads: parallel queries, one event at a time.
 #[derive(Debug, Default)]
@@ -219,8 +225,38 @@ impl SharedRadixTree {
     /// whose holds overlap without a gap would keep a waiting writer out. A query holds the
     /// lock for microseconds, so that takes queries arriving back to back on several
     /// threads; the event-plane lag metric is where it would show.
+    ///
+    /// While an event holds the lock, the query spins (up to [`READ_SPIN`]) before it
+    /// parks: an event holds it for microseconds, but a parked thread runs again only once
+    /// the kernel has woken and scheduled it (in the 1,000-publisher storm on a 2-core VM,
+    /// one routing decision in five parked here, off the CPU for 51 µs at the median and
+    /// 109 µs at p90, ~35 µs of it the wake-up's scheduling delay;
+    /// `docs/benchmarks/kv_router.md`).
     pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
-        self.inner.read_recursive().find_matches(query, early_exit)
+        self.read_spinning().find_matches(query, early_exit)
+    }
+
+    /// The read lock as [`Self::find_matches`] takes it: at once when no event holds the
+    /// lock; else by polling it (a plain load between attempts, so the writer's cache line
+    /// is not fought over) for up to [`READ_SPIN`], then by parking.
+    fn read_spinning(&self) -> RwLockReadGuard<'_, RadixTree> {
+        if let Some(guard) = self.inner.try_read_recursive() {
+            return guard;
+        }
+        let start = Instant::now();
+        loop {
+            for _ in 0..64 {
+                std::hint::spin_loop();
+                if !self.inner.is_locked_exclusive()
+                    && let Some(guard) = self.inner.try_read_recursive()
+                {
+                    return guard;
+                }
+            }
+            if start.elapsed() >= READ_SPIN {
+                return self.inner.read_recursive();
+            }
+        }
     }
 
     /// See [`RadixTree::remove_worker`].

@@ -553,3 +553,31 @@ proptest! {
         check_against_model(&ops)?;
     }
 }
+
+/// A query issued while an event holds the lock returns once the event is applied, with its
+/// result: here the hold (20 ms) outlasts the spin, so the query parks and is woken.
+#[test]
+fn a_query_behind_an_event_sees_it_applied() {
+    let tree = SharedRadixTree::new(None);
+    tree.inner
+        .write()
+        .store(w(1), &stored(None, &[(10, 100)]))
+        .unwrap();
+    let started = std::sync::Barrier::new(2);
+    std::thread::scope(|s| {
+        let mut held = tree.inner.write();
+        let query = s.spawn(|| {
+            started.wait();
+            tree.find_matches(&q(&[100, 101]), false)
+        });
+        started.wait();
+        std::thread::sleep(READ_SPIN * 400);
+        assert!(!query.is_finished(), "the query did not wait for the event");
+        held.store(w(2), &stored(None, &[(20, 100), (21, 101)]))
+            .unwrap();
+        drop(held);
+        let scores = query.join().unwrap();
+        assert_eq!(scores.get(w(1)), Some(1));
+        assert_eq!(scores.get(w(2)), Some(2));
+    });
+}
