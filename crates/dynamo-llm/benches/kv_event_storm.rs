@@ -72,6 +72,17 @@ struct Args {
     isl: usize,
     /// Skip the event plane: fill the index directly, then time decisions on it.
     quiet_only: bool,
+    /// Nice value of the simulated side's threads (publisher runtime and drivers). On a
+    /// machine with few cores they stand in for engines on other machines, so a positive
+    /// value keeps their CPU from being taken out of the router's and the query thread's
+    /// (the kernel still gives them every cycle those leave idle).
+    sim_nice: i32,
+    /// Real-time (`SCHED_FIFO`) priority for the router's runtime threads and the query
+    /// thread, 0 for none. With every core busy (the simulated side included), a woken
+    /// decision otherwise waits out another thread's time slice (milliseconds); this shows
+    /// what the router itself costs when the machine gives it a core, as a latency-critical
+    /// frontend host would. Needs root or `CAP_SYS_NICE`.
+    rt: i32,
 }
 
 impl Args {
@@ -89,6 +100,8 @@ impl Args {
             qps: 1000.0,
             isl: 2048,
             quiet_only: false,
+            sim_nice: 0,
+            rt: 0,
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -107,6 +120,8 @@ impl Args {
                 "--drivers" => a.drivers = v.parse().expect("--drivers N"),
                 "--qps" => a.qps = v.parse().expect("--qps N"),
                 "--isl" => a.isl = v.parse().expect("--isl tokens"),
+                "--sim-nice" => a.sim_nice = v.parse().expect("--sim-nice N"),
+                "--rt" => a.rt = v.parse().expect("--rt PRIORITY (1-99)"),
                 "--quiet-only" => {
                     a.quiet_only = true;
                     take = false;
@@ -343,13 +358,61 @@ fn start_nats() -> (Child, u16) {
     panic!("nats-server did not start");
 }
 
-fn runtime(name: &'static str, threads: usize) -> tokio::runtime::Runtime {
+/// A runtime whose threads run at `nice`, or at real-time priority `rt` when non-zero.
+fn runtime(name: &'static str, threads: usize, nice: i32, rt: i32) -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name(name)
+        .on_thread_start(move || {
+            set_thread_nice(nice);
+            set_thread_rt(rt);
+        })
         .enable_all()
         .build()
         .expect("tokio runtime")
+}
+
+/// Set the calling thread's nice value (Linux: nice is per thread, and `PRIO_PROCESS` with
+/// id 0 names the caller). 0 leaves it alone; a failure is reported, not fatal.
+#[expect(
+    unsafe_code,
+    reason = "bench only: libc's setpriority has no safe wrapper in std"
+)]
+fn set_thread_nice(nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
+    if rc != 0 {
+        eprintln!(
+            "setpriority({nice}) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Put the calling thread under `SCHED_FIFO` at `priority` (Linux: per thread with pid 0).
+/// 0 leaves it alone; a failure (no privilege) is reported, not fatal.
+#[expect(
+    unsafe_code,
+    reason = "bench only: libc's sched_setscheduler has no safe wrapper in std"
+)]
+fn set_thread_rt(priority: i32) {
+    if priority == 0 {
+        return;
+    }
+    let param = libc::sched_param {
+        sched_priority: priority,
+    };
+    // SAFETY: `param` is a valid `sched_param` that outlives the call.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
+    if rc != 0 {
+        eprintln!(
+            "sched_setscheduler(SCHED_FIFO, {priority}) failed: {}",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 /// Check the workload against a bare tree: no event may be rejected.
@@ -394,7 +457,7 @@ fn main() {
     let scope = EventScope::component(&endpoint.namespace, &endpoint.component);
 
     // Router side.
-    let router_rt = runtime("storm-router", args.router_threads);
+    let router_rt = runtime("storm-router", args.router_threads, 0, args.rt);
     let (router_drt, router) = router_rt.block_on(async {
         let drt = DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp, config.clone())
             .expect("router runtime");
@@ -426,7 +489,7 @@ fn main() {
     }
 
     // Publishers.
-    let pub_rt = runtime("storm-pub", args.pub_threads);
+    let pub_rt = runtime("storm-pub", args.pub_threads, args.sim_nice, 0);
     let setup = Instant::now();
     let (pub_drt, publishers) = pub_rt.block_on(async {
         let drt = DistributedRuntime::new(DiscoveryBackend::Mem, RequestPlane::Tcp, config.clone())
@@ -498,10 +561,12 @@ fn main() {
         );
         let rate = args.rate * (hi - lo) as f64 / args.workers as f64;
         let capacity = args.capacity;
+        let nice = args.sim_nice;
         drivers.push(
             std::thread::Builder::new()
                 .name(format!("storm-driver-{d}"))
                 .spawn(move || {
+                    set_thread_nice(nice);
                     let mut sims: Vec<SimWorker> = (lo..hi)
                         .map(|i| SimWorker::new(WORKER_ID_BASE + i as u64))
                         .collect();
@@ -707,6 +772,7 @@ fn run(
         let query = std::thread::Builder::new()
             .name("storm-query".into())
             .spawn_scoped(scope, || {
+                set_thread_rt(args.rt);
                 let (mut storm, mut idle) = (Vec::new(), Vec::new());
                 // Per storm decision: wall time less the time the thread sat runnable but
                 // preempted (a 2-core box shared by the storm's own threads).
