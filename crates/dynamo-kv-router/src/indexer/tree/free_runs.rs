@@ -160,15 +160,33 @@ impl FreeRuns {
         cold: &mut Arena<Cold>,
         id: u32,
     ) -> bool {
+        self.take_run_at(nodes, cold, id, 1) == 1
+    }
+
+    /// [`Self::take_at`] for up to `max` ids: `id` and the ids after it in its run (at
+    /// least 1, at most `max`); returns how many (0 when `id` is not a free run's start).
+    /// The ids taken stay marked free (`parent == NIL`) until the caller writes them, so
+    /// it must write them all before the next call into `self`. One unlink and one link
+    /// for a whole chain instead of one of each per id: each touches the run headers of
+    /// its list neighbours, which are anywhere in the arena.
+    pub(super) fn take_run_at(
+        &mut self,
+        nodes: &mut Arena<Node>,
+        cold: &mut Arena<Cold>,
+        id: u32,
+        max: u32,
+    ) -> u32 {
+        debug_assert!(max > 0);
         if !is_free(nodes, id as usize) || is_free(nodes, id as usize - 1) {
-            return false;
+            return 0;
         }
         let len = self.unlink(cold, id);
-        if len > 1 {
-            self.link(cold, id + 1, len - 1);
+        let n = len.min(max);
+        if len > n {
+            self.link(cold, id + n, len - n);
         }
-        self.count -= 1;
-        true
+        self.count -= n as usize;
+        n
     }
 
     /// Take the first id of a run of at least `want` ids if there is one (the smallest
@@ -184,6 +202,18 @@ impl FreeRuns {
         cold: &mut Arena<Cold>,
         want: u32,
     ) -> Option<u32> {
+        self.pop_run(nodes, cold, want, 1).map(|(start, _)| start)
+    }
+
+    /// [`Self::pop`], taking up to `max` ids of the run chosen (see
+    /// [`Self::take_run_at`]); returns the first and how many.
+    pub(super) fn pop_run(
+        &mut self,
+        nodes: &mut Arena<Node>,
+        cold: &mut Arena<Cold>,
+        want: u32,
+        max: u32,
+    ) -> Option<(u32, u32)> {
         if self.nonempty == 0 {
             return None;
         }
@@ -211,9 +241,9 @@ impl FreeRuns {
             31 - self.nonempty.leading_zeros()
         };
         let start = self.heads[c as usize];
-        let taken = self.take_at(nodes, cold, start);
-        debug_assert!(taken);
-        Some(start)
+        let taken = self.take_run_at(nodes, cold, start, max);
+        debug_assert!(taken > 0);
+        Some((start, taken))
     }
 
     /// Every free id, run by run, with a check of the runs' bookkeeping (for the

@@ -237,6 +237,10 @@ pub struct RadixTree {
     /// The rest of each node (same ids as `nodes`).
     cold: Arena<Cold>,
     free_nodes: FreeRuns,
+    /// Ids `[.0, .1)` taken from a free run for the chain being stored (see
+    /// `insert_child`): still marked free (`parent == NIL`) but in no run, and all used
+    /// by the end of the store (its new blocks are known when the first is created).
+    reserved: (u32, u32),
     /// Holder blocks of the nodes with more than one residency.
     holders: Holders,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`),
@@ -275,6 +279,7 @@ impl RadixTree {
             nodes: std::iter::once(Self::root()).collect(),
             cold: std::iter::once(EMPTY_COLD).collect(),
             free_nodes: FreeRuns::default(),
+            reserved: (NIL, NIL),
             holders: Holders::default(),
             children: ExtTable::default(),
             roots: ExtTable::default(),
@@ -448,6 +453,7 @@ impl RadixTree {
             absent = self.set_residency(slot, child, block.block_hash.0, known_absent);
             parent = child;
         }
+        debug_assert_eq!(self.reserved.0, self.reserved.1, "reserved ids left unused");
         Ok(())
     }
 
@@ -795,22 +801,37 @@ impl RadixTree {
         // of the run the parent came from). Otherwise the start of a free run long enough
         // for the rest of the chain, which then continues in it (or the end of the arena:
         // see `FreeRuns::pop`).
+        //
+        // Free ids are taken for the whole rest of the chain at once (`reserved`), so the
+        // free runs are relinked once a chain, not once a block.
         let next = parent + 1;
-        let id = if next as usize == self.nodes.len() {
-            self.push_node(node)
-        } else if self
-            .free_nodes
-            .take_at(&mut self.nodes, &mut self.cold, next)
-        {
+        let (start, end) = self.reserved;
+        let id = if next == start && start < end {
+            self.reserved.0 += 1;
             self.nodes[next as usize] = node;
             self.cold[next as usize] = EMPTY_COLD;
             next
-        } else if let Some(id) = self.free_nodes.pop(&mut self.nodes, &mut self.cold, want) {
-            self.nodes[id as usize] = node;
-            self.cold[id as usize] = EMPTY_COLD;
-            id
-        } else {
+        } else if next as usize == self.nodes.len() {
             self.push_node(node)
+        } else {
+            let taken = self
+                .free_nodes
+                .take_run_at(&mut self.nodes, &mut self.cold, next, want);
+            let run = if taken > 0 {
+                Some((next, taken))
+            } else {
+                self.free_nodes
+                    .pop_run(&mut self.nodes, &mut self.cold, want, want)
+            };
+            match run {
+                Some((id, n)) => {
+                    self.reserved = (id + 1, id + n);
+                    self.nodes[id as usize] = node;
+                    self.cold[id as usize] = EMPTY_COLD;
+                    id
+                }
+                None => self.push_node(node),
+            }
         };
         if !Self::is_implicit(id, parent) {
             let tag = tag_of(child_hash(parent, local));
