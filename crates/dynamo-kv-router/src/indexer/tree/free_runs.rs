@@ -152,23 +152,13 @@ impl FreeRuns {
         self.link(cold, start, len);
     }
 
-    /// Take `id` if it is free and starts its run (as the slot right after a live node
-    /// does). The caller overwrites the node.
-    pub(super) fn take_at(
-        &mut self,
-        nodes: &mut Arena<Node>,
-        cold: &mut Arena<Cold>,
-        id: u32,
-    ) -> bool {
-        self.take_run_at(nodes, cold, id, 1) == 1
-    }
-
-    /// [`Self::take_at`] for up to `max` ids: `id` and the ids after it in its run (at
-    /// least 1, at most `max`); returns how many (0 when `id` is not a free run's start).
-    /// The ids taken stay marked free (`parent == NIL`) until the caller writes them, so
-    /// it must write them all before the next call into `self`. One unlink and one link
-    /// for a whole chain instead of one of each per id: each touches the run headers of
-    /// its list neighbours, which are anywhere in the arena.
+    /// Take `id` and the ids after it in its run, up to `max` of them, if `id` is free and
+    /// starts its run (as the slot right after a live node does); returns how many (0 when
+    /// it is not a free run's start). The ids taken stay marked free (`parent == NIL`)
+    /// until the caller overwrites them, so it must write them all before the next call
+    /// into `self`. A chain takes its ids in one call: one unlink and one link, which touch
+    /// the run headers of its list neighbours (anywhere in the arena), instead of one of
+    /// each per id.
     pub(super) fn take_run_at(
         &mut self,
         nodes: &mut Arena<Node>,
@@ -189,13 +179,19 @@ impl FreeRuns {
         n
     }
 
-    /// Take the first id of a run of at least `want` ids if there is one (the smallest
-    /// size class that guarantees it, or the first run of the class below when it is long
-    /// enough). Otherwise `None` when free ids are scarce (under 1/[`SCARCE`] of the
-    /// arena): the caller appends the chain to the arena instead of
-    /// splitting it over short runs, which shorter chains will use; else the first id of a
-    /// run of the largest class. The rest of the run stays free, so the caller's next ids
-    /// come from [`Self::take_at`] right after it.
+    /// [`Self::take_run_at`] for one id (tests).
+    #[cfg(test)]
+    pub(super) fn take_at(
+        &mut self,
+        nodes: &mut Arena<Node>,
+        cold: &mut Arena<Cold>,
+        id: u32,
+    ) -> bool {
+        self.take_run_at(nodes, cold, id, 1) == 1
+    }
+
+    /// [`Self::pop_run`] for one id (tests).
+    #[cfg(test)]
     pub(super) fn pop(
         &mut self,
         nodes: &mut Arena<Node>,
@@ -205,8 +201,13 @@ impl FreeRuns {
         self.pop_run(nodes, cold, want, 1).map(|(start, _)| start)
     }
 
-    /// [`Self::pop`], taking up to `max` ids of the run chosen (see
-    /// [`Self::take_run_at`]); returns the first and how many.
+    /// Choose a run of at least `want` ids if there is one (the smallest size class that
+    /// guarantees it, or the first run of the class below when it is long enough), and
+    /// take up to `max` ids from its start (see [`Self::take_run_at`]); returns the first
+    /// and how many. Otherwise `None` when free ids are scarce (under 1/[`SCARCE`] of the
+    /// arena): the caller appends the chain to the arena instead of splitting it over
+    /// short runs, which shorter chains will use; else the start of a run of the largest
+    /// class. The rest of the run stays free.
     pub(super) fn pop_run(
         &mut self,
         nodes: &mut Arena<Node>,
@@ -308,8 +309,9 @@ mod tests {
 
     proptest! {
         /// Against a set of ids: the same ids are free, runs are maximal and consistent,
-        /// `take_at` takes exactly free run starts, and `pop` takes a run of at least the
-        /// requested length when the model has one.
+        /// `take_run_at` takes exactly from free run starts, as many ids as asked and the
+        /// run holds, and `pop_run` takes from a run of at least the requested length when
+        /// the model has one (the even requests take one id, the odd ones up to `want`).
         #[test]
         fn behaves_like_a_set(ops in proptest::collection::vec((0u8..3, 1u32..64, 1u32..20), 0..300)) {
             let (mut nodes, mut cold) = arena(64);
@@ -320,11 +322,12 @@ mod tests {
                     0 => if model.insert(id) { free(&mut runs, &mut nodes, &mut cold, id) },
                     1 => {
                         let starts = model.contains(&id) && !model.contains(&(id - 1));
-                        let took = runs.take_at(&mut nodes, &mut cold, id);
-                        prop_assert_eq!(took, starts);
-                        if took {
-                            alloc(&mut nodes, id);
-                            prop_assert!(model.remove(&id));
+                        let len = (id..).take_while(|x| model.contains(x)).count() as u32;
+                        let took = runs.take_run_at(&mut nodes, &mut cold, id, want);
+                        prop_assert_eq!(took, if starts { len.min(want) } else { 0 });
+                        for x in id..id + took {
+                            alloc(&mut nodes, x);
+                            prop_assert!(model.remove(&x));
                         }
                     }
                     _ => {
@@ -335,15 +338,19 @@ mod tests {
                             best = best.max(cur);
                             last = Some(x);
                         }
-                        match runs.pop(&mut nodes, &mut cold, want) {
-                            Some(id) => {
+                        let max = if want % 2 == 0 { 1 } else { want };
+                        match runs.pop_run(&mut nodes, &mut cold, want, max) {
+                            Some((id, took)) => {
                                 prop_assert!(model.contains(&id) && !model.contains(&(id - 1)));
                                 let len = (id..).take_while(|x| model.contains(x)).count() as u32;
                                 if best >= want.next_power_of_two() {
                                     prop_assert!(len >= want, "run of {} for {}", len, want);
                                 }
-                                alloc(&mut nodes, id);
-                                prop_assert!(model.remove(&id));
+                                prop_assert_eq!(took, len.min(max));
+                                for x in id..id + took {
+                                    alloc(&mut nodes, x);
+                                    prop_assert!(model.remove(&x));
+                                }
                             }
                             // Only when free ids are scarce and no run's size class
                             // guarantees `want`.
