@@ -15,10 +15,6 @@ impl RadixTree {
     /// When an invariant is violated.
     #[doc(hidden)]
     pub fn check_invariants(&self) {
-        assert_eq!(
-            self.reserved.0, self.reserved.1,
-            "reserved node ids left unused"
-        );
         let mut live = vec![true; self.nodes.len()];
         let free = self.free_nodes.checked_ids(&self.nodes, &self.cold);
         for &f in &free {

@@ -237,10 +237,6 @@ pub struct RadixTree {
     /// The rest of each node (same ids as `nodes`).
     cold: Arena<Cold>,
     free_nodes: FreeRuns,
-    /// Ids `[.0, .1)` taken from a free run for the chain being stored (see
-    /// `insert_child`): still marked free (`parent == NIL`) but in no run, and all used
-    /// by the end of the store (its new blocks are known when the first is created).
-    reserved: (u32, u32),
     /// Holder blocks of the nodes with more than one residency.
     holders: Holders,
     /// Node ids hashed by `(parent, local)`, except implicit children (`id == parent + 1`),
@@ -279,7 +275,6 @@ impl RadixTree {
             nodes: std::iter::once(Self::root()).collect(),
             cold: std::iter::once(EMPTY_COLD).collect(),
             free_nodes: FreeRuns::default(),
-            reserved: (NIL, NIL),
             holders: Holders::default(),
             children: ExtTable::default(),
             roots: ExtTable::default(),
@@ -435,17 +430,21 @@ impl RadixTree {
         // `parent` before this call, and `parent` is not `BROKEN` (children's holders hold
         // it). Spares the duplicate scan of `add_residency` along the chain.
         let mut absent = false;
+        // Node ids taken from a free run for the rest of the chain (see `insert_child`):
+        // still marked free (`parent == NIL`) but in no run; all used by the end of the
+        // chain, whose new blocks are known when the first is created.
+        let mut reserved = 0..0;
         for (i, block) in blocks.iter().enumerate() {
             // The chain's new blocks from here on, for a run of ids that fits them all.
             let want = (blocks.len() - i) as u32;
             let child = if fresh {
-                self.insert_child(parent, block.tokens_hash.0, want)
+                self.insert_child(parent, block.tokens_hash.0, want, &mut reserved)
             } else {
                 match self.child(parent, block.tokens_hash.0) {
                     Some(c) => c,
                     None => {
                         fresh = true;
-                        self.insert_child(parent, block.tokens_hash.0, want)
+                        self.insert_child(parent, block.tokens_hash.0, want, &mut reserved)
                     }
                 }
             };
@@ -453,7 +452,10 @@ impl RadixTree {
             absent = self.set_residency(slot, child, block.block_hash.0, known_absent);
             parent = child;
         }
-        debug_assert_eq!(self.reserved.0, self.reserved.1, "reserved ids left unused");
+        debug_assert_eq!(
+            reserved.start, reserved.end,
+            "reserved node ids left unused"
+        );
         Ok(())
     }
 
@@ -790,7 +792,15 @@ impl RadixTree {
 
     /// Create the child `(parent, local)`, which must not exist; `want` is the number of
     /// new blocks of the chain from this one on (they will take the ids after it).
-    fn insert_child(&mut self, parent: u32, local: u64, want: u32) -> u32 {
+    /// `reserved`: ids taken for this chain by an earlier call (the next one is used when
+    /// it is the slot after `parent`), refilled here when a free run is taken.
+    fn insert_child(
+        &mut self,
+        parent: u32,
+        local: u64,
+        want: u32,
+        reserved: &mut std::ops::Range<u32>,
+    ) -> u32 {
         let node = Node {
             local,
             parent,
@@ -805,9 +815,8 @@ impl RadixTree {
         // Free ids are taken for the whole rest of the chain at once (`reserved`), so the
         // free runs are relinked once a chain, not once a block.
         let next = parent + 1;
-        let (start, end) = self.reserved;
-        let id = if next == start && start < end {
-            self.reserved.0 += 1;
+        let id = if reserved.start == next && reserved.start < reserved.end {
+            reserved.start += 1;
             self.nodes[next as usize] = node;
             self.cold[next as usize] = EMPTY_COLD;
             next
@@ -825,7 +834,7 @@ impl RadixTree {
             };
             match run {
                 Some((id, n)) => {
-                    self.reserved = (id + 1, id + n);
+                    *reserved = id + 1..id + n;
                     self.nodes[id as usize] = node;
                     self.cold[id as usize] = EMPTY_COLD;
                     id
