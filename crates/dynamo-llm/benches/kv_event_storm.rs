@@ -363,54 +363,38 @@ fn runtime(name: &'static str, threads: usize, nice: i32, rt: i32) -> tokio::run
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads.max(1))
         .thread_name(name)
-        .on_thread_start(move || {
-            set_thread_nice(nice);
-            set_thread_rt(rt);
-        })
+        .on_thread_start(move || set_thread_priority(nice, rt))
         .enable_all()
         .build()
         .expect("tokio runtime")
 }
 
-/// Set the calling thread's nice value (Linux: nice is per thread, and `PRIO_PROCESS` with
-/// id 0 names the caller). 0 leaves it alone; a failure is reported, not fatal.
+/// Set the calling thread's nice value, then put it under `SCHED_FIFO` at priority `rt`
+/// (Linux: both are per thread, and id 0 names the caller). A 0 leaves that setting
+/// alone; a failure (no privilege) is reported, not fatal.
 #[expect(
     unsafe_code,
-    reason = "bench only: libc's setpriority has no safe wrapper in std"
+    reason = "bench only: libc's setpriority / sched_setscheduler have no safe wrapper in std"
 )]
-fn set_thread_nice(nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    // SAFETY: setpriority takes plain integers and touches no memory of ours.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) };
-    if rc != 0 {
-        eprintln!(
-            "setpriority({nice}) failed: {}",
-            std::io::Error::last_os_error()
+fn set_thread_priority(nice: i32, rt: i32) {
+    let report = |rc: i32, what: &str| {
+        if rc != 0 {
+            eprintln!("{what} failed: {}", std::io::Error::last_os_error());
+        }
+    };
+    if nice != 0 {
+        // SAFETY: setpriority takes plain integers and touches no memory of ours.
+        report(
+            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, nice) },
+            &format!("setpriority({nice})"),
         );
     }
-}
-
-/// Put the calling thread under `SCHED_FIFO` at `priority` (Linux: per thread with pid 0).
-/// 0 leaves it alone; a failure (no privilege) is reported, not fatal.
-#[expect(
-    unsafe_code,
-    reason = "bench only: libc's sched_setscheduler has no safe wrapper in std"
-)]
-fn set_thread_rt(priority: i32) {
-    if priority == 0 {
-        return;
-    }
-    let param = libc::sched_param {
-        sched_priority: priority,
-    };
-    // SAFETY: `param` is a valid `sched_param` that outlives the call.
-    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) };
-    if rc != 0 {
-        eprintln!(
-            "sched_setscheduler(SCHED_FIFO, {priority}) failed: {}",
-            std::io::Error::last_os_error()
+    if rt != 0 {
+        let param = libc::sched_param { sched_priority: rt };
+        // SAFETY: `param` is a valid `sched_param` that outlives the call.
+        report(
+            unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &raw const param) },
+            &format!("sched_setscheduler(SCHED_FIFO, {rt})"),
         );
     }
 }
@@ -566,7 +550,7 @@ fn main() {
             std::thread::Builder::new()
                 .name(format!("storm-driver-{d}"))
                 .spawn(move || {
-                    set_thread_nice(nice);
+                    set_thread_priority(nice, 0);
                     let mut sims: Vec<SimWorker> = (lo..hi)
                         .map(|i| SimWorker::new(WORKER_ID_BASE + i as u64))
                         .collect();
@@ -772,7 +756,7 @@ fn run(
         let query = std::thread::Builder::new()
             .name("storm-query".into())
             .spawn_scoped(scope, || {
-                set_thread_rt(args.rt);
+                set_thread_priority(0, args.rt);
                 let (mut storm, mut idle) = (Vec::new(), Vec::new());
                 // Per storm decision: wall time less the time the thread sat runnable but
                 // preempted (a 2-core box shared by the storm's own threads).
