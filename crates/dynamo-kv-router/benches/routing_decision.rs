@@ -313,14 +313,24 @@ fn fleet_ab() {
 /// `--fleet-idle N`: only the idle fleet's dense decisions, `N` of them (0: only build the
 /// fleet), for a CPU-time comparison that preemption on a shared machine does not blur:
 /// `perf stat -e task-clock` of a run with `N` decisions minus one with 0, divided by `N`.
-fn fleet_idle(n: usize) {
+///
+/// With `--cold MB`, every decision starts with cold caches: an `MB`-megabyte buffer is
+/// written between decisions (untimed), as the event ingestion on the other core does to a
+/// router's caches between two routing decisions (the 1,000-publisher storm). A profile
+/// of this mode shows where a decision waits on memory rather than where it computes.
+fn fleet_idle(n: usize, cold_mb: usize) {
     let fleet = Fleet::new();
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|v| fleet_prompt(v % FLEET_FAMILIES, 1_000_000 + v, 128))
         .collect();
     let mut samples = Vec::with_capacity(n);
+    let mut sweep = vec![0u64; cold_mb << 17];
     for i in 0..n {
         let p = &prompts[i % prompts.len()];
+        for (k, x) in sweep.iter_mut().enumerate().step_by(8) {
+            *x = x.wrapping_add(k as u64);
+        }
+        black_box(&sweep);
         let t0 = Instant::now();
         black_box(fleet.decide(black_box(p), true));
         samples.push(t0.elapsed());
@@ -333,7 +343,7 @@ fn fleet_idle(n: usize) {
     #[expect(clippy::print_stdout, reason = "a benchmark's report")]
     {
         println!(
-            "routing decision (2,048 tokens, {FLEET} workers sharing prefixes), dense, idle fleet, {n} decisions: p10 {:?}, p50 {:?}, p99 {:?}",
+            "routing decision (2,048 tokens, {FLEET} workers sharing prefixes), dense, idle fleet, {n} decisions, caches swept by {cold_mb} MB between: p10 {:?}, p50 {:?}, p99 {:?}",
             pct(0.1),
             pct(0.5),
             pct(0.99)
@@ -344,10 +354,16 @@ fn fleet_idle(n: usize) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--fleet-idle") {
+        let cold_mb = args
+            .iter()
+            .position(|a| a == "--cold")
+            .and_then(|j| args.get(j + 1)?.parse().ok())
+            .unwrap_or(0);
         fleet_idle(
             args.get(i + 1)
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(40_000),
+            cold_mb,
         );
         return;
     }

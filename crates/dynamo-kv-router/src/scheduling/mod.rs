@@ -155,10 +155,7 @@ pub type SyncObserver = Box<dyn Fn(SyncBody) + Send + Sync>;
 
 /// The cost pass of one decision over its candidates.
 struct CostPass<'a> {
-    params: &'a config::EffectiveParams,
-    block_size: u32,
-    isl_tokens: usize,
-    min_prefill: u64,
+    terms: selector::CostTerms<'a>,
     /// The request's tracked blocks.
     n_blocks: usize,
     loads: &'a SlotLoads,
@@ -169,14 +166,32 @@ struct CostPass<'a> {
 }
 
 impl CostPass<'_> {
-    /// Write the overlap (`overlap(slot)`) and cost of every candidate in `slots`.
+    /// Write the device overlap (of `overlap(slot)`) and cost of every candidate in `slots`.
     #[inline(always)]
     fn run(
         &self,
         slots: &[u32],
-        overlaps: &mut [TierOverlap],
+        overlaps: &mut [u32],
         costs: &mut [f64],
         overlap: impl Fn(usize) -> TierOverlap,
+    ) {
+        // Two loops rather than a branch per worker on the taints.
+        match self.preferred {
+            None => self.run_with(slots, overlaps, costs, overlap, |_| 1.0),
+            Some(c) => self.run_with(slots, overlaps, costs, overlap, |s| {
+                c.cost_multiplier(&self.loads.taints[s])
+            }),
+        }
+    }
+
+    #[inline(always)]
+    fn run_with(
+        &self,
+        slots: &[u32],
+        overlaps: &mut [u32],
+        costs: &mut [f64],
+        overlap: impl Fn(usize) -> TierOverlap,
+        multiplier: impl Fn(usize) -> f64,
     ) {
         let loads = self.loads;
         for ((&slot, o), c) in slots.iter().zip(overlaps).zip(costs) {
@@ -189,19 +204,8 @@ impl CostPass<'_> {
                 new_blocks: (self.n_blocks - self.held[s] as usize) as u64,
                 active_requests: loads.requests[s],
             };
-            let multiplier = match self.preferred {
-                Some(c) => c.cost_multiplier(&loads.taints[s]),
-                None => 1.0,
-            };
-            *o = ov;
-            *c = selector::worker_cost(
-                self.params,
-                self.block_size,
-                self.isl_tokens,
-                &load,
-                self.min_prefill,
-                multiplier,
-            );
+            *o = ov.device;
+            *c = self.terms.cost(&load, multiplier(s));
         }
     }
 }
@@ -224,7 +228,9 @@ struct State {
     /// Candidates of the decision being evaluated (slots, in rank order), their device
     /// overlaps and costs; reused (no allocation per decision).
     cand_slots: Vec<u32>,
-    cand_overlap: Vec<TierOverlap>,
+    /// Device overlap per candidate (the other tiers, when given, are read from the
+    /// request's map for the chosen rank only).
+    cand_device: Vec<u32>,
     cand_costs: Vec<f64>,
     /// Test only: evaluate through the map of [`WorkerState`]s, as before the per-slot
     /// arrays (the model the fast path is checked against).
@@ -295,7 +301,7 @@ impl Scheduler {
                 loads: SlotLoads::default(),
                 order: Vec::new(),
                 cand_slots: Vec::new(),
-                cand_overlap: Vec::new(),
+                cand_device: Vec::new(),
                 cand_costs: Vec::new(),
                 #[cfg(test)]
                 naive: false,
@@ -511,7 +517,7 @@ impl Scheduler {
             held,
             rng,
             cand_slots,
-            cand_overlap,
+            cand_device,
             cand_costs,
             ..
         } = st;
@@ -524,6 +530,18 @@ impl Scheduler {
                 })?;
                 cand_slots.push(slot);
                 loads.prefill[slot as usize]
+            }
+            None if req.avoid.is_empty()
+                && constraints.required_taints.is_empty()
+                && !check_busy =>
+            {
+                // Nothing to filter (the common case): every rank is a candidate.
+                cand_slots.extend_from_slice(order);
+                order
+                    .iter()
+                    .map(|&s| loads.prefill[s as usize])
+                    .min()
+                    .ok_or(Error::NoEligibleWorkers)?
             }
             None => {
                 // One pass over the slots in rank order (this runs per request over the
@@ -577,26 +595,23 @@ impl Scheduler {
         let spread = Self::spread_overlaps(slot_of, dense, req);
         let counted = holders.count_held(&blocks, held);
         let pass = CostPass {
-            params: &params,
-            block_size: self.block_size,
-            isl_tokens: req.isl_tokens,
-            min_prefill,
+            terms: selector::CostTerms::new(&params, self.block_size, req.isl_tokens, min_prefill),
             n_blocks: blocks.len(),
             loads,
             held,
             preferred: (!constraints.preferred_taints.is_empty()).then_some(constraints),
         };
-        cand_overlap.clear();
-        cand_overlap.resize(cand_slots.len(), TierOverlap::default());
+        cand_device.clear();
+        cand_device.resize(cand_slots.len(), 0);
         cand_costs.clear();
         cand_costs.resize(cand_slots.len(), 0.0);
         // One loop per overlap source, so the common one (the dense buffer) has no branch
         // on it.
         match req.overlaps {
-            Some(m) => pass.run(cand_slots, cand_overlap, cand_costs, |s| {
+            Some(m) => pass.run(cand_slots, cand_device, cand_costs, |s| {
                 m.get(&loads.worker[s]).copied().unwrap_or_default()
             }),
-            None => pass.run(cand_slots, cand_overlap, cand_costs, |s| TierOverlap {
+            None => pass.run(cand_slots, cand_device, cand_costs, |s| TierOverlap {
                 device: dense[s],
                 ..Default::default()
             }),
@@ -685,11 +700,18 @@ impl Scheduler {
         let index = selector::sample_index(&st.cand_costs, params.temperature, &mut st.rng)
             .ok_or(Error::NoEligibleWorkers)?;
         let slot = st.cand_slots[index];
-        let (worker, overlap, cost) = (
+        let (worker, device, cost) = (
             st.loads.worker[slot as usize],
-            st.cand_overlap[index],
+            st.cand_device[index],
             st.cand_costs[index],
         );
+        let overlap = match req.overlaps {
+            Some(m) => m.get(&worker).copied().unwrap_or_default(),
+            None => TierOverlap {
+                device,
+                ..Default::default()
+            },
+        };
         if let Some(id) = req.request_id {
             let observed = st.observer.is_some();
             let prefill = self.prefill_tokens(&params, req.isl_tokens, overlap.device);
@@ -1070,7 +1092,7 @@ impl Scheduler {
             held,
             rng,
             cand_slots,
-            cand_overlap,
+            cand_device,
             cand_costs,
             ..
         } = st;
@@ -1128,7 +1150,7 @@ impl Scheduler {
         let spread = Self::spread_overlaps(slot_of, dense, req);
         let counted = holders.count_held(&blocks, held);
         cand_slots.clear();
-        cand_overlap.clear();
+        cand_device.clear();
         cand_costs.clear();
         for (id, w) in eligible {
             let overlap = Self::overlap_of(req, dense, id, w);
@@ -1140,7 +1162,7 @@ impl Scheduler {
                 active_requests: w.seqs.active_requests() as u64,
             };
             cand_slots.push(w.slot);
-            cand_overlap.push(overlap);
+            cand_device.push(overlap.device);
             cand_costs.push(selector::worker_cost(
                 params,
                 self.block_size,
