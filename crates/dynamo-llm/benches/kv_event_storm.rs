@@ -45,6 +45,7 @@ use dynamo_kv_router::protocols::{
 };
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::{LoadThresholds, WorkerCapacity};
+use dynamo_kv_router::scheduling::{SchedulingRequest, Selection};
 use dynamo_llm::kv_routing::{KV_EVENTS_TOPIC, KvRouter};
 use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane};
 use dynamo_runtime::events::{EventPublisher, EventScope};
@@ -83,6 +84,10 @@ struct Args {
     /// what the router itself costs when the machine gives it a core, as a latency-critical
     /// frontend host would. Needs root or `CAP_SYS_NICE`.
     rt: i32,
+    /// Time a storm decision's three steps apart (hash the prompt, `find_matches`, the
+    /// scheduler's `select`: what `best_worker` does for an event-fed index) and report
+    /// each one's percentiles and their share of the slowest 1 % of decisions.
+    split: bool,
 }
 
 impl Args {
@@ -102,6 +107,7 @@ impl Args {
             quiet_only: false,
             sim_nice: 0,
             rt: 0,
+            split: false,
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
         let mut i = 0;
@@ -124,6 +130,10 @@ impl Args {
                 "--rt" => a.rt = v.parse().expect("--rt PRIORITY (1-99)"),
                 "--quiet-only" => {
                     a.quiet_only = true;
+                    take = false;
+                }
+                "--split" => {
+                    a.split = true;
                     take = false;
                 }
                 _ => take = false, // `--bench` and the like from cargo
@@ -638,6 +648,7 @@ fn quiet_only(args: &Args, router: &KvRouter, families: &Families, ranks: &[Work
     let mut sims: Vec<SimWorker> = ranks.iter().map(|r| SimWorker::new(r.worker_id)).collect();
     let total = (args.rate * args.warmup) as u64;
     let (mut blocks, mut events) = (0u64, 0u64);
+    let mut applies: Vec<(u64, &str, usize)> = Vec::new();
     let fill = Instant::now();
     while blocks < total {
         for sim in &mut sims {
@@ -653,7 +664,22 @@ fn quiet_only(args: &Args, router: &KvRouter, families: &Families, ranks: &[Work
                 },
             };
             sim.counter_events += 1;
+            let kind = match &ev.event.data {
+                KvCacheEventData::Stored(_) => "stored",
+                KvCacheEventData::Removed(_) => "removed",
+                KvCacheEventData::Cleared => "cleared",
+            };
+            let n = blocks_of(&ev.event.data);
+            let t = Instant::now();
             let _ = router.core().apply_event(&ev);
+            // The second half: past the fill, where every worker's cache is at capacity.
+            if blocks * 2 > total {
+                applies.push((
+                    u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    kind,
+                    n,
+                ));
+            }
             events += 1;
         }
     }
@@ -661,6 +687,22 @@ fn quiet_only(args: &Args, router: &KvRouter, families: &Families, ranks: &[Work
     println!(
         "quiet-only: applied {events} events ({blocks} blocks) directly in {fill:.2} s ({:.0} block events/s on one thread)",
         blocks as f64 / fill
+    );
+    // How long one event holds the tree's write lock (a query waits for at most that), in
+    // the second half of the fill (steady state: caches full, evicting as they store).
+    applies.sort_unstable_by_key(|a| a.0);
+    let times: Vec<u64> = applies.iter().map(|a| a.0).collect();
+    let slowest = &applies[applies.len() - applies.len().div_ceil(1000)..];
+    let count = |k: &str| slowest.iter().filter(|a| a.1 == k).count();
+    println!(
+        "apply per event (the write lock's hold): p50 {} us, p99 {} us, p99.9 {} us, max {} us; slowest 0.1 %: {} stored / {} removed, {:.1} blocks on average",
+        fmt_us(percentile(&times, 0.5)),
+        fmt_us(percentile(&times, 0.99)),
+        fmt_us(percentile(&times, 0.999)),
+        fmt_us(times.last().copied().unwrap_or(0)),
+        count("stored"),
+        count("removed"),
+        slowest.iter().map(|a| a.2 as f64).sum::<f64>() / slowest.len().max(1) as f64,
     );
     let prompts = prompts(families, args.isl);
     let mut times = Vec::new();
@@ -730,6 +772,67 @@ fn runqueue_wait_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// `best_worker` as its three steps, each timed: hash the prompt, `find_matches` (the
+/// tree's read lock, the walk), the scheduler's `select`.
+fn decide_in_steps(
+    router: &KvRouter,
+    req: &RouteRequest<'_>,
+) -> (dynamo_kv_router::Result<Selection>, [u64; 3]) {
+    let core = router.core();
+    let ns = |t: Instant| u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    let t = Instant::now();
+    let (local, seq) = match core.hash_request(req) {
+        Ok(h) => h,
+        Err(e) => return (Err(e), [ns(t), 0, 0]),
+    };
+    let hash = ns(t);
+    let t = Instant::now();
+    let scores = core.find_matches(&local);
+    let find = ns(t);
+    let t = Instant::now();
+    let sel = core.scheduler().select(&SchedulingRequest {
+        isl_tokens: req.tokens.len(),
+        seq_hashes: &seq,
+        device_overlaps: Some(&scores.scores),
+        ..Default::default()
+    });
+    (sel, [hash, find, ns(t)])
+}
+
+/// `--split`: each step's p50 / p99 over the storm's decisions, and the mean of each in
+/// the slowest 1 % of them (where the tail comes from).
+fn split_report(total: &[u64], steps: &[[u64; 3]]) -> String {
+    let mut line = String::from("  steps (--split):");
+    for (k, name) in ["hash", "find_matches", "select"].iter().enumerate() {
+        let mut v: Vec<u64> = steps.iter().map(|s| s[k]).collect();
+        v.sort_unstable();
+        line.push_str(&format!(
+            " {name} p50 {} / p99 {} us;",
+            fmt_us(percentile(&v, 0.5)),
+            fmt_us(percentile(&v, 0.99))
+        ));
+    }
+    let mut order: Vec<usize> = (0..total.len().min(steps.len())).collect();
+    order.sort_unstable_by_key(|&i| std::cmp::Reverse(total[i]));
+    let tail = &order[..order.len().div_ceil(100)];
+    let n = tail.len().max(1) as u64;
+    let mean = |k: usize| tail.iter().map(|&i| steps[i][k]).sum::<u64>() / n;
+    let rest = tail
+        .iter()
+        .map(|&i| total[i].saturating_sub(steps[i].iter().sum()))
+        .sum::<u64>()
+        / n;
+    line.push_str(&format!(
+        " slowest 1 % ({} decisions), mean: hash {} / find_matches {} / select {} / between {} us",
+        tail.len(),
+        fmt_us(mean(0)),
+        fmt_us(mean(1)),
+        fmt_us(mean(2)),
+        fmt_us(rest)
+    ));
+    line
+}
+
 fn fmt_us(ns: u64) -> String {
     format!("{:.1}", ns as f64 / 1e3)
 }
@@ -761,6 +864,8 @@ fn run(
                 // Per storm decision: wall time less the time the thread sat runnable but
                 // preempted (a 2-core box shared by the storm's own threads).
                 let mut storm_unpreempted = Vec::new();
+                // `--split`: per storm decision, ns in hashing, find_matches and select.
+                let mut storm_steps: Vec<[u64; 3]> = Vec::new();
                 let mut overlap_hits = 0u64;
                 let period = Duration::from_secs_f64(1.0 / args.qps);
                 let mut next = Instant::now();
@@ -774,10 +879,15 @@ fn run(
                     k += 1;
                     let wait0 = runqueue_wait_ns();
                     let t = Instant::now();
-                    let sel = router.core().best_worker(&RouteRequest {
+                    let req = RouteRequest {
                         tokens,
                         ..Default::default()
-                    });
+                    };
+                    let (sel, steps) = if args.split {
+                        decide_in_steps(router, &req)
+                    } else {
+                        (router.core().best_worker(&req), [0; 3])
+                    };
                     let ns = u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX);
                     let preempted = runqueue_wait_ns().saturating_sub(wait0);
                     if let Ok(sel) = &sel
@@ -789,6 +899,7 @@ fn run(
                         STORM => {
                             storm.push(ns);
                             storm_unpreempted.push(ns.saturating_sub(preempted));
+                            storm_steps.push(steps);
                         }
                         IDLE => idle.push(ns),
                         _ => {}
@@ -801,7 +912,7 @@ fn run(
                         next = now;
                     }
                 }
-                (storm, idle, overlap_hits, k, storm_unpreempted)
+                (storm, idle, overlap_hits, k, storm_unpreempted, storm_steps)
             })
             .expect("query thread");
         // Lag sampler.
@@ -890,7 +1001,9 @@ fn run(
         phase.store(IDLE, Ordering::Relaxed);
         std::thread::sleep(Duration::from_secs(2));
         phase.store(DONE, Ordering::Relaxed);
-        let (storm, idle, hits, decisions, mut unpreempted) = query.join().expect("query thread");
+        let (storm, idle, hits, decisions, mut unpreempted, steps) =
+            query.join().expect("query thread");
+        let split_line = args.split.then(|| split_report(&storm, &steps));
         unpreempted.sort_unstable();
         let (ages, overflow, max_queue, max_backlog) = sampler.join().expect("sampler");
         let s2 = stats.snapshot();
@@ -972,6 +1085,9 @@ fn run(
             fmt_us(percentile(&unpreempted, 0.99)),
             fmt_us(unpreempted.last().copied().unwrap_or(0))
         );
+        if let Some(line) = &split_line {
+            println!("{line}");
+        }
         println!(
             "routing decision idle, filled index ({} decisions): p50 {} us, p99 {} us, max {} us; decisions with a cached prefix: {hits}/{decisions}",
             idle.len(),
