@@ -581,3 +581,22 @@ fn a_query_behind_an_event_sees_it_applied() {
         assert_eq!(scores.get(w(2)), Some(2));
     });
 }
+
+/// Found by `tree_matches_naive_model_wide`: a chain whose hashes repeat (each store of
+/// the hash moves it deeper, freeing the node it left), on a tree where another rank's
+/// `cleared` left free runs behind, must not corrupt the free runs.
+#[test]
+fn a_chain_repeating_its_hash_over_freed_runs() {
+    let r = |dp| WorkerWithDpRank::new(3, dp);
+    let mut t = RadixTree::default();
+    t.store(r(1), &stored(None, &[(0, 6), (0, 0), (0, 0)]))
+        .expect("store");
+    t.check_invariants();
+    t.store(r(0), &stored(None, &[(40, 0)])).expect("store");
+    t.check_invariants();
+    t.clear_rank(r(1));
+    t.check_invariants();
+    t.store(r(0), &stored(None, &[(40, 1), (0, 0), (0, 0)]))
+        .expect("store");
+    t.check_invariants();
+}

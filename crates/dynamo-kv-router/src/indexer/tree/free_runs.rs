@@ -19,6 +19,10 @@
 use super::arena::Arena;
 use super::{Cold, NIL, Node};
 
+/// `parent` of an id taken from a run but not yet written by the caller (see
+/// [`FreeRuns::take_run_at`]): neither free (`NIL`) nor any node's id.
+pub(super) const TAKEN: u32 = NIL - 1;
+
 /// A run head's length (the low half of its `ext`).
 #[inline]
 const fn run_len(c: &Cold) -> u32 {
@@ -154,9 +158,11 @@ impl FreeRuns {
 
     /// Take `id` and the ids after it in its run, up to `max` of them, if `id` is free and
     /// starts its run (as the slot right after a live node does); returns how many (0 when
-    /// it is not a free run's start). The ids taken stay marked free (`parent == NIL`)
-    /// until the caller overwrites them, so it must write them all before the next call
-    /// into `self`. A chain takes its ids in one call: one unlink and one link, which touch
+    /// it is not a free run's start). The ids taken are marked [`TAKEN`] until the caller
+    /// overwrites them: no longer free, so that an id freed next to them while the chain
+    /// is being stored (a store that moves one of its hashes releases a node) does not
+    /// merge with them as if they were a run (it did: a corrupt run, then an index out of
+    /// bounds). A chain takes its ids in one call: one unlink and one link, which touch
     /// the run headers of its list neighbours (anywhere in the arena), instead of one of
     /// each per id.
     pub(super) fn take_run_at(
@@ -174,6 +180,9 @@ impl FreeRuns {
         let n = len.min(max);
         if len > n {
             self.link(cold, id + n, len - n);
+        }
+        for i in id..id + n {
+            nodes[i as usize].parent = TAKEN;
         }
         self.count -= n as usize;
         n

@@ -6,6 +6,7 @@ use super::{
 };
 use rustc_hash::FxHashMap;
 
+use super::free_runs::TAKEN;
 use super::holders::Holders;
 
 impl RadixTree {
@@ -26,6 +27,10 @@ impl RadixTree {
             if !live[id] {
                 continue;
             }
+            assert_ne!(
+                n.parent, TAKEN,
+                "node {id} taken for a chain but never written"
+            );
             assert!(live[n.parent as usize], "node {id} has a freed parent");
             children[n.parent as usize] += 1;
             assert_eq!(

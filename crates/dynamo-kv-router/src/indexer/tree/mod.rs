@@ -431,8 +431,8 @@ impl RadixTree {
         // it). Spares the duplicate scan of `add_residency` along the chain.
         let mut absent = false;
         // Node ids taken from a free run for the rest of the chain (see `insert_child`):
-        // still marked free (`parent == NIL`) but in no run; all used by the end of the
-        // chain, whose new blocks are known when the first is created.
+        // marked taken (`free_runs::TAKEN`), in no run; all used by the end of the chain,
+        // whose new blocks are known when the first is created.
         let mut reserved = 0..0;
         for (i, block) in blocks.iter().enumerate() {
             // The chain's new blocks from here on, for a run of ids that fits them all.
