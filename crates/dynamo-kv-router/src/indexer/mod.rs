@@ -40,7 +40,10 @@
 //!   entry, external hash and worker slot; blocks of `2^c` entries from a pool per size
 //!   class), so that a node's holders are one or a few cache lines read in order; a rank's
 //!   lookup names such a residency `EXTRA_BIT | node` and finds its entry by scanning the
-//!   block for its slot and hash. Child counts are not stored per node: the implicit child
+//!   block for its slot and hash (by binary search where the node is `WIDE`, below: such a
+//!   block is kept sorted by slot, since scanning hundreds of holders at every store and
+//!   remove of a fleet-wide prefix made those events the longest holds of the write lock).
+//!   Child counts are not stored per node: the implicit child
 //!   (below) is detected from the arena, and the nodes that have explicit children (branch
 //!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of
 //!   their own.
@@ -77,7 +80,7 @@
 //! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed;
 //!   the bookkeeping lives in the freed nodes), and a chain of `n` new blocks starts in a
 //!   run of at least `n` ids when one exists (or at the end of the arena while fewer than
-//!   1/8 of the ids are free), so that its blocks stay implicit children and a query walks
+//!   1/4 of the ids are free), so that its blocks stay implicit children and a query walks
 //!   them in address order; a chain split over runs costs every later query a branch step
 //!   at each split.
 //!

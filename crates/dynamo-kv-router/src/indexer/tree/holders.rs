@@ -180,6 +180,108 @@ impl Holders {
         b
     }
 
+    /// Among the first `len` entries of block `b`, sorted by slot, the index of the first
+    /// whose slot is `>= slot` (`len` if none).
+    fn lower_bound(&self, b: BlockRef, len: u32, slot: u32) -> u32 {
+        let (mut lo, mut hi) = (0, len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if self.get(b, mid).slot < slot {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo
+    }
+
+    /// In block `b` holding `len` entries **sorted by slot**, the index of an entry of
+    /// `slot` under external hash `ext` (`None`: any of the slot's entries). A binary
+    /// search: a wide node's block holds hundreds of entries (a system prompt cached by
+    /// a whole fleet), where a scan read every one of them at each store and remove.
+    pub(super) fn find_sorted(
+        &self,
+        b: BlockRef,
+        len: u32,
+        slot: u32,
+        ext: Option<u64>,
+    ) -> Option<u32> {
+        let mut j = self.lower_bound(b, len, slot);
+        while j < len {
+            let h = self.get(b, j);
+            if h.slot != slot {
+                break;
+            }
+            if ext.is_none_or(|e| h.ext() == e) {
+                return Some(j);
+            }
+            j += 1;
+        }
+        None
+    }
+
+    /// Insert `h` into block `b` holding `len` entries sorted by slot, after the entries
+    /// of the same slot; returns the block, which moved when it was full.
+    pub(super) fn insert_sorted(&mut self, b: BlockRef, len: u32, h: Holder) -> BlockRef {
+        let b = self.push(b, len, h);
+        let at = if h.slot == u32::MAX {
+            len
+        } else {
+            self.lower_bound(b, len, h.slot + 1)
+        };
+        self.rotate(b, at, len + 1, true);
+        b
+    }
+
+    /// Remove entry `j` of block `b` holding `len` entries, the later ones moving down one
+    /// (a sorted block stays sorted); returns the block as [`Self::swap_remove`] does.
+    pub(super) fn remove_shifting(&mut self, b: BlockRef, len: u32, j: u32) -> BlockRef {
+        self.rotate(b, j, len, false);
+        self.swap_remove(b, len, len - 1)
+    }
+
+    /// Rotate entries `from..to` of block `b` by one: right (the last comes first) or left.
+    fn rotate(&mut self, b: BlockRef, from: u32, to: u32, right: bool) {
+        if to <= from + 1 {
+            return;
+        }
+        let (c, base) = class_and_base(b);
+        let start = base + from as usize;
+        let n = (to - from) as usize;
+        if let Some(run) = self.pools[c].run_mut(start, n) {
+            if right {
+                run.rotate_right(1);
+            } else {
+                run.rotate_left(1);
+            }
+            return;
+        }
+        // A block over a chunk boundary (only under `cfg(test)`, whose chunks are tiny).
+        let mut v: Vec<Holder> = (from..to).map(|j| self.get(b, j)).collect();
+        if right {
+            v.rotate_right(1);
+        } else {
+            v.rotate_left(1);
+        }
+        for (j, h) in (from..to).zip(v) {
+            self.set(b, j, h);
+        }
+    }
+
+    /// Sort the first `len` entries of block `b` by slot (stable).
+    pub(super) fn sort_by_slot(&mut self, b: BlockRef, len: u32) {
+        let mut v: Vec<Holder> = (0..len).map(|j| self.get(b, j)).collect();
+        v.sort_by_key(|h| h.slot);
+        for (j, h) in (0..len).zip(v) {
+            self.set(b, j, h);
+        }
+    }
+
+    /// Whether the first `len` entries of block `b` are sorted by slot.
+    pub(super) fn is_sorted_by_slot(&self, b: BlockRef, len: u32) -> bool {
+        (1..len).all(|j| self.get(b, j - 1).slot <= self.get(b, j).slot)
+    }
+
     /// Remove entry `j` of block `b` holding `len` entries (the last one takes its place);
     /// returns the block (`NIL` once empty), which moved to a class twice the rest when the
     /// rest fills a quarter of it.

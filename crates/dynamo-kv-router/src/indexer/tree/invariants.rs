@@ -214,6 +214,11 @@ impl RadixTree {
                 self.nodes[id].meta & COUNT_MASK,
                 "holder block of {id}"
             );
+            // A wide node's block is sorted by slot (its lookups are binary searches).
+            assert!(
+                self.nodes[id].meta & WIDE == 0 || self.holders.is_sorted_by_slot(c.link, entries),
+                "holder block of wide node {id} not sorted by slot"
+            );
             // Full at most, and over a quarter full unless it is of 1 or 2 entries.
             let cap = Holders::capacity(c.link);
             assert!(

@@ -191,18 +191,34 @@ fn find_child(nodes: &Arena<Node>, table: &ExtTable, parent: u32, local: u64) ->
 /// Whether `handle`, in the lookup of worker slot `slot`, is the residency of external
 /// hash `ext`.
 #[inline]
-fn handle_is(cold: &Arena<Cold>, holders: &Holders, slot: u32, handle: u32, ext: u64) -> bool {
+fn handle_is(
+    nodes: &Arena<Node>,
+    cold: &Arena<Cold>,
+    holders: &Holders,
+    slot: u32,
+    handle: u32,
+    ext: u64,
+) -> bool {
     if handle & EXTRA_BIT == 0 {
         return cold[handle as usize].ext == ext;
     }
-    let c = &cold[(handle & !EXTRA_BIT) as usize];
-    let mut found = false;
-    if c.has_extras() {
-        holders.scan(c.link, |h| {
-            found = h.slot == slot && h.ext() == ext;
-            !found
-        });
+    let node = (handle & !EXTRA_BIT) as usize;
+    let c = &cold[node];
+    if !c.has_extras() {
+        return false;
     }
+    let meta = nodes[node].meta;
+    if meta & WIDE != 0 {
+        // A wide node's further holders are sorted by slot.
+        return holders
+            .find_sorted(c.link, (meta & COUNT_MASK) - 1, slot, Some(ext))
+            .is_some();
+    }
+    let mut found = false;
+    holders.scan(c.link, |h| {
+        found = h.slot == slot && h.ext() == ext;
+        !found
+    });
     found
 }
 
@@ -479,6 +495,7 @@ impl RadixTree {
         let mut released = NIL;
         for &h in hashes {
             let Self {
+                nodes,
                 cold,
                 holders,
                 slots,
@@ -488,10 +505,9 @@ impl RadixTree {
                 missing.push(h);
                 continue;
             };
-            match s
-                .lookup
-                .find(tag_of(mix(h)), |x| handle_is(cold, holders, slot, x, h))
-            {
+            match s.lookup.find(tag_of(mix(h)), |x| {
+                handle_is(nodes, cold, holders, slot, x, h)
+            }) {
                 Some(index) => {
                     let handle = s.lookup.remove_at(index);
                     let node = node_of(handle);
@@ -949,10 +965,12 @@ impl RadixTree {
 
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
-        let (cold, holders) = (&self.cold, &self.holders);
+        let (nodes, cold, holders) = (&self.nodes, &self.cold, &self.holders);
         let lookup = &s.lookup;
         lookup
-            .find(tag_of(mix(ext)), |x| handle_is(cold, holders, slot, x, ext))
+            .find(tag_of(mix(ext)), |x| {
+                handle_is(nodes, cold, holders, slot, x, ext)
+            })
             .map(|i| lookup.get(i))
     }
 
@@ -964,6 +982,7 @@ impl RadixTree {
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         let tag = tag_of(mix(ext));
         let Self {
+            nodes,
             cold,
             holders,
             slots,
@@ -974,7 +993,7 @@ impl RadixTree {
         };
         let found = s
             .lookup
-            .find_or_vacant(tag, |x| handle_is(cold, holders, slot, x, ext))
+            .find_or_vacant(tag, |x| handle_is(nodes, cold, holders, slot, x, ext))
             .map(|i| (i, s.lookup.get(i)));
         let absent = known_absent || self.lacks(node, slot);
         let (index, old) = match found {
@@ -1043,6 +1062,12 @@ impl RadixTree {
         self.for_each_residency(node, |s| {
             set.add(s);
         });
+        // From now on the further holders stay sorted by slot (found by binary search).
+        let c = self.cold[node as usize];
+        if c.has_extras() {
+            let len = (self.nodes[node as usize].meta & COUNT_MASK) - 1;
+            self.holders.sort_by_slot(c.link, len);
+        }
         let m = &mut self.nodes[node as usize].meta;
         *m |= WIDE;
         if set.has_dups() {
@@ -1062,9 +1087,15 @@ impl RadixTree {
             return node;
         }
         // The node's residencies before this one: the primary and `len` further ones.
-        let len = (self.nodes[node as usize].meta & COUNT_MASK) - 2;
+        let meta = self.nodes[node as usize].meta;
+        let len = (meta & COUNT_MASK) - 2;
         let block = if n.has_extras() { n.link } else { NIL };
-        let block = self.holders.push(block, len, Holder::new(slot, ext));
+        let h = Holder::new(slot, ext);
+        let block = if meta & WIDE != 0 {
+            self.holders.insert_sorted(block, len, h)
+        } else {
+            self.holders.push(block, len, h)
+        };
         let n = &mut self.cold[node as usize];
         n.slot |= HAS_EXTRAS;
         n.link = block;
@@ -1165,15 +1196,23 @@ impl RadixTree {
         let len = self.nodes[node as usize].meta & COUNT_MASK;
         let n = self.cold[node as usize];
         if handle & EXTRA_BIT != 0 {
-            let mut at = 0;
-            let mut found = false;
-            self.holders.scan(n.link, |h| {
-                found = h.slot == slot && ext.is_none_or(|e| h.ext() == e);
-                at += u32::from(!found);
-                !found
-            });
-            debug_assert!(found, "holder entry of {handle:x}");
-            let block = self.holders.swap_remove(n.link, len, at);
+            let block = if self.nodes[node as usize].meta & WIDE != 0 {
+                // Sorted by slot: a binary search, and the rest moves down to keep it so.
+                let at = self.holders.find_sorted(n.link, len, slot, ext);
+                debug_assert!(at.is_some(), "holder entry of {handle:x}");
+                self.holders
+                    .remove_shifting(n.link, len, at.unwrap_or(len - 1))
+            } else {
+                let mut at = 0;
+                let mut found = false;
+                self.holders.scan(n.link, |h| {
+                    found = h.slot == slot && ext.is_none_or(|e| h.ext() == e);
+                    at += u32::from(!found);
+                    !found
+                });
+                debug_assert!(found, "holder entry of {handle:x}");
+                self.holders.swap_remove(n.link, len, at)
+            };
             self.set_holder_block(node, block);
             return;
         }
