@@ -40,9 +40,10 @@
 //!   entry, external hash and worker slot; blocks of `2^c` entries from a pool per size
 //!   class), so that a node's holders are one or a few cache lines read in order; a rank's
 //!   lookup names such a residency `EXTRA_BIT | node` and finds its entry by scanning the
-//!   block for its slot and hash (by binary search where the node is `WIDE`, below: such a
-//!   block is kept sorted by slot, since scanning hundreds of holders at every store and
-//!   remove of a fleet-wide prefix made those events the longest holds of the write lock).
+//!   block for its slot and hash (where the node is `WIDE`, below, its holder set keeps a
+//!   position hint per slot, checked before use: scanning hundreds of holders at every
+//!   store and remove of a fleet-wide prefix made those events the longest holds of the
+//!   write lock).
 //!   Child counts are not stored per node: the implicit child
 //!   (below) is detected from the arena, and the nodes that have explicit children (branch
 //!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of

@@ -81,14 +81,6 @@ impl<T> Arena<T> {
             .unwrap_or(&[])
     }
 
-    /// Elements `i..i + n` as one mutable slice, when they lie in one chunk.
-    #[inline]
-    pub(super) fn run_mut(&mut self, i: usize, n: usize) -> Option<&mut [T]> {
-        self.chunks
-            .get_mut(i >> CHUNK_BITS)
-            .and_then(|c| c.get_mut(i & MASK..(i & MASK) + n))
-    }
-
     /// Append `x`: in the last chunk when it is not full (growing it by a quarter, up to
     /// [`CHUNK`]), else in a new chunk. Never moves an element of a full chunk.
     pub(super) fn push(&mut self, x: T) {

@@ -195,6 +195,7 @@ fn handle_is(
     nodes: &Arena<Node>,
     cold: &Arena<Cold>,
     holders: &Holders,
+    wide: &FxHashMap<u32, HolderSet>,
     slot: u32,
     handle: u32,
     ext: u64,
@@ -202,17 +203,22 @@ fn handle_is(
     if handle & EXTRA_BIT == 0 {
         return cold[handle as usize].ext == ext;
     }
-    let node = (handle & !EXTRA_BIT) as usize;
-    let c = &cold[node];
+    let node = handle & !EXTRA_BIT;
+    let c = &cold[node as usize];
     if !c.has_extras() {
         return false;
     }
-    let meta = nodes[node].meta;
-    if meta & WIDE != 0 {
-        // A wide node's further holders are sorted by slot.
-        return holders
-            .find_sorted(c.link, (meta & COUNT_MASK) - 1, slot, Some(ext))
-            .is_some();
+    // (No wide node at all, as with a few dozen workers: not even the node's line.)
+    if !wide.is_empty()
+        && let meta = nodes[node as usize].meta
+        && meta & WIDE != 0
+        && let Some(j) = wide.get(&node).and_then(|w| w.hint(slot))
+        && j < (meta & COUNT_MASK) - 1
+    {
+        let h = holders.get(c.link, j);
+        if h.slot == slot && h.ext() == ext {
+            return true;
+        }
     }
     let mut found = false;
     holders.scan(c.link, |h| {
@@ -498,6 +504,7 @@ impl RadixTree {
                 nodes,
                 cold,
                 holders,
+                wide,
                 slots,
                 ..
             } = self;
@@ -506,7 +513,7 @@ impl RadixTree {
                 continue;
             };
             match s.lookup.find(tag_of(mix(h)), |x| {
-                handle_is(nodes, cold, holders, slot, x, h)
+                handle_is(nodes, cold, holders, wide, slot, x, h)
             }) {
                 Some(index) => {
                     let handle = s.lookup.remove_at(index);
@@ -965,11 +972,11 @@ impl RadixTree {
 
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
-        let (nodes, cold, holders) = (&self.nodes, &self.cold, &self.holders);
+        let (nodes, cold, holders, wide) = (&self.nodes, &self.cold, &self.holders, &self.wide);
         let lookup = &s.lookup;
         lookup
             .find(tag_of(mix(ext)), |x| {
-                handle_is(nodes, cold, holders, slot, x, ext)
+                handle_is(nodes, cold, holders, wide, slot, x, ext)
             })
             .map(|i| lookup.get(i))
     }
@@ -985,6 +992,7 @@ impl RadixTree {
             nodes,
             cold,
             holders,
+            wide,
             slots,
             ..
         } = self;
@@ -993,7 +1001,7 @@ impl RadixTree {
         };
         let found = s
             .lookup
-            .find_or_vacant(tag, |x| handle_is(nodes, cold, holders, slot, x, ext))
+            .find_or_vacant(tag, |x| handle_is(nodes, cold, holders, wide, slot, x, ext))
             .map(|i| (i, s.lookup.get(i)));
         let absent = known_absent || self.lacks(node, slot);
         let (index, old) = match found {
@@ -1062,11 +1070,15 @@ impl RadixTree {
         self.for_each_residency(node, |s| {
             set.add(s);
         });
-        // From now on the further holders stay sorted by slot (found by binary search).
+        // Where each slot's entry is, from now on kept up to date (see `HolderSet::hint`).
         let c = self.cold[node as usize];
         if c.has_extras() {
-            let len = (self.nodes[node as usize].meta & COUNT_MASK) - 1;
-            self.holders.sort_by_slot(c.link, len);
+            let mut j = 0;
+            self.holders.scan(c.link, |h| {
+                set.set_hint(h.slot, j);
+                j += 1;
+                true
+            });
         }
         let m = &mut self.nodes[node as usize].meta;
         *m |= WIDE;
@@ -1090,12 +1102,12 @@ impl RadixTree {
         let meta = self.nodes[node as usize].meta;
         let len = (meta & COUNT_MASK) - 2;
         let block = if n.has_extras() { n.link } else { NIL };
-        let h = Holder::new(slot, ext);
-        let block = if meta & WIDE != 0 {
-            self.holders.insert_sorted(block, len, h)
-        } else {
-            self.holders.push(block, len, h)
-        };
+        let block = self.holders.push(block, len, Holder::new(slot, ext));
+        if meta & WIDE != 0
+            && let Some(set) = self.wide.get_mut(&node)
+        {
+            set.set_hint(slot, len);
+        }
         let n = &mut self.cold[node as usize];
         n.slot |= HAS_EXTRAS;
         n.link = block;
@@ -1196,13 +1208,22 @@ impl RadixTree {
         let len = self.nodes[node as usize].meta & COUNT_MASK;
         let n = self.cold[node as usize];
         if handle & EXTRA_BIT != 0 {
-            let block = if self.nodes[node as usize].meta & WIDE != 0 {
-                // Sorted by slot: a binary search, and the rest moves down to keep it so.
-                let at = self.holders.find_sorted(n.link, len, slot, ext);
-                debug_assert!(at.is_some(), "holder entry of {handle:x}");
-                self.holders
-                    .remove_shifting(n.link, len, at.unwrap_or(len - 1))
+            let wide = self.nodes[node as usize].meta & WIDE != 0;
+            // A wide node's hint, checked; else (or when stale) a scan.
+            let hinted = if wide {
+                self.wide
+                    .get(&node)
+                    .and_then(|w| w.hint(slot))
+                    .filter(|&j| {
+                        j < len && {
+                            let h = self.holders.get(n.link, j);
+                            h.slot == slot && ext.is_none_or(|e| h.ext() == e)
+                        }
+                    })
             } else {
+                None
+            };
+            let at = hinted.unwrap_or_else(|| {
                 let mut at = 0;
                 let mut found = false;
                 self.holders.scan(n.link, |h| {
@@ -1211,8 +1232,26 @@ impl RadixTree {
                     !found
                 });
                 debug_assert!(found, "holder entry of {handle:x}");
-                self.holders.swap_remove(n.link, len, at)
+                at
+            });
+            // The block's last entry takes the removed one's place.
+            let last = if wide {
+                self.holders.get(n.link, len - 1)
+            } else {
+                Holder::new(NIL, 0)
             };
+            let block = self.holders.swap_remove(n.link, len, at);
+            if wide {
+                if at < len - 1
+                    && let Some(w) = self.wide.get_mut(&node)
+                {
+                    w.set_hint(last.slot, at);
+                }
+                self.set_holder_block(node, block);
+                // A rank holding the node twice keeps a further entry to point at.
+                self.rehint(node, slot);
+                return;
+            }
             self.set_holder_block(node, block);
             return;
         }
@@ -1228,12 +1267,39 @@ impl RadixTree {
         self.cold[node as usize].slot = e.slot;
         self.cold[node as usize].ext = e.ext();
         self.set_holder_block(node, block);
+        if self.nodes[node as usize].meta & WIDE != 0 {
+            self.rehint(node, e.slot);
+        }
         if let Some(s) = self.slots[e.slot as usize].as_mut()
             && let Some(index) = s
                 .lookup
                 .find(tag_of(mix(e.ext())), |x| x == node | EXTRA_BIT)
         {
             s.lookup.set(index, node);
+        }
+    }
+
+    /// Point `slot`'s position hint in the wide `node` at a further entry it still has,
+    /// if any (a scan, only when the rank holds the node more than once: its hint may
+    /// have named the entry that just left).
+    fn rehint(&mut self, node: u32, slot: u32) {
+        let c = self.cold[node as usize];
+        let Some(set) = self.wide.get(&node) else {
+            return;
+        };
+        if !c.has_extras() || set.multiplicity(slot) <= u32::from(c.primary() == slot) {
+            return;
+        }
+        let (mut j, mut at) = (0, None);
+        self.holders.scan(c.link, |h| {
+            if h.slot == slot {
+                at = Some(j);
+            }
+            j += 1;
+            at.is_none()
+        });
+        if let (Some(at), Some(set)) = (at, self.wide.get_mut(&node)) {
+            set.set_hint(slot, at);
         }
     }
 

@@ -21,7 +21,16 @@ pub(super) struct HolderSet {
     /// Slots holding the node under more than one external hash: the number of residencies
     /// beyond the first. Empty unless some rank stored the same block under two hashes.
     extra: FxHashMap<u32, u32>,
+    /// Per slot, where its entry in the node's holder block is (`NO_HINT`: unknown). A hint,
+    /// checked against the entry before it is trusted (a promoted primary or a slot with
+    /// two entries leaves one stale): a wide node's block holds hundreds of entries, and
+    /// scanning it at every store and remove of a fleet-wide prefix made those events the
+    /// longest holds of the tree's write lock (2 bytes a slot, for wide nodes only).
+    hint: Vec<u16>,
 }
+
+/// No position known (see [`HolderSet::hint`]).
+const NO_HINT: u16 = u16::MAX;
 
 impl HolderSet {
     /// Whether `slot` holds the node.
@@ -62,6 +71,26 @@ impl HolderSet {
         }
     }
 
+    /// Where `slot`'s entry in the node's holder block may be (to be checked).
+    #[inline]
+    pub(super) fn hint(&self, slot: u32) -> Option<u32> {
+        self.hint
+            .get(slot as usize)
+            .copied()
+            .filter(|&h| h != NO_HINT)
+            .map(u32::from)
+    }
+
+    /// Record that `slot`'s entry is at `pos` in the node's holder block.
+    #[inline]
+    pub(super) fn set_hint(&mut self, slot: u32, pos: u32) {
+        let s = slot as usize;
+        if self.hint.len() <= s {
+            self.hint.resize(s + 1, NO_HINT);
+        }
+        self.hint[s] = u16::try_from(pos).unwrap_or(NO_HINT);
+    }
+
     /// Whether some slot holds the node more than once.
     #[inline]
     pub(super) fn has_dups(&self) -> bool {
@@ -99,6 +128,6 @@ impl HolderSet {
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
-        self.bits.capacity() * 8 + self.extra.capacity() * (8 + 1)
+        self.bits.capacity() * 8 + self.extra.capacity() * (8 + 1) + self.hint.capacity() * 2
     }
 }
