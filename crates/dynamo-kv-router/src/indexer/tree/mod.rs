@@ -212,13 +212,18 @@ fn handle_is(
     if !wide.is_empty()
         && let meta = nodes[node as usize].meta
         && meta & WIDE != 0
-        && let Some(j) = wide.get(&node).and_then(|w| w.hint(slot))
-        && j < (meta & COUNT_MASK) - 1
+        && hinted_entry(
+            wide,
+            holders,
+            node,
+            c.link,
+            (meta & COUNT_MASK) - 1,
+            slot,
+            Some(ext),
+        )
+        .is_some()
     {
-        let h = holders.get(c.link, j);
-        if h.slot == slot && h.ext() == ext {
-            return true;
-        }
+        return true;
     }
     let mut found = false;
     holders.scan(c.link, |h| {
@@ -226,6 +231,27 @@ fn handle_is(
         !found
     });
     found
+}
+
+/// Where `slot`'s entry under `ext` (`None`: any of its entries) is among the `len` further
+/// holders (block `link`) of the wide `node`, when the slot's position hint names it (see
+/// `HolderSet::hint`); `None` leaves the caller to scan.
+#[inline]
+fn hinted_entry(
+    wide: &FxHashMap<u32, HolderSet>,
+    holders: &Holders,
+    node: u32,
+    link: u32,
+    len: u32,
+    slot: u32,
+    ext: Option<u64>,
+) -> Option<u32> {
+    let j = wide.get(&node)?.hint(slot)?;
+    if j >= len {
+        return None;
+    }
+    let h = holders.get(link, j);
+    (h.slot == slot && ext.is_none_or(|e| h.ext() == e)).then_some(j)
 }
 
 #[inline]
@@ -1211,15 +1237,7 @@ impl RadixTree {
             let wide = self.nodes[node as usize].meta & WIDE != 0;
             // A wide node's hint, checked; else (or when stale) a scan.
             let hinted = if wide {
-                self.wide
-                    .get(&node)
-                    .and_then(|w| w.hint(slot))
-                    .filter(|&j| {
-                        j < len && {
-                            let h = self.holders.get(n.link, j);
-                            h.slot == slot && ext.is_none_or(|e| h.ext() == e)
-                        }
-                    })
+                hinted_entry(&self.wide, &self.holders, node, n.link, len, slot, ext)
             } else {
                 None
             };
