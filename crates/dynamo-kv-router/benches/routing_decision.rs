@@ -7,9 +7,11 @@
 //!
 //! A second part times a fleet of 1,000 workers sharing 16 32-block system prompts (each
 //! worker holds 8 of them plus private suffixes, so ~500 workers match a prompt), with the
-//! scheduler given the overlaps as a map (`overlaps`, built per decision) and as the
-//! indexer's list (`device_overlaps`, spread into the scheduler's dense per-slot buffer),
-//! alternating the two paths decision by decision.
+//! scheduler given the overlaps as a map (`overlaps`, built per decision), as the
+//! indexer's list (`device_overlaps`, spread into the scheduler's dense per-slot buffer by
+//! a lookup per listed worker) and as that list with the index's slots (`index_slots`: the
+//! lookups remembered by index slot, what `KvRouterCore` passes), alternating the three
+//! paths decision by decision.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -195,7 +197,7 @@ impl Fleet {
         Self { tree, scheduler }
     }
 
-    fn decide(&self, tokens: &[u32], dense: bool) -> WorkerWithDpRank {
+    fn decide(&self, tokens: &[u32], path: Path) -> WorkerWithDpRank {
         let local = compute_block_hash_for_seq(tokens, BLOCK_SIZE, &BlockHashOptions::default())
             .expect("bs");
         let seq = compute_seq_hash_for_block(&local);
@@ -205,20 +207,37 @@ impl Fleet {
             seq_hashes: &seq,
             ..Default::default()
         };
-        let sel = if dense {
-            self.scheduler.select(&SchedulingRequest {
+        let sel = match path {
+            Path::Map => {
+                let overlaps = overlap_map(&scores.scores);
+                self.scheduler.select(&SchedulingRequest {
+                    overlaps: Some(&overlaps),
+                    ..req
+                })
+            }
+            Path::ByWorker => self.scheduler.select(&SchedulingRequest {
                 device_overlaps: Some(&scores.scores),
                 ..req
-            })
-        } else {
-            let overlaps = overlap_map(&scores.scores);
-            self.scheduler.select(&SchedulingRequest {
-                overlaps: Some(&overlaps),
+            }),
+            Path::BySlot => self.scheduler.select(&SchedulingRequest {
+                device_overlaps: Some(&scores.scores),
+                index_slots: Some(&scores.index_slots),
                 ..req
-            })
+            }),
         };
         sel.expect("workers exist").worker
     }
+}
+
+/// How the fleet's scheduler is given the overlaps.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Path {
+    /// A map built per decision.
+    Map,
+    /// The indexer's list, by worker id (a lookup per listed worker).
+    ByWorker,
+    /// The list with the index's slots (what `KvRouterCore` passes).
+    BySlot,
 }
 
 fn fleet_ab() {
@@ -226,21 +245,19 @@ fn fleet_ab() {
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|v| fleet_prompt(v % FLEET_FAMILIES, 1_000_000 + v, 128))
         .collect();
-    let (mut map, mut dense) = (Vec::with_capacity(20_000), Vec::with_capacity(20_000));
-    for i in 0..40_000 {
+    let paths = [Path::Map, Path::ByWorker, Path::BySlot];
+    let mut by_path: [Vec<Duration>; 3] = std::array::from_fn(|_| Vec::with_capacity(20_000));
+    for i in 0..60_000 {
         let p = &prompts[i % prompts.len()];
-        let use_dense = i % 2 == 1;
+        let k = i % paths.len();
         let t0 = Instant::now();
-        black_box(fleet.decide(black_box(p), use_dense));
+        black_box(fleet.decide(black_box(p), paths[k]));
         let t = t0.elapsed();
-        if i >= 1_000 {
-            if use_dense {
-                dense.push(t)
-            } else {
-                map.push(t)
-            }
+        if i >= 1_500 {
+            by_path[k].push(t);
         }
     }
+    let [map, by_worker, by_slot] = by_path;
     // Busy fleet: every worker has 4 booked requests (a shared system prompt and a private
     // suffix each), then decisions (dense path) that book nothing. Beside it, the per-worker
     // scan the scheduler did before the reverse index of booked blocks: one
@@ -277,7 +294,7 @@ fn fleet_ab() {
     for i in 0..20_000 {
         let p = &prompts[i % prompts.len()];
         let t0 = Instant::now();
-        black_box(fleet.decide(black_box(p), true));
+        black_box(fleet.decide(black_box(p), Path::BySlot));
         busy.push(t0.elapsed());
         let local =
             compute_block_hash_for_seq(p, BLOCK_SIZE, &BlockHashOptions::default()).expect("bs");
@@ -289,8 +306,9 @@ fn fleet_ab() {
     }
     for (name, mut samples) in [
         ("map", map),
-        ("dense", dense),
-        ("dense, 4 bookings per worker", busy),
+        ("dense, by worker", by_worker),
+        ("dense, by index slot", by_slot),
+        ("dense by index slot, 4 bookings per worker", busy),
         (
             "old per-worker booked-block scan alone (1,000 x new_blocks)",
             scan,
@@ -318,7 +336,10 @@ fn fleet_ab() {
 /// written between decisions (untimed), as the event ingestion on the other core does to a
 /// router's caches between two routing decisions (the 1,000-publisher storm). A profile
 /// of this mode shows where a decision waits on memory rather than where it computes.
-fn fleet_idle(n: usize, cold_mb: usize) {
+///
+/// With `--by-worker`, the scheduler is not given the index's slots (one lookup per listed
+/// worker, as before they were passed): an A/B in one binary.
+fn fleet_idle(n: usize, cold_mb: usize, path: Path) {
     let fleet = Fleet::new();
     let prompts: Vec<Vec<u32>> = (0..64)
         .map(|v| fleet_prompt(v % FLEET_FAMILIES, 1_000_000 + v, 128))
@@ -332,7 +353,7 @@ fn fleet_idle(n: usize, cold_mb: usize) {
         }
         black_box(&sweep);
         let t0 = Instant::now();
-        black_box(fleet.decide(black_box(p), true));
+        black_box(fleet.decide(black_box(p), path));
         samples.push(t0.elapsed());
     }
     if samples.is_empty() {
@@ -343,7 +364,7 @@ fn fleet_idle(n: usize, cold_mb: usize) {
     #[expect(clippy::print_stdout, reason = "a benchmark's report")]
     {
         println!(
-            "routing decision (2,048 tokens, {FLEET} workers sharing prefixes), dense, idle fleet, {n} decisions, caches swept by {cold_mb} MB between: p10 {:?}, p50 {:?}, p99 {:?}",
+            "routing decision (2,048 tokens, {FLEET} workers sharing prefixes), dense ({path:?}), idle fleet, {n} decisions, caches swept by {cold_mb} MB between: p10 {:?}, p50 {:?}, p99 {:?}",
             pct(0.1),
             pct(0.5),
             pct(0.99)
@@ -364,6 +385,11 @@ fn main() {
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(40_000),
             cold_mb,
+            if args.iter().any(|a| a == "--by-worker") {
+                Path::ByWorker
+            } else {
+                Path::BySlot
+            },
         );
         return;
     }

@@ -306,6 +306,7 @@ impl KvRouterCore {
             seq_hashes: &seq,
             overlaps: None,
             device_overlaps: Some(&scores.scores),
+            index_slots: Some(&scores.index_slots),
             overrides: req.overrides,
             constraints: req.constraints,
             pinned: req.pinned,
@@ -345,6 +346,7 @@ impl KvRouterCore {
             isl_tokens: req.tokens.len(),
             seq_hashes: &seq,
             device_overlaps: Some(&scores.scores),
+            index_slots: Some(&scores.index_slots),
             overrides: req.overrides,
             ..Default::default()
         }))

@@ -794,6 +794,7 @@ fn decide_in_steps(
         isl_tokens: req.tokens.len(),
         seq_hashes: &seq,
         device_overlaps: Some(&scores.scores),
+        index_slots: Some(&scores.index_slots),
         ..Default::default()
     });
     (sel, [hash, find, ns(t)])

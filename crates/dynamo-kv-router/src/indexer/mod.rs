@@ -155,7 +155,11 @@ use crate::hashing::LocalBlockHash;
 use crate::protocols::{KvCacheEvent, RouterEvent, WorkerWithDpRank, decode_json_event};
 
 /// Result of a prefix match.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// Equality compares `scores` and `frequencies` only: `index_slots` says where the index
+/// keeps the ranks, which is no part of the answer (two trees with the same blocks give
+/// equal scores under different slots).
+#[derive(Debug, Clone, Default)]
 pub struct OverlapScores {
     /// Matched prefix length (in blocks) per worker rank; ranks that match nothing are
     /// absent.
@@ -163,6 +167,46 @@ pub struct OverlapScores {
     /// For each matched depth, how many lookups touched that block within the expiration
     /// window (zeros omitted). Empty unless the tree tracks frequencies.
     pub frequencies: Vec<usize>,
+    /// The index's slot of each rank of `scores` (empty when the index does not say).
+    pub index_slots: IndexSlots,
+}
+
+impl PartialEq for OverlapScores {
+    fn eq(&self, other: &Self) -> bool {
+        self.scores == other.scores && self.frequencies == other.frequencies
+    }
+}
+
+impl Eq for OverlapScores {}
+
+/// Where an index keeps the ranks it lists: the slot of each (a small integer the index
+/// reuses after a rank leaves) and the name of the slot assignment they belong to.
+///
+/// A scheduler keeps its own slot per rank and would otherwise find it by one hash lookup
+/// per listed rank, hundreds per decision on a large fleet, each a likely cache miss; with
+/// these it keeps a translation from the index's slots to its own, valid while `epoch`
+/// stays the same ([`crate::scheduling::SchedulingRequest::index_slots`]).
+#[derive(Debug, Clone, Default)]
+pub struct IndexSlots {
+    /// The index's slot of each listed rank, in the order of the list.
+    pub slots: Vec<u32>,
+    /// Unique in the process to one assignment of slots to ranks: an index takes a new one
+    /// whenever one of its slots gets or loses a rank, so two lists with the same epoch map
+    /// equal slots to equal ranks. 0: no assignment (the slots mean nothing).
+    pub epoch: u64,
+}
+
+impl IndexSlots {
+    /// A fresh epoch (never 0, never handed out twice in this process).
+    pub(crate) fn next_epoch() -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The slots, when they describe a list of `len` ranks.
+    pub fn for_list(&self, len: usize) -> Option<&Self> {
+        (self.epoch != 0 && self.slots.len() == len).then_some(self)
+    }
 }
 
 impl OverlapScores {

@@ -468,6 +468,8 @@ fn all_queries() -> Vec<Vec<u64>> {
 fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
     let mut tree = RadixTree::default();
     let mut model = Model::default();
+    // Every (epoch, index slot) seen, with its rank: an epoch names one assignment.
+    let mut named: HashMap<(u64, u32), WorkerWithDpRank> = HashMap::new();
     for op in ops {
         match op {
             Op::Event(wk, ev) => {
@@ -493,8 +495,9 @@ fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
                 model.remove_worker(*wk);
             }
             Op::Query(qs, early) => {
-                let got = sorted(&tree.find_matches(&q(qs), *early));
-                prop_assert_eq!(got, model.scores(qs, *early), "query {:?}", qs);
+                let scores = tree.find_matches(&q(qs), *early);
+                check_index_slots(&scores, &mut named)?;
+                prop_assert_eq!(sorted(&scores), model.scores(qs, *early), "query {:?}", qs);
             }
         }
         tree.check_invariants();
@@ -523,6 +526,26 @@ fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
         (0, 0, 0)
     );
     prop_assert_eq!(tree.heap_bytes(), RadixTree::default().heap_bytes());
+    Ok(())
+}
+
+/// The index slots of `scores` describe its list (one distinct slot per rank), and each
+/// `(epoch, slot)` names the same rank every time it is seen.
+fn check_index_slots(
+    scores: &OverlapScores,
+    named: &mut HashMap<(u64, u32), WorkerWithDpRank>,
+) -> std::result::Result<(), TestCaseError> {
+    let x = &scores.index_slots;
+    if scores.scores.is_empty() {
+        return Ok(());
+    }
+    prop_assert!(x.for_list(scores.scores.len()).is_some(), "{:?}", scores);
+    let distinct: HashSet<u32> = x.slots.iter().copied().collect();
+    prop_assert_eq!(distinct.len(), x.slots.len());
+    for (&(w, _), &slot) in scores.scores.iter().zip(&x.slots) {
+        let first = *named.entry((x.epoch, slot)).or_insert(w);
+        prop_assert_eq!(first, w, "epoch {} slot {} named two ranks", x.epoch, slot);
+    }
     Ok(())
 }
 

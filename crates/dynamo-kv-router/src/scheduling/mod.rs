@@ -18,6 +18,7 @@
 
 pub mod config;
 mod holders;
+mod overlaps;
 pub mod queue;
 pub mod replica_sync;
 pub mod selector;
@@ -57,6 +58,11 @@ pub struct SchedulingRequest<'a> {
     /// decisions as the equivalent `overlaps` map; if a rank is listed twice, the later
     /// entry wins, as when collecting the list into a map).
     pub device_overlaps: Option<&'a [(WorkerWithDpRank, u32)]>,
+    /// Where the index keeps the ranks of `device_overlaps`
+    /// ([`crate::indexer::OverlapScores::index_slots`]), when it says: the scheduler then
+    /// remembers its own slot of each index slot instead of looking every listed rank up
+    /// (the same decisions; ignored unless it describes `device_overlaps`).
+    pub index_slots: Option<&'a crate::indexer::IndexSlots>,
     /// Per-request configuration overrides.
     pub overrides: Option<&'a RouterConfigOverride>,
     /// Placement constraints.
@@ -215,6 +221,7 @@ impl State {
     fn rebuild_order(&mut self) {
         self.order.clear();
         self.order.extend(self.workers.values().map(|w| w.slot));
+        self.from_index.forget();
     }
 }
 
@@ -243,6 +250,8 @@ struct State {
     /// Device overlap per slot while a decision is evaluated ([`SchedulingRequest::device_overlaps`]);
     /// all zero between decisions, reused (no allocation per decision).
     dense: Vec<u32>,
+    /// The scheduler slot of each index slot (see [`overlaps`]).
+    from_index: overlaps::FromIndex,
     /// Which slots hold each booked block (kept in step with every worker's `seqs`).
     holders: BookedHolders,
     /// Per slot, how many of the request's tracked blocks the worker holds, while a
@@ -308,6 +317,7 @@ impl Scheduler {
                 slot_of: FxHashMap::default(),
                 free_slots: Vec::new(),
                 dense: Vec::new(),
+                from_index: overlaps::FromIndex::default(),
                 holders: BookedHolders::default(),
                 held: Vec::new(),
                 owners: FxHashMap::default(),
@@ -513,6 +523,7 @@ impl Scheduler {
             order,
             slot_of,
             dense,
+            from_index,
             holders,
             held,
             rng,
@@ -592,7 +603,7 @@ impl Scheduler {
             }
         };
         let blocks = Self::tracked_blocks(&params, req.seq_hashes, rng);
-        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let spread = overlaps::spread(slot_of, from_index, dense, req);
         let counted = holders.count_held(&blocks, held);
         let pass = CostPass {
             terms: selector::CostTerms::new(&params, self.block_size, req.isl_tokens, min_prefill),
@@ -616,51 +627,11 @@ impl Scheduler {
                 ..Default::default()
             }),
         }
-        Self::clear_overlaps(slot_of, dense, spread);
+        overlaps::clear(slot_of, from_index, dense, spread);
         if counted {
             held.fill(0);
         }
         Ok(blocks)
-    }
-
-    /// Write `req.device_overlaps` into `dense` by slot (when it is the overlap source);
-    /// returns what [`Self::clear_overlaps`] needs to zero it again.
-    fn spread_overlaps<'r>(
-        slot_of: &FxHashMap<WorkerWithDpRank, u32>,
-        dense: &mut [u32],
-        req: &SchedulingRequest<'r>,
-    ) -> Option<&'r [(WorkerWithDpRank, u32)]> {
-        let list = match (req.overlaps, req.device_overlaps) {
-            (None, Some(list)) => list,
-            _ => return None,
-        };
-        for (w, d) in list {
-            if let Some(&slot) = slot_of.get(w) {
-                dense[slot as usize] = *d;
-            }
-        }
-        Some(list)
-    }
-
-    /// Zero what [`Self::spread_overlaps`] wrote (a fill when the list covers a good part
-    /// of the fleet, else one lookup per listed rank).
-    fn clear_overlaps(
-        slot_of: &FxHashMap<WorkerWithDpRank, u32>,
-        dense: &mut [u32],
-        spread: Option<&[(WorkerWithDpRank, u32)]>,
-    ) {
-        let Some(list) = spread else {
-            return;
-        };
-        if list.len() * 16 >= dense.len() {
-            dense.fill(0);
-        } else {
-            for (w, _) in list {
-                if let Some(&slot) = slot_of.get(w) {
-                    dense[slot as usize] = 0;
-                }
-            }
-        }
     }
 
     /// The overlap of rank `id` (state `w`) for `req`: from the map when given, else from
@@ -749,13 +720,14 @@ impl Scheduler {
             workers,
             slot_of,
             dense,
+            from_index,
             holders,
             held,
             rng,
             ..
         } = &mut *st;
         let blocks = Self::tracked_blocks(&params, req.seq_hashes, rng);
-        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let spread = overlaps::spread(slot_of, from_index, dense, req);
         let counted = holders.count_held(&blocks, held);
         let loads = workers
             .iter()
@@ -772,7 +744,7 @@ impl Scheduler {
                 }
             })
             .collect();
-        Self::clear_overlaps(slot_of, dense, spread);
+        overlaps::clear(slot_of, from_index, dense, spread);
         if counted {
             held.fill(0);
         }
@@ -792,7 +764,7 @@ impl Scheduler {
         let w = st.workers.get(&worker)?;
         let overlap = match (req.overlaps, req.device_overlaps) {
             (Some(m), _) => m.get(&worker).map_or(0, |o| o.device),
-            // The last entry wins, as in `spread_overlaps`.
+            // The last entry wins, as in `overlaps::spread`.
             (None, Some(list)) => list
                 .iter()
                 .rev()
@@ -1088,6 +1060,7 @@ impl Scheduler {
             loads,
             slot_of,
             dense,
+            from_index,
             holders,
             held,
             rng,
@@ -1147,7 +1120,7 @@ impl Scheduler {
             .map(|(_, w)| w.seqs.active_prefill_tokens())
             .min()
             .unwrap_or(0);
-        let spread = Self::spread_overlaps(slot_of, dense, req);
+        let spread = overlaps::spread(slot_of, from_index, dense, req);
         let counted = holders.count_held(&blocks, held);
         cand_slots.clear();
         cand_device.clear();
@@ -1172,7 +1145,7 @@ impl Scheduler {
                 constraints.cost_multiplier(&loads.taints[w.slot as usize]),
             ));
         }
-        Self::clear_overlaps(slot_of, dense, spread);
+        overlaps::clear(slot_of, from_index, dense, spread);
         if counted {
             held.fill(0);
         }

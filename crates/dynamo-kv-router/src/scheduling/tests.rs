@@ -735,6 +735,14 @@ proptest! {
         let both = [&fast, &model];
         let mut booked: std::collections::VecDeque<(String, WorkerWithDpRank)> = Default::default();
         let mut next = 0u32;
+        // An index's slots for the listed ranks (given to `fast` only): slots reused after
+        // a rank leaves the index, a new epoch at every change. The index forgets the ranks
+        // of even worker ids when the schedulers do; it keeps those of odd ones, as an
+        // index does that still holds blocks of a worker the scheduler dropped.
+        let mut index: FxHashMap<WorkerWithDpRank, u32> = FxHashMap::default();
+        let mut index_free: Vec<u32> = Vec::new();
+        let mut index_len = 0u32;
+        let mut epoch = crate::indexer::IndexSlots::next_epoch();
         for op in ops {
             match op {
                 SoaOp::Upsert(id, rank, t, total, batch) => {
@@ -751,6 +759,16 @@ proptest! {
                         s.remove_worker(id);
                     }
                     booked.retain(|(_, w)| w.worker_id != id);
+                    if id.is_multiple_of(2) {
+                        index.retain(|w, slot| {
+                            let keep = w.worker_id != id;
+                            if !keep {
+                                index_free.push(*slot);
+                            }
+                            keep
+                        });
+                        epoch = crate::indexer::IndexSlots::next_epoch();
+                    }
                 }
                 SoaOp::Used(id, rank, used) => {
                     for s in both {
@@ -803,6 +821,19 @@ proptest! {
                         .iter()
                         .map(|&(id, rank, d)| (WorkerWithDpRank::new(id, rank), d))
                         .collect();
+                    let slots: Vec<u32> = list
+                        .iter()
+                        .map(|(w, _)| {
+                            *index.entry(*w).or_insert_with(|| {
+                                epoch = crate::indexer::IndexSlots::next_epoch();
+                                index_free.pop().unwrap_or_else(|| {
+                                    index_len += 1;
+                                    index_len - 1
+                                })
+                            })
+                        })
+                        .collect();
+                    let index_slots = crate::indexer::IndexSlots { slots, epoch };
                     let map: FxHashMap<WorkerWithDpRank, TierOverlap> = overlaps
                         .iter()
                         .map(|&(id, rank, d)| {
@@ -835,10 +866,20 @@ proptest! {
                         constraints: Some(&constraints),
                         pinned: pin.map(|(id, rank)| WorkerWithDpRank::new(id, rank)),
                         avoid: &avoid,
+                        index_slots: None,
+                    };
+                    // The fast path with the index's slots most of the time, the model
+                    // never (it looks every listed rank up).
+                    let req_fast = SchedulingRequest {
+                        index_slots: (!next.is_multiple_of(4)).then_some(&index_slots),
+                        ..req
                     };
                     let query = SchedulingRequest { request_id: None, ..req };
-                    prop_assert_eq!(fast.costs(&query), model.costs(&query));
-                    let (a, b) = (fast.select(&req), model.select(&req));
+                    prop_assert_eq!(
+                        fast.costs(&SchedulingRequest { request_id: None, ..req_fast }),
+                        model.costs(&query)
+                    );
+                    let (a, b) = (fast.select(&req_fast), model.select(&req));
                     prop_assert_eq!(&a, &b);
                     if let (Ok(sel), true) = (a, book) {
                         booked.push_back((rid, sel.worker));

@@ -21,7 +21,7 @@ use self::ext_table::{ExtTable, tag_of};
 use self::free_runs::FreeRuns;
 use self::holders::{Holder, Holders};
 use self::wide::HolderSet;
-use super::OverlapScores;
+use super::{IndexSlots, OverlapScores};
 use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
 use crate::protocols::{
@@ -299,8 +299,15 @@ pub struct RadixTree {
     /// nodes flagged `BRANCH`; the root's are never counted).
     kids: FxHashMap<u32, u32>,
     slots: Vec<Option<Slot>>,
+    /// The rank of each slot (default when free), apart from `slots` for the query walk:
+    /// it reads one per listed rank, hundreds on a large fleet, and a `Slot` spans two
+    /// cache lines where this is 16 bytes.
+    slot_worker: Vec<WorkerWithDpRank>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
+    /// Names the current assignment of slots to ranks (see [`IndexSlots::epoch`]): a new
+    /// one whenever a slot gets a rank (a freed slot is listed by no query until then).
+    slot_epoch: u64,
     /// Holder sets of the nodes flagged `WIDE` (more than [`WIDE_MIN`] holders).
     wide: FxHashMap<u32, HolderSet>,
     /// Live residencies (`(worker rank, block)` pairs).
@@ -328,8 +335,10 @@ impl RadixTree {
             roots: ExtTable::default(),
             kids: FxHashMap::default(),
             slots: Vec::new(),
+            slot_worker: Vec::new(),
             free_slots: Vec::new(),
             slot_of: FxHashMap::default(),
+            slot_epoch: IndexSlots::next_epoch(),
             wide: FxHashMap::default(),
             residencies: 0,
             recent: expiration.map(|window| RecentUses {
@@ -385,6 +394,7 @@ impl RadixTree {
             + self.roots.heap_bytes()
             + self.kids.capacity() * (size_of::<(u32, u32)>() + 1)
             + self.slots.capacity() * size_of::<Option<Slot>>()
+            + self.slot_worker.capacity() * size_of::<WorkerWithDpRank>()
             + self.free_slots.capacity() * 4
             + self
                 .slots
@@ -774,12 +784,14 @@ impl RadixTree {
                 by_slot[slot as usize] = depth;
             }
             out.scores.reserve(first.len());
+            out.index_slots.slots.reserve(first.len());
+            out.index_slots.epoch = self.slot_epoch;
+            // Every slot in `first` holds a block, so it has a rank.
             for &slot in first.iter() {
                 let d = std::mem::take(&mut by_slot[slot as usize]);
-                if d > 0
-                    && let Some(s) = &self.slots[slot as usize]
-                {
-                    out.scores.push((s.worker, d));
+                if d > 0 {
+                    out.scores.push((self.slot_worker[slot as usize], d));
+                    out.index_slots.slots.push(slot);
                 }
             }
         });
@@ -922,6 +934,7 @@ impl RadixTree {
         };
         let id = if let Some(id) = self.free_slots.pop() {
             self.slots[id as usize] = Some(slot);
+            self.slot_worker[id as usize] = worker;
             id
         } else {
             let id = self.slots.len() as u32;
@@ -931,9 +944,11 @@ impl RadixTree {
                 "radix tree worker-rank capacity exceeded"
             );
             self.slots.push(Some(slot));
+            self.slot_worker.push(worker);
             id
         };
         self.slot_of.insert(worker, id);
+        self.slot_epoch = IndexSlots::next_epoch();
         id
     }
 
@@ -945,9 +960,11 @@ impl RadixTree {
             if let Some(s) = self.slots[slot as usize].take() {
                 self.slot_of.remove(&s.worker);
             }
+            self.slot_worker[slot as usize] = WorkerWithDpRank::default();
             self.free_slots.push(slot);
             if self.slot_of.is_empty() {
                 self.slots = Vec::new();
+                self.slot_worker = Vec::new();
                 self.free_slots = Vec::new();
                 self.slot_of = FxHashMap::default();
             }

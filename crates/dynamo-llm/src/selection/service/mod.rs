@@ -525,6 +525,7 @@ impl SelectionService {
             seq_hashes: &p.seq,
             overlaps: Some(&overlaps),
             device_overlaps: None,
+            index_slots: None,
             overrides: req.router_config_override.as_ref(),
             constraints: None,
             pinned,
