@@ -469,6 +469,78 @@ mod tests {
         );
     }
 
+    /// The scheduler reads overlaps through its remembered translation from the tree's
+    /// slots to its own: workers leaving and others taking their slots, on either side or
+    /// on both in different orders, must never credit one worker with another's prefix.
+    #[test]
+    fn overlaps_follow_workers_through_slot_reuse() {
+        let c = core(KvRouterConfig::default());
+        let prompt: Vec<u32> = (0..64).collect();
+        let register = |worker: u64| {
+            c.upsert_worker(
+                WorkerWithDpRank::new(worker, 0),
+                BTreeSet::new(),
+                Default::default(),
+            );
+        };
+        let publish = |worker: u64, id: u64, blocks: usize| {
+            let ev = store_event(&c, worker, id, &prompt[..blocks * BS as usize]);
+            assert_eq!(c.apply_event(&ev), EventOutcome::Applied);
+        };
+        let decide = || {
+            let sel = c
+                .best_worker(&RouteRequest {
+                    tokens: &prompt,
+                    ..Default::default()
+                })
+                .expect("workers");
+            (sel.worker.worker_id, sel.overlap_blocks)
+        };
+        // 40 workers hold the first 4 blocks, worker 49 holds 8; worker 200 is known to
+        // the scheduler but has published nothing yet.
+        for w in 10..50 {
+            register(w);
+            publish(w, 0, if w == 49 { 8 } else { 4 });
+        }
+        register(200);
+        assert_eq!(decide(), (49, 8));
+        // The scheduler alone: it drops worker 49 (the tree still lists its blocks) and
+        // gives its slot to a newcomer holding nothing.
+        c.scheduler().remove_worker(49);
+        register(500);
+        let (worker, overlap) = decide();
+        assert_eq!(overlap, 4);
+        assert_ne!(worker, 500);
+        // The tree alone: worker 47 drops its blocks (its tree slot is freed), then worker
+        // 200 publishes and takes that slot.
+        let cleared = RouterEvent {
+            worker_id: 47,
+            storage_tier: StorageTier::Device,
+            event: KvCacheEvent {
+                event_id: 1,
+                data: KvCacheEventData::Cleared,
+                dp_rank: 0,
+            },
+        };
+        assert_eq!(c.apply_event(&cleared), EventOutcome::Applied);
+        assert_eq!(decide().1, 4);
+        publish(200, 0, 9);
+        assert_eq!(decide(), (200, 9));
+        // Both sides, in different orders: two workers leave; two newcomers register in one
+        // order and publish in the other, so each side gives them the freed slots the other
+        // way round.
+        for round in 0..4u64 {
+            c.remove_worker(10 + 2 * round);
+            c.remove_worker(11 + 2 * round);
+            let (long, short) = (300 + round, 400 + round);
+            register(long);
+            register(short);
+            publish(short, 0, 2);
+            publish(long, 0, 10 + round as usize);
+            assert_eq!(decide(), (long, 10 + round as u32), "round {round}");
+        }
+    }
+
     #[test]
     fn gaps_are_detected_and_recovered_from_the_local_indexer() {
         let c = core(KvRouterConfig::default());

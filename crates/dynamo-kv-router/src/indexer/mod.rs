@@ -167,7 +167,9 @@ pub struct OverlapScores {
     /// For each matched depth, how many lookups touched that block within the expiration
     /// window (zeros omitted). Empty unless the tree tracks frequencies.
     pub frequencies: Vec<usize>,
-    /// The index's slot of each rank of `scores` (empty when the index does not say).
+    /// The index's slot of each rank of `scores`; empty when the index does not say (the
+    /// tree says when the prompt's first block has 32 holders or more: below that, a
+    /// scheduler's lookups are cheaper than listing them).
     pub index_slots: IndexSlots,
 }
 
