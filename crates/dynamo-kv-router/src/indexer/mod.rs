@@ -193,8 +193,9 @@ pub struct IndexSlots {
     /// The index's slot of each listed rank, in the order of the list.
     pub slots: Vec<u32>,
     /// Unique in the process to one assignment of slots to ranks: an index takes a new one
-    /// whenever one of its slots gets or loses a rank, so two lists with the same epoch map
-    /// equal slots to equal ranks. 0: no assignment (the slots mean nothing).
+    /// whenever one of its slots gets a rank (a freed slot need not renew it while no list
+    /// names it), so two lists with the same epoch map equal slots to equal ranks. 0: no
+    /// assignment (the slots mean nothing).
     pub epoch: u64,
 }
 
