@@ -94,25 +94,15 @@ pub(super) fn spread<'r>(
         (None, Some(list)) => list,
         _ => return None,
     };
-    let index = req.index_slots.and_then(|x| x.for_list(list.len()));
-    match index {
-        Some(x) => {
-            from_index.enter(x.epoch);
-            for ((w, d), &i) in list.iter().zip(&x.slots) {
-                if let Some(slot) = from_index.resolve(slot_of, i, w) {
-                    dense[slot as usize] = *d;
-                }
-            }
-        }
-        None => {
-            for (w, d) in list {
-                if let Some(&slot) = slot_of.get(w) {
-                    dense[slot as usize] = *d;
-                }
-            }
-        }
+    let spread = Spread {
+        list,
+        index: req.index_slots.and_then(|x| x.for_list(list.len())),
+    };
+    if let Some(x) = spread.index {
+        from_index.enter(x.epoch);
     }
-    Some(Spread { list, index })
+    spread.for_each_slot(slot_of, from_index, |slot, d| dense[slot as usize] = d);
+    Some(spread)
 }
 
 /// What [`spread`] wrote.
@@ -121,36 +111,49 @@ pub(super) struct Spread<'r> {
     index: Option<&'r IndexSlots>,
 }
 
+impl Spread<'_> {
+    /// `f(scheduler slot, overlap)` for every listed rank the scheduler knows: by the
+    /// index's slots when given (the epoch entered), else by a lookup per rank.
+    #[inline]
+    fn for_each_slot(
+        &self,
+        slot_of: &FxHashMap<WorkerWithDpRank, u32>,
+        from_index: &mut FromIndex,
+        mut f: impl FnMut(u32, u32),
+    ) {
+        match self.index {
+            Some(x) => {
+                for ((w, d), &i) in self.list.iter().zip(&x.slots) {
+                    if let Some(slot) = from_index.resolve(slot_of, i, w) {
+                        f(slot, *d);
+                    }
+                }
+            }
+            None => {
+                for (w, d) in self.list {
+                    if let Some(&slot) = slot_of.get(w) {
+                        f(slot, *d);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Zero what [`spread`] wrote: a fill when the list covers a good part of the fleet, else
-/// by slot again.
+/// by slot again (through the translation `spread` just filled).
 pub(super) fn clear(
     slot_of: &FxHashMap<WorkerWithDpRank, u32>,
     from_index: &mut FromIndex,
     dense: &mut [u32],
     spread: Option<Spread<'_>>,
 ) {
-    let Some(Spread { list, index }) = spread else {
+    let Some(spread) = spread else {
         return;
     };
-    if list.len() * 16 >= dense.len() {
+    if spread.list.len() * 16 >= dense.len() {
         dense.fill(0);
-        return;
-    }
-    match index {
-        // `spread` entered this epoch and resolved every listed slot.
-        Some(x) => {
-            for ((w, _), &i) in list.iter().zip(&x.slots) {
-                if let Some(slot) = from_index.resolve(slot_of, i, w) {
-                    dense[slot as usize] = 0;
-                }
-            }
-        }
-        None => {
-            for (w, _) in list {
-                if let Some(&slot) = slot_of.get(w) {
-                    dense[slot as usize] = 0;
-                }
-            }
-        }
+    } else {
+        spread.for_each_slot(slot_of, from_index, |slot, _| dense[slot as usize] = 0);
     }
 }
