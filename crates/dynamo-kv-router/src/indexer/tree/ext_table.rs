@@ -114,18 +114,19 @@ fn place(a: &mut [u64], bits: u32, e: u64) {
 /// to lower positions (cyclically), into the hole.
 fn remove_from(a: &mut [u64], bits: u32, mut index: usize) {
     let mask = a.len() - 1;
+    // An entry's home is the top `bits` bits of its tag, i.e. of the entry itself.
+    let shift = 64 - bits;
     let mut j = index;
     loop {
         j = (j + 1) & mask;
-        let e = a[j];
+        let Some(&e) = a.get(j) else { break };
         if stored(e) == 0 {
             break;
         }
-        let h = home(entry_tag(e), bits);
-        // `e` may move to `index` iff its home is not in the cyclic range (index, j].
-        let dist_j = j.wrapping_sub(h) & mask;
-        let dist_hole = j.wrapping_sub(index) & mask;
-        if dist_j >= dist_hole {
+        debug_assert_eq!((e >> shift) as usize, home(entry_tag(e), bits));
+        // `e` may move to `index` iff its home is not in the cyclic range (index, j], i.e.
+        // it is at least as far from its home as from the hole.
+        if j.wrapping_sub((e >> shift) as usize) & mask >= j.wrapping_sub(index) & mask {
             a[index] = e;
             index = j;
         }

@@ -63,8 +63,12 @@ pub(super) struct FreeRuns {
     heads: [u32; CLASSES],
     /// Bit `c` set when class `c` is not empty.
     nonempty: u32,
-    /// Number of free ids.
+    /// Number of free ids (those in `pending` included).
     count: usize,
+    /// Whether a batch is open (see [`Self::begin_batch`]).
+    batch: bool,
+    /// Ids freed while the batch is open, not yet in any run.
+    pending: Vec<u32>,
 }
 
 impl Default for FreeRuns {
@@ -73,6 +77,8 @@ impl Default for FreeRuns {
             heads: [NIL; CLASSES],
             nonempty: 0,
             count: 0,
+            batch: false,
+            pending: Vec::new(),
         }
     }
 }
@@ -94,10 +100,65 @@ impl FreeRuns {
         self.count
     }
 
-    /// Bytes reserved (none: the bookkeeping lives in the freed nodes).
-    #[expect(clippy::unused_self, reason = "kept beside the other heap_bytes")]
-    pub(super) const fn heap_bytes(&self) -> usize {
-        0
+    /// Bytes reserved: the batch list's (the runs' bookkeeping lives in the freed nodes).
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.pending.capacity() * size_of::<u32>()
+    }
+
+    /// Until [`Self::end_batch`], freed ids are only collected (counted free, `parent`
+    /// already `NIL`, in no run). For events that only free ids (a `removed` or `cleared`
+    /// event takes none), so no allocation can see them missing from the runs.
+    ///
+    /// Why: an eviction frees a chain deepest block first, and each id freed on its own
+    /// merged with the run after it: an unlink and a link, each writing the run headers of
+    /// its list neighbours (anywhere in the arena), once per block. A batch links each
+    /// stretch of consecutive freed ids once.
+    pub(super) fn begin_batch(&mut self) {
+        debug_assert!(self.pending.is_empty());
+        self.batch = true;
+    }
+
+    /// Close the batch: link the collected ids as runs, each stretch of consecutive ids
+    /// merged with the runs on either side.
+    pub(super) fn end_batch(&mut self, nodes: &Arena<Node>, cold: &mut Arena<Cold>) {
+        self.batch = false;
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut pending = std::mem::take(&mut self.pending);
+        // Evictions free deepest first: mostly descending, which the sort takes as one run.
+        pending.sort_unstable();
+        let mut rest = pending.as_slice();
+        while let Some(&start) = rest.first() {
+            let n = rest
+                .iter()
+                .zip(start..)
+                .take_while(|&(&id, want)| id == want)
+                .count();
+            // The stretch is maximal, so the ids on either side are in runs if free.
+            self.link_merged(nodes, cold, start, n as u32);
+            rest = &rest[n..];
+        }
+        pending.clear();
+        self.pending = pending;
+    }
+
+    /// Link the free ids `[id, id + n)` (in no run) as a run, merged with the runs that
+    /// end right before it and start right after it.
+    fn link_merged(&mut self, nodes: &Arena<Node>, cold: &mut Arena<Cold>, id: u32, n: u32) {
+        let (mut start, mut len) = (id, n);
+        if is_free(nodes, id as usize - 1) {
+            // `id - 1` ends a run.
+            let s = cold[id as usize - 1].slot;
+            let l = self.unlink(cold, s);
+            start = s;
+            len += l;
+        }
+        if is_free(nodes, (id + n) as usize) {
+            // `id + n` starts a run.
+            len += self.unlink(cold, id + n);
+        }
+        self.link(cold, start, len);
     }
 
     /// Record the run `[start, start + len)` (its nodes are free) and link it in its class.
@@ -141,19 +202,11 @@ impl FreeRuns {
     pub(super) fn push(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, id: u32) {
         debug_assert!(id != 0 && nodes[id as usize].parent == NIL);
         self.count += 1;
-        let (mut start, mut len) = (id, 1);
-        if is_free(nodes, id as usize - 1) {
-            // `id - 1` ends a run.
-            let s = cold[id as usize - 1].slot;
-            let l = self.unlink(cold, s);
-            start = s;
-            len += l;
+        if self.batch {
+            self.pending.push(id);
+            return;
         }
-        if is_free(nodes, id as usize + 1) {
-            // `id + 1` starts a run.
-            len += self.unlink(cold, id + 1);
-        }
-        self.link(cold, start, len);
+        self.link_merged(nodes, cold, id, 1);
     }
 
     /// Take `id` and the ids after it in its run, up to `max` of them, if `id` is free and
@@ -259,6 +312,10 @@ impl FreeRuns {
     /// Every free id, run by run, with a check of the runs' bookkeeping (for the
     /// invariant checks): runs are maximal, in the right class, and their tags agree.
     pub(super) fn checked_ids(&self, nodes: &Arena<Node>, cold: &Arena<Cold>) -> Vec<u32> {
+        assert!(
+            !self.batch && self.pending.is_empty(),
+            "a free batch left open"
+        );
         let mut ids = Vec::new();
         for (c, &head) in self.heads.iter().enumerate() {
             assert_eq!(head == NIL, self.nonempty & (1 << c) == 0, "class mask {c}");
@@ -321,14 +378,27 @@ mod tests {
         /// `take_run_at` takes exactly from free run starts, as many ids as asked and the
         /// run holds, and `pop_run` takes from a run of at least the requested length when
         /// the model has one (the even requests take one id, the odd ones up to `want`).
+        /// Op 3 frees up to `want` ids in one batch (`begin_batch` / `end_batch`), in an
+        /// order that mixes stretches, gaps and ids next to existing runs.
         #[test]
-        fn behaves_like_a_set(ops in proptest::collection::vec((0u8..3, 1u32..64, 1u32..20), 0..300)) {
+        fn behaves_like_a_set(ops in proptest::collection::vec((0u8..4, 1u32..64, 1u32..20), 0..300)) {
             let (mut nodes, mut cold) = arena(64);
             let mut runs = FreeRuns::default();
             let mut model = BTreeSet::new();
             for (op, id, want) in ops {
                 match op {
                     0 => if model.insert(id) { free(&mut runs, &mut nodes, &mut cold, id) },
+                    3 => {
+                        runs.begin_batch();
+                        for k in 0..want {
+                            let x = 1 + (id + k * (1 + want % 3)) % 63;
+                            if model.insert(x) {
+                                free(&mut runs, &mut nodes, &mut cold, x);
+                            }
+                        }
+                        prop_assert_eq!(runs.len(), model.len());
+                        runs.end_batch(&nodes, &mut cold);
+                    }
                     1 => {
                         let starts = model.contains(&id) && !model.contains(&(id - 1));
                         let len = (id..).take_while(|x| model.contains(x)).count() as u32;

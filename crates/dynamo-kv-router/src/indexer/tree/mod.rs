@@ -539,6 +539,8 @@ impl RadixTree {
         };
         self.warm_lookup(slot, hashes.iter().copied());
         self.warm_residencies(slot, hashes);
+        // The ids this event frees go into free runs at its end, a stretch at a time.
+        self.free_nodes.begin_batch();
         let mut missing = Vec::new();
         let mut released = NIL;
         for &h in hashes {
@@ -570,6 +572,7 @@ impl RadixTree {
                 None => missing.push(h),
             }
         }
+        self.free_nodes.end_batch(&self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
         if missing.is_empty() {
             Ok(())
@@ -587,6 +590,7 @@ impl RadixTree {
             return;
         };
         let handles: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
+        self.free_nodes.begin_batch();
         // Extras first: releasing a primary residency promotes one of the node's extras, and
         // that must never be one of this slot's (whose lookup table is already gone).
         // The rank keeps no block, so no child can be held without its parent by it. (Each
@@ -597,6 +601,7 @@ impl RadixTree {
         for &h in handles.iter().filter(|&&h| h & EXTRA_BIT == 0) {
             self.release_marking(h, slot, None, false, NIL);
         }
+        self.free_nodes.end_batch(&self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
     }
 
