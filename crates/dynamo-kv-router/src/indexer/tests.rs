@@ -50,6 +50,40 @@ fn shared_prefix_is_one_node_and_scores_are_prefix_depths() {
     assert!(t.find_matches(&q(&[101]), false).scores.is_empty());
 }
 
+/// The query walk checks a chain four nodes at a time: a four-node group that runs past a
+/// chain's last block into the next chain in the arena (same contents as the query asks
+/// next, same holder count, another parent) must stop at the chain's end.
+#[test]
+fn the_walk_stops_where_a_chain_ends_inside_a_four_node_group() {
+    let mut t = RadixTree::default();
+    // Ids 1..=3, then ids 4..=7 (a root child, not a child of 3).
+    t.store(w(0), &stored(None, &[(1, 10), (2, 11), (3, 12)]))
+        .expect("store");
+    t.store(w(1), &stored(None, &[(4, 13), (5, 14), (6, 15), (7, 16)]))
+        .expect("store");
+    t.check_invariants();
+    let s = t.find_matches(&q(&[10, 11, 12, 13, 14, 15, 16]), false);
+    assert_eq!(sorted(&s), BTreeMap::from([(w(0), 3)]));
+}
+
+/// A `BROKEN` node inside a four-node group of equal holder counts: the ranks below it
+/// are not its ranks, so the walk must look at the holders there.
+#[test]
+fn the_walk_checks_holders_below_a_broken_node_inside_a_four_node_group() {
+    let mut t = RadixTree::default();
+    let chain = |base: u64| -> Vec<(u64, u64)> { (0..7).map(|k| (base + k, 30 + k)).collect() };
+    t.store(w(0), &stored(None, &chain(100))).expect("store");
+    t.store(w(1), &stored(None, &chain(200))).expect("store");
+    // Rank 1 drops the first three blocks but keeps the rest: the third is `BROKEN`.
+    t.remove(w(1), &[202, 201, 200]).expect("remove");
+    // Rank 2 takes the first three: every block now has two holders, not the same two.
+    t.store(w(2), &stored(None, &chain(300)[..3]))
+        .expect("store");
+    t.check_invariants();
+    let s = t.find_matches(&q(&[30, 31, 32, 33, 34, 35, 36]), false);
+    assert_eq!(sorted(&s), BTreeMap::from([(w(0), 7), (w(2), 3)]));
+}
+
 #[test]
 fn unknown_parent_rejects_without_change() {
     let mut t = RadixTree::default();

