@@ -53,6 +53,9 @@ fn set_run_next(c: &mut Cold, next: u32) {
 /// 1M with 1,000): routing latency over a few hundred kilobytes.
 const SCARCE: usize = 4;
 
+/// Largest batch list kept between events (ids): an eviction's worth.
+const PENDING_KEPT: usize = 1024;
+
 /// Size classes: class `c` holds the runs of length `2^c ..= 2^(c+1) - 1`.
 const CLASSES: usize = 32;
 
@@ -139,8 +142,12 @@ impl FreeRuns {
             self.link_merged(nodes, cold, start, n as u32);
             rest = &rest[n..];
         }
-        pending.clear();
-        self.pending = pending;
+        // Kept for the next event unless a large one (a `cleared` rank, a long eviction)
+        // grew it: that memory would stay with the tree until it empties.
+        if pending.capacity() <= PENDING_KEPT {
+            pending.clear();
+            self.pending = pending;
+        }
     }
 
     /// Link the free ids `[id, id + n)` (in no run) as a run, merged with the runs that
@@ -350,7 +357,7 @@ mod tests {
 
     use super::super::arena::Arena;
     use super::super::{Cold, EMPTY_COLD, NIL, Node, RadixTree};
-    use super::{FreeRuns, SCARCE};
+    use super::{FreeRuns, PENDING_KEPT, SCARCE};
 
     fn arena(n: usize) -> (Arena<Node>, Arena<Cold>) {
         let nodes = (0..n)
@@ -447,6 +454,38 @@ mod tests {
                 prop_assert_eq!(runs.len(), model.len());
             }
         }
+    }
+
+    /// A batch links its stretches like single frees would, and a large batch does not
+    /// leave its list's memory with the tree.
+    #[test]
+    fn a_batch_links_stretches_and_keeps_no_large_list() {
+        let n = 3 * PENDING_KEPT;
+        let (mut nodes, mut cold) = arena(n + 2);
+        let mut runs = FreeRuns::default();
+        free(&mut runs, &mut nodes, &mut cold, 5);
+        runs.begin_batch();
+        // Deepest first, next to the run at 5, then a gap and a stretch of two.
+        for id in (1..5).rev().chain([9, 8]) {
+            free(&mut runs, &mut nodes, &mut cold, id);
+        }
+        runs.end_batch(&nodes, &mut cold);
+        assert_eq!(runs.checked_ids(&nodes, &cold).len(), 7);
+        assert_eq!(
+            runs.pop(&mut nodes, &mut cold, 5),
+            Some(1),
+            "one run of 1..=5"
+        );
+        alloc(&mut nodes, 1);
+        assert!(runs.heap_bytes() > 0, "a small batch's list is kept");
+        runs.begin_batch();
+        for id in (10..=n as u32).rev() {
+            free(&mut runs, &mut nodes, &mut cold, id);
+        }
+        runs.end_batch(&nodes, &mut cold);
+        assert_eq!(runs.heap_bytes(), 0);
+        assert_eq!(runs.len(), 4 + 2 + n - 9);
+        runs.checked_ids(&nodes, &cold);
     }
 
     #[test]
