@@ -78,8 +78,9 @@
 //!   holders per block), and a query enumerates or filters its holders with bit
 //!   operations instead of scanning its block. It goes back to the block alone below 32
 //!   holders.
-//! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed;
-//!   the bookkeeping lives in the freed nodes), and a chain of `n` new blocks starts in a
+//! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed,
+//!   or by stretches at the end of a `removed` / `cleared` event; the bookkeeping lives in
+//!   the freed nodes), and a chain of `n` new blocks starts in a
 //!   run of at least `n` ids when one exists (or at the end of the arena while fewer than
 //!   1/4 of the ids are free), so that its blocks stay implicit children and a query walks
 //!   them in address order; a chain split over runs costs every later query a branch step

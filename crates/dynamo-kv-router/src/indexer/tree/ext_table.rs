@@ -119,6 +119,7 @@ fn remove_from(a: &mut [u64], bits: u32, mut index: usize) {
     let mut j = index;
     loop {
         j = (j + 1) & mask;
+        // (`j` is masked, so always in range: `get` only spares the panic path.)
         let Some(&e) = a.get(j) else { break };
         if stored(e) == 0 {
             break;

@@ -14,7 +14,9 @@
 //! merges it with the runs on either side in O(1) (runs are always maximal), and
 //! allocation takes a run of at least the requested length from the smallest size class
 //! that guarantees one (O(1) with a bit mask of non-empty classes): a chain of `n` new
-//! blocks gets `n` consecutive ids whenever a free run that long exists.
+//! blocks gets `n` consecutive ids whenever a free run that long exists. An event that
+//! only frees ids links them at its end, a stretch of consecutive ids at a time
+//! ([`FreeRuns::begin_batch`]).
 
 use super::arena::Arena;
 use super::{Cold, NIL, Node};
