@@ -19,7 +19,11 @@ impl RadixTree {
         let mut depth_memo: FxHashMap<u32, u32> = FxHashMap::default();
         let mut items: Vec<(u32, u32, u32, u64, Option<u64>)> = Vec::new();
         let mut order: Vec<u32> = (0..self.slots.len() as u32).collect();
-        order.sort_by_key(|&s| self.slots[s as usize].as_ref().map(|x| x.worker));
+        order.sort_by_key(|&s| {
+            self.slots[s as usize]
+                .as_ref()
+                .map(|_| self.slot_worker[s as usize])
+        });
         for slot in order {
             let Some(s) = &self.slots[slot as usize] else {
                 continue;
@@ -78,7 +82,8 @@ impl RadixTree {
             .into_iter()
             .enumerate()
             .filter_map(|(i, (_, slot, node, ext, parent_ext))| {
-                let worker = self.slots[slot as usize].as_ref()?.worker;
+                self.slots[slot as usize].as_ref()?;
+                let worker = self.slot_worker[slot as usize];
                 Some(RouterEvent {
                     worker_id: worker.worker_id,
                     storage_tier: StorageTier::Device,

@@ -181,8 +181,10 @@ impl RadixTree {
         assert_eq!(self.slot_worker.len(), self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             let Some(s) = s else { continue };
-            assert_eq!(self.slot_of.get(&s.worker), Some(&(slot as u32)));
-            assert_eq!(self.slot_worker[slot], s.worker, "slot {slot}'s rank copy");
+            assert_eq!(
+                self.slot_of.get(&self.slot_worker[slot]),
+                Some(&(slot as u32))
+            );
             assert!(!s.lookup.is_empty(), "empty slot kept");
             // Every `EXTRA_BIT | node` handle of this slot names one of its entries in the
             // node's block: as many handles as entries.

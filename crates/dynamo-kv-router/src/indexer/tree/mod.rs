@@ -129,10 +129,10 @@ impl Cold {
     }
 }
 
-/// A worker rank known to the tree: its id and its `block_hash -> residency` lookup.
+/// A worker rank known to the tree: its `block_hash -> residency` lookup (its id is in
+/// `RadixTree::slot_worker`, under the same slot).
 #[derive(Debug)]
 struct Slot {
-    worker: WorkerWithDpRank,
     /// Residency handles (`node id` or `EXTRA_BIT | node id`), keyed by their external
     /// hash (read through the handle: the node's primary, or its holder block's entry of
     /// this rank with that hash). Two handles of one rank may be equal (a rank holding a
@@ -307,7 +307,7 @@ pub struct RadixTree {
     slots: Vec<Option<Slot>>,
     /// The rank of each slot (default when free), apart from `slots` for the query walk:
     /// it reads one per listed rank, hundreds on a large fleet, and a `Slot` spans two
-    /// cache lines where this is 16 bytes.
+    /// cache lines where this is 16 bytes. The only copy of a slot's rank.
     slot_worker: Vec<WorkerWithDpRank>,
     free_slots: Vec<u32>,
     slot_of: FxHashMap<WorkerWithDpRank, u32>,
@@ -968,7 +968,6 @@ impl RadixTree {
             return s;
         }
         let slot = Slot {
-            worker,
             lookup: ExtTable::default(),
         };
         let id = if let Some(id) = self.free_slots.pop() {
@@ -996,10 +995,9 @@ impl RadixTree {
             .as_ref()
             .is_some_and(|s| s.lookup.is_empty());
         if empty {
-            if let Some(s) = self.slots[slot as usize].take() {
-                self.slot_of.remove(&s.worker);
-            }
-            self.slot_worker[slot as usize] = WorkerWithDpRank::default();
+            self.slots[slot as usize] = None;
+            let worker = std::mem::take(&mut self.slot_worker[slot as usize]);
+            self.slot_of.remove(&worker);
             self.free_slots.push(slot);
             if self.slot_of.is_empty() {
                 self.slots = Vec::new();
