@@ -16,16 +16,20 @@
 //! array is written nearly in order). Until the old array is empty a lookup that misses
 //! in the new array probes the old one too. A whole-table doubling in one insert was the
 //! largest single event of CPU time at 10M blocks (a rank's 8 -> 16 MiB lookup: 8–15 ms);
-//! now an insert moves at most a few dozen entries. A large table's new array is **zeroed
-//! ahead of time**: from 25/32 load on, each insert appends [`PREPARE_STEP`] zeroed
-//! buckets to it (allocated once at its full size, so it never moves), and the growth
-//! insert finds it ready: writing 16 MiB of zeros in that one insert was the largest event
-//! left at 10M (~4.5 ms), 256 MiB at 50M ~170 ms (a calloc of untouched pages instead
-//! costs a page fault per first touch on the probe path, measured slower). Only tables of
-//! at least [`PREPARE_MIN`] buckets: the prepared array is held from 25/32 load on, so a
-//! table that settles just below its growth holds twice its size for good (from 12/16
-//! load, every rank's lookup at 100k blocks did, +40 % heap), and below that size the
-//! zero-fill is short anyway. Deletion shifts the following entries of the
+//! now an insert moves at most a few dozen entries. A table's new array is **zeroed ahead of
+//! time**: from 25/32 load on, each insert appends [`PREPARE_STEP`] zeroed buckets to it
+//! (or more, so that it is complete by the growth insert; allocated once at its full size,
+//! so it never moves), and the growth insert finds it ready: writing 16 MiB of zeros in
+//! that one insert was the largest event left at 10M (~4.5 ms), 256 MiB at 50M ~170 ms (a
+//! calloc of untouched pages instead costs a page fault per first touch on the probe path,
+//! measured slower), and while only tables of 2^20 buckets or more were prepared, the 8
+//! MiB arrays of the 2^19-bucket ones still made 2–4 ms events at 10M. A table that
+//! settles just below its growth would hold twice its size for good (from 12/16 load,
+//! every rank's lookup at 100k blocks did, +40 % heap; from 25/32, the child table at 10M
+//! blocks did, +4 MiB), so a complete array that [`IDLE_INSERTS`] inserts have not needed
+//! is released, and not prepared again until the table has grown by a [`RESUME_GROWTH`]th
+//! of its size. Tables under [`PREPARE_MIN`] buckets zero theirs at growth (short anyway).
+//! Deletion shifts the following entries of the
 //! cluster back (no tombstones), so nothing is ever rehashed in place either.
 
 /// Smallest non-empty table (log2 of its buckets).
@@ -36,13 +40,20 @@ const MIN_BITS: u32 = 3;
 /// (One under `cfg(test)`, so that the property tests' small tables spend most of their
 /// life half migrated.)
 const MIGRATE_STEP: usize = if cfg!(test) { 1 } else { 16 };
-/// Smallest table (buckets) whose next array is zeroed ahead of time: 2^20 buckets (8 MiB,
-/// a 16 MiB next array, ~4.5 ms of zero-fill here). (16 under `cfg(test)`.)
-const PREPARE_MIN: usize = if cfg!(test) { 16 } else { 1 << 20 };
+/// Smallest table (buckets) whose next array is zeroed ahead of time: 2^15 buckets (256 KiB;
+/// zeroing its 512 KiB next array at once took ~0.2 ms here). (16 under `cfg(test)`.)
+const PREPARE_MIN: usize = if cfg!(test) { 16 } else { 1 << 15 };
+/// A complete next array is released after a sixteenth of the table's buckets in inserts
+/// without growth (zeroing it again costs 32 bucket writes, in order, per such insert).
+const IDLE_INSERTS: usize = 16;
+/// ... and prepared again once the table holds a 128th of its buckets more than when it
+/// was released.
+const RESUME_GROWTH: usize = 128;
 /// Buckets of the next array zeroed per insert from 25/32 load on: a table of `n` buckets
 /// goes from 25/32 to 26/32 load in `n / 32` inserts (more when removals come in between)
 /// and the next array has `2n` buckets, so 64 an insert would just do; 128 (1 KiB, 16
-/// sequential lines) is done halfway.
+/// sequential lines) is done halfway. (More when preparing starts later, after a release:
+/// as many as complete it by the growth insert.)
 const PREPARE_STEP: usize = 128;
 /// Set in an index from [`ExtTable::find`] for an entry of the old array.
 const IN_OLD: usize = 1 << 63;
@@ -157,6 +168,10 @@ pub(super) struct ExtTable {
     /// capacity from 25/32 load on in tables of at least [`PREPARE_MIN`] buckets (see the
     /// module docs).
     next: Vec<u64>,
+    /// Inserts since `next` was complete (see [`IDLE_INSERTS`]).
+    idle: usize,
+    /// No preparing while `len` is below this (set when an unused next array is released).
+    resume_at: usize,
 }
 
 impl ExtTable {
@@ -289,17 +304,37 @@ impl ExtTable {
     /// Whether the next insert zeroes more of the next array (see [`Self::prepare`]).
     #[inline]
     fn prepares_on_insert(&self) -> bool {
-        self.entries.len() >= PREPARE_MIN && (self.len + 1) * 32 > self.entries.len() * 25
+        self.entries.len() >= PREPARE_MIN
+            && (self.len + 1) * 32 > self.entries.len() * 25
+            && self.len >= self.resume_at
     }
 
     /// Zero the next [`PREPARE_STEP`] buckets of the next array (allocating it, at its
-    /// full size, the first time).
+    /// full size, the first time), or as many more as complete it by the growth insert;
+    /// or, once it has been complete for [`IDLE_INSERTS`] inserts, release it.
     fn prepare(&mut self) {
         let want = self.entries.len() * 2;
+        if self.next.len() == want {
+            self.idle += 1;
+            if self.idle * IDLE_INSERTS > self.entries.len() {
+                self.next = Vec::new();
+                self.idle = 0;
+                // Not so close to the growth insert that zeroing the whole array again
+                // takes more than 512 buckets an insert.
+                let cap = self.entries.len();
+                self.resume_at = (self.len + cap / RESUME_GROWTH).min(cap * 13 / 16 - cap / 256);
+            }
+            return;
+        }
         if self.next.capacity() < want {
             self.next = Vec::with_capacity(want);
         }
-        let n = (self.next.len() + PREPARE_STEP).min(want);
+        // Inserts before the growth one, at least (removals in between only add to them).
+        let left = (self.entries.len() * 13 / 16)
+            .saturating_sub(self.len)
+            .max(1);
+        let step = PREPARE_STEP.max((want - self.next.len()).div_ceil(left));
+        let n = (self.next.len() + step).min(want);
         self.next.resize(n, 0);
     }
 
@@ -322,6 +357,8 @@ impl ExtTable {
         // `PREPARE_MIN` buckets or more; the rest (if any) is written here.
         let mut fresh = std::mem::take(&mut self.next);
         fresh.resize(1usize << bits, 0);
+        self.idle = 0;
+        self.resume_at = 0;
         self.old = std::mem::replace(&mut self.entries, fresh);
         self.old_bits = self.bits;
         self.bits = bits;
@@ -583,6 +620,48 @@ mod tests {
         for k in 0..n {
             let found = t.find(tag_of(strong(u64::from(k))), |h| h == k);
             assert_eq!(found.is_some(), k % 3 != 0);
+        }
+    }
+
+    /// A table that settles just below its growth does not keep a prepared next array for
+    /// good, and one that grows after all still finds it complete.
+    #[test]
+    fn an_unused_next_array_is_released_and_prepared_again() {
+        let mut t = ExtTable::default();
+        let tag = |k: u32| tag_of(strong(u64::from(k)));
+        // 816 entries: 1,024 buckets at 25.5/32 load, between preparing (25/32) and
+        // growing (26/32).
+        for k in 0..816u32 {
+            t.insert_new(tag(k), k);
+        }
+        assert_eq!(t.entries.len(), 1024);
+        // Steady state: one insert and one removal at a time.
+        for k in 816..3816u32 {
+            t.insert_new(tag(k), k);
+            let old = k - 816;
+            let i = t.find(tag(old), |h| h == old).expect("present");
+            t.remove_at(i);
+        }
+        t.check();
+        assert_eq!(t.next.capacity(), 0, "unused next array kept");
+        // Growing after all: preparing resumes and completes by the growth insert.
+        let mut k = 3816u32;
+        loop {
+            let (cap, next, prepared) = (t.entries.len(), t.next.as_ptr(), t.next.len());
+            t.insert_new(tag(k), k);
+            k += 1;
+            if t.entries.len() != cap {
+                assert_eq!(prepared, 2 * cap, "next array incomplete at growth");
+                assert!(
+                    std::ptr::eq(next, t.entries.as_ptr()),
+                    "next array not used"
+                );
+                break;
+            }
+        }
+        t.check();
+        for j in 3000..k {
+            assert!(t.find(tag(j), |h| h == j).is_some());
         }
     }
 
