@@ -27,8 +27,8 @@
 //! settles just below its growth would hold twice its size for good (from 12/16 load,
 //! every rank's lookup at 100k blocks did, +40 % heap; from 25/32, the child table at 10M
 //! blocks did, +4 MiB), so a complete array that [`IDLE_INSERTS`] inserts have not needed
-//! is released, and not prepared again until the table has grown by a [`RESUME_GROWTH`]th
-//! of its size. Tables under [`PREPARE_MIN`] buckets zero theirs at growth (short anyway).
+//! is released (as is one the table fell back below 25/32 load from), and not prepared
+//! again until the table has grown by a [`RESUME_GROWTH`]th of its size. Tables under [`PREPARE_MIN`] buckets zero theirs at growth (short anyway).
 //! Deletion shifts the following entries of the
 //! cluster back (no tombstones), so nothing is ever rehashed in place either.
 
@@ -301,9 +301,18 @@ impl ExtTable {
         (self.len + 1) * 16 > self.entries.len() * 13
     }
 
-    /// Whether the next insert zeroes more of the next array (see [`Self::prepare`]).
+    /// Whether the next insert zeroes more of the next array, or counts towards releasing
+    /// it (see [`Self::prepare`]).
     #[inline]
     fn prepares_on_insert(&self) -> bool {
+        self.next.capacity() != 0 || self.zeroes_ahead()
+    }
+
+    /// Whether the table is where its next array is zeroed ahead: from 25/32 load on (in
+    /// tables of [`PREPARE_MIN`] buckets or more), unless an unused one was released since
+    /// the table last grew and it has not grown enough since (see [`RESUME_GROWTH`]).
+    #[inline]
+    fn zeroes_ahead(&self) -> bool {
         self.entries.len() >= PREPARE_MIN
             && (self.len + 1) * 32 > self.entries.len() * 25
             && self.len >= self.resume_at
@@ -311,10 +320,11 @@ impl ExtTable {
 
     /// Zero the next [`PREPARE_STEP`] buckets of the next array (allocating it, at its
     /// full size, the first time), or as many more as complete it by the growth insert;
-    /// or, once it has been complete for [`IDLE_INSERTS`] inserts, release it.
+    /// or, once it has been complete (or the table has fallen back below 25/32 load) for
+    /// [`IDLE_INSERTS`] inserts, release it.
     fn prepare(&mut self) {
         let want = self.entries.len() * 2;
-        if self.next.len() == want {
+        if self.next.len() == want || !self.zeroes_ahead() {
             self.idle += 1;
             if self.idle * IDLE_INSERTS > self.entries.len() {
                 self.next = Vec::new();
@@ -663,6 +673,36 @@ mod tests {
         for j in 3000..k {
             assert!(t.find(tag(j), |h| h == j).is_some());
         }
+    }
+
+    /// A table that starts preparing its next array and then shrinks back below 25/32
+    /// load releases the array too.
+    #[test]
+    fn a_next_array_is_released_when_the_table_shrinks_back() {
+        let mut t = ExtTable::default();
+        let tag = |k: u32| tag_of(strong(u64::from(k)));
+        for k in 0..820u32 {
+            t.insert_new(tag(k), k);
+        }
+        assert_eq!(t.entries.len(), 1024);
+        assert!(
+            t.next.capacity() > 0,
+            "no next array prepared at 820 entries"
+        );
+        // Down to 700 entries (22/32 load), then one insert and one removal at a time.
+        for k in 0..120u32 {
+            let i = t.find(tag(k), |h| h == k).expect("present");
+            t.remove_at(i);
+        }
+        for k in 820..2820u32 {
+            t.insert_new(tag(k), k);
+            let old = k - 700;
+            let i = t.find(tag(old), |h| h == old).expect("present");
+            t.remove_at(i);
+        }
+        t.check();
+        assert_eq!(t.entries.len(), 1024);
+        assert_eq!(t.next.capacity(), 0, "next array kept below 25/32 load");
     }
 
     #[test]
