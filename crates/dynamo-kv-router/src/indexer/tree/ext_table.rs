@@ -28,9 +28,10 @@
 //! every rank's lookup at 100k blocks did, +40 % heap; from 25/32, the child table at 10M
 //! blocks did, +4 MiB), so a complete array that [`IDLE_INSERTS`] inserts have not needed
 //! is released (as is one the table fell back below 25/32 load from), and not prepared
-//! again until the table has grown by a [`RESUME_GROWTH`]th of its size. Tables under [`PREPARE_MIN`] buckets zero theirs at growth (short anyway).
-//! Deletion shifts the following entries of the
-//! cluster back (no tombstones), so nothing is ever rehashed in place either.
+//! again until the table has grown by a [`RESUME_GROWTH`]th of its size. Tables under
+//! [`PREPARE_MIN`] buckets zero theirs at growth (short anyway). Deletion shifts the
+//! following entries of the cluster back (no tombstones), so nothing is ever rehashed in
+//! place either.
 
 /// Smallest non-empty table (log2 of its buckets).
 const MIN_BITS: u32 = 3;
@@ -298,7 +299,13 @@ impl ExtTable {
     /// probing stays within a line or two).
     #[inline]
     fn grows_on_insert(&self) -> bool {
-        (self.len + 1) * 16 > self.entries.len() * 13
+        self.len >= self.growth_len()
+    }
+
+    /// The number of entries at which an insert grows the table (13/16 load).
+    #[inline]
+    const fn growth_len(&self) -> usize {
+        self.entries.len() * 13 / 16
     }
 
     /// Whether the next insert zeroes more of the next array, or counts towards releasing
@@ -332,7 +339,8 @@ impl ExtTable {
                 // Not so close to the growth insert that zeroing the whole array again
                 // takes more than 512 buckets an insert.
                 let cap = self.entries.len();
-                self.resume_at = (self.len + cap / RESUME_GROWTH).min(cap * 13 / 16 - cap / 256);
+                self.resume_at =
+                    (self.len + cap / RESUME_GROWTH).min(self.growth_len() - cap / 256);
             }
             return;
         }
@@ -340,9 +348,7 @@ impl ExtTable {
             self.next = Vec::with_capacity(want);
         }
         // Inserts before the growth one, at least (removals in between only add to them).
-        let left = (self.entries.len() * 13 / 16)
-            .saturating_sub(self.len)
-            .max(1);
+        let left = self.growth_len().saturating_sub(self.len).max(1);
         let step = PREPARE_STEP.max((want - self.next.len()).div_ceil(left));
         let n = (self.next.len() + step).min(want);
         self.next.resize(n, 0);
@@ -633,17 +639,26 @@ mod tests {
         }
     }
 
+    fn tag(k: u32) -> u32 {
+        tag_of(strong(u64::from(k)))
+    }
+
+    /// A table of keys `0..n` (1,024 buckets for `n` from 417 to 831).
+    fn filled(n: u32) -> ExtTable {
+        let mut t = ExtTable::default();
+        for k in 0..n {
+            t.insert_new(tag(k), k);
+        }
+        t
+    }
+
     /// A table that settles just below its growth does not keep a prepared next array for
     /// good, and one that grows after all still finds it complete.
     #[test]
     fn an_unused_next_array_is_released_and_prepared_again() {
-        let mut t = ExtTable::default();
-        let tag = |k: u32| tag_of(strong(u64::from(k)));
         // 816 entries: 1,024 buckets at 25.5/32 load, between preparing (25/32) and
         // growing (26/32).
-        for k in 0..816u32 {
-            t.insert_new(tag(k), k);
-        }
+        let mut t = filled(816);
         assert_eq!(t.entries.len(), 1024);
         // Steady state: one insert and one removal at a time.
         for k in 816..3816u32 {
@@ -679,11 +694,7 @@ mod tests {
     /// load releases the array too.
     #[test]
     fn a_next_array_is_released_when_the_table_shrinks_back() {
-        let mut t = ExtTable::default();
-        let tag = |k: u32| tag_of(strong(u64::from(k)));
-        for k in 0..820u32 {
-            t.insert_new(tag(k), k);
-        }
+        let mut t = filled(820);
         assert_eq!(t.entries.len(), 1024);
         assert!(
             t.next.capacity() > 0,
