@@ -652,6 +652,20 @@ mod tests {
         t
     }
 
+    /// Remove key `k`, which must be present.
+    fn remove(t: &mut ExtTable, k: u32) {
+        let i = t.find(tag(k), |h| h == k).expect("present");
+        t.remove_at(i);
+    }
+
+    /// Steady state: insert each key of `keys` and remove the one `live` keys before it.
+    fn churn(t: &mut ExtTable, keys: std::ops::Range<u32>, live: u32) {
+        for k in keys {
+            t.insert_new(tag(k), k);
+            remove(t, k - live);
+        }
+    }
+
     /// A table that settles just below its growth does not keep a prepared next array for
     /// good, and one that grows after all still finds it complete.
     #[test]
@@ -660,13 +674,7 @@ mod tests {
         // growing (26/32).
         let mut t = filled(816);
         assert_eq!(t.entries.len(), 1024);
-        // Steady state: one insert and one removal at a time.
-        for k in 816..3816u32 {
-            t.insert_new(tag(k), k);
-            let old = k - 816;
-            let i = t.find(tag(old), |h| h == old).expect("present");
-            t.remove_at(i);
-        }
+        churn(&mut t, 816..3816, 816);
         t.check();
         assert_eq!(t.next.capacity(), 0, "unused next array kept");
         // Growing after all: preparing resumes and completes by the growth insert.
@@ -701,16 +709,10 @@ mod tests {
             "no next array prepared at 820 entries"
         );
         // Down to 700 entries (22/32 load), then one insert and one removal at a time.
-        for k in 0..120u32 {
-            let i = t.find(tag(k), |h| h == k).expect("present");
-            t.remove_at(i);
+        for k in 0..120 {
+            remove(&mut t, k);
         }
-        for k in 820..2820u32 {
-            t.insert_new(tag(k), k);
-            let old = k - 700;
-            let i = t.find(tag(old), |h| h == old).expect("present");
-            t.remove_at(i);
-        }
+        churn(&mut t, 820..2820, 700);
         t.check();
         assert_eq!(t.entries.len(), 1024);
         assert_eq!(t.next.capacity(), 0, "next array kept below 25/32 load");
