@@ -26,12 +26,12 @@
 //! MiB arrays of the 2^19-bucket ones still made 2–4 ms events at 10M. A table that
 //! settles just below its growth would hold twice its size for good (from 12/16 load,
 //! every rank's lookup at 100k blocks did, +40 % heap; from 25/32, the child table at 10M
-//! blocks did, +4 MiB), so a complete array that [`IDLE_INSERTS`] inserts have not needed
-//! is released (as is one the table fell back below 25/32 load from), and not prepared
-//! again until the table has grown by a [`RESUME_GROWTH`]th of its size. Tables under
-//! [`PREPARE_MIN`] buckets zero theirs at growth (short anyway). Deletion shifts the
-//! following entries of the cluster back (no tombstones), so nothing is ever rehashed in
-//! place either.
+//! blocks did, +4 MiB), so an array that has gained nothing for a sixteenth of the table's
+//! size in inserts ([`IDLE_INSERTS`]: complete but not grown into, or left behind when the
+//! table fell back below 25/32 load) is released, and not prepared again until the table
+//! has grown by a [`RESUME_GROWTH`]th of its size. Tables under [`PREPARE_MIN`] buckets
+//! zero theirs at growth (short anyway). Deletion shifts the following entries of the
+//! cluster back (no tombstones), so nothing is ever rehashed in place either.
 
 /// Smallest non-empty table (log2 of its buckets).
 const MIN_BITS: u32 = 3;
@@ -169,7 +169,7 @@ pub(super) struct ExtTable {
     /// capacity from 25/32 load on in tables of at least [`PREPARE_MIN`] buckets (see the
     /// module docs).
     next: Vec<u64>,
-    /// Inserts since `next` was complete (see [`IDLE_INSERTS`]).
+    /// Inserts since `next` last gained zeroed buckets (see [`IDLE_INSERTS`]).
     idle: usize,
     /// No preparing while `len` is below this (set when an unused next array is released).
     resume_at: usize,
@@ -352,6 +352,7 @@ impl ExtTable {
         let step = PREPARE_STEP.max((want - self.next.len()).div_ceil(left));
         let n = (self.next.len() + step).min(want);
         self.next.resize(n, 0);
+        self.idle = 0;
     }
 
     /// Start growing: the next array (zeroed by the inserts before, see [`Self::prepare`])
