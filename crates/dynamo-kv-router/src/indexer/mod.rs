@@ -30,20 +30,27 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes` / `cold`: two arenas indexed by the same node id, 32 bytes a node, in chunks of
+//! * `nodes` / `cold`: two arenas indexed by the same node id, 28 bytes a node, in chunks of
 //!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it).
 //!   `nodes` holds what a query's walk reads at every block (16 bytes: `tokens_hash`,
-//!   parent id, `meta` below), four blocks a cache line; `cold` the rest (16 bytes: the
-//!   first holding rank with its external hash inline, since most blocks have one holder,
-//!   and the node's holder block), read by a walk only where the holders change. Further
-//!   holders of a node live in one block of `holders` (`tree/holders.rs`: 12 bytes an
-//!   entry, external hash and worker slot; blocks of `2^c` entries from a pool per size
+//!   parent id, `meta` below), four blocks a cache line; `cold` the rest (12 bytes: the
+//!   first holding rank with its key half inline, since most blocks have one holder, and
+//!   the node's holder block), read by a walk only where the holders change. Further
+//!   holders of a node live in one block of `holders` (`tree/holders.rs`: 8 bytes an
+//!   entry, worker slot and key half; blocks of `2^c` entries from a pool per size
 //!   class), so that a node's holders are one or a few cache lines read in order; a rank's
-//!   lookup names such a residency `EXTRA_BIT | node` and finds its entry by scanning the
-//!   block for its slot and hash (where the node is `WIDE`, below, its holder set keeps a
-//!   position hint per slot, checked before use: scanning hundreds of holders at every
-//!   store and remove of a fleet-wide prefix made those events the longest holds of the
-//!   write lock).
+//!   lookup entry names the node, and the rank's residency there is the primary or found
+//!   by scanning the block for its slot and key half (where the node is `WIDE`, below, its
+//!   holder set keeps a position hint per slot, checked before use: scanning hundreds of
+//!   holders at every store and remove of a fleet-wide prefix made those events the
+//!   longest holds of the write lock).
+//! * A residency's external hash is stored split: it is mixed by a bijection into a
+//!   64-bit *key*, whose high half is the tag of the rank's lookup entry and whose low half
+//!   the node (or holder entry) keeps. Together they name the hash exactly, so lookups
+//!   confirm a match as before, and a dump rebuilds each hash from the two halves. A rank
+//!   holding a node under several hashes (rare) has as many entries naming the node; all
+//!   but one of those hashes are kept whole in `aside`, so that a dump can pair the
+//!   halves.
 //!   Child counts are not stored per node: the implicit child
 //!   (below) is detected from the arena, and the nodes that have explicit children (branch
 //!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of
@@ -59,7 +66,7 @@
 //!   stops on the node's own line, without a table probe. The root's children (all explicit) have a
 //!   table of their own, `roots`, keyed by `tokens_hash`: far smaller than `children`, so
 //!   the first probe of every query stays in cache.
-//! * per rank, `lookup`: a tag table of `u32` residency handles keyed by external hash.
+//! * per rank, `lookup`: a tag table of node ids keyed by the residencies' keys.
 //!   Before an event's probes, the buckets of all its hashes (and for removes, the nodes
 //!   they name) are loaded in one loop, so that their cache misses overlap.
 //! * `meta` (in the node): the node's residency count and the flags `BROKEN` (a rank
@@ -100,7 +107,9 @@
 //! 2. a live node has a residency or a child; a node with further holders has a primary
 //!    residency, and one holder block of exactly `count - 1` entries (more than a quarter
 //!    of its capacity unless that is 1 or 2);
-//! 3. each residency has exactly one lookup entry, in its own rank's table;
+//! 3. each residency has exactly one lookup entry, in its own rank's table, naming its
+//!    node; where a rank holds a node `k > 1` times, `aside` keeps `k - 1` of its hashes
+//!    (and nothing else);
 //! 4. `len()` equals the number of residencies and of lookup entries.
 //! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node
 //!    twice; without `BROKEN` every rank holding a child holds the node.
@@ -109,7 +118,7 @@
 //!
 //! Ids are 32-bit, so the tree has fixed limits; past one it panics with a message naming
 //! it. In the order a growing index meets them: 2^27 holder blocks of one size class (at
-//! least 270M indexed blocks, over 8 GiB of index), 2^31 nodes (64 GiB of nodes), 2^31 - 2
+//! least 270M indexed blocks, over 7 GiB of index), 2^32 - 2 nodes (112 GiB of nodes), 2^31 - 2
 //! worker ranks at once, 2^28 - 1 holders of one block, 2^32 buckets in one lookup table.
 //!
 //! # Concurrency

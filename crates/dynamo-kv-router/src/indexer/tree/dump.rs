@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{EXTRA_BIT, ROOT, RadixTree, node_of};
+use super::{ROOT, RadixTree, key_lo, key_of, unmix};
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,
@@ -25,29 +25,10 @@ impl RadixTree {
                 .map(|_| self.slot_worker[s as usize])
         });
         for slot in order {
-            let Some(s) = &self.slots[slot as usize] else {
+            if self.slots[slot as usize].is_none() {
                 continue;
-            };
-            // The rank's residencies: (node, external hash), each once (a rank holding a
-            // node under several hashes has as many equal `EXTRA_BIT | node` handles).
-            let mut handles: Vec<u32> = s.lookup.iter().collect();
-            handles.sort_unstable();
-            handles.dedup();
-            let mut residencies: Vec<(u32, u64)> = Vec::new();
-            for &h in &handles {
-                let node = node_of(h);
-                let c = &self.cold[node as usize];
-                if h & EXTRA_BIT == 0 {
-                    residencies.push((node, c.ext));
-                } else if c.has_extras() {
-                    self.holders.scan(c.link, |e| {
-                        if e.slot == slot {
-                            residencies.push((node, e.ext()));
-                        }
-                        true
-                    });
-                }
             }
+            let residencies = self.residencies_of(slot);
             // node -> this rank's external hash at that node (the smallest, when the rank
             // holds the node under several hashes, so that the dump does not depend on the
             // lookup table's iteration order).
@@ -104,6 +85,59 @@ impl RadixTree {
             .collect()
     }
 
+    /// The residencies of worker slot `slot` as `(node, external hash)`, in no particular
+    /// order. Each hash is its lookup entry's tag (the key's high half) joined with the
+    /// low half held by the node; where the rank holds a node under several hashes, all
+    /// but one are kept aside (`RadixTree::aside`) and the last is the tag and the low half
+    /// that those leave over.
+    pub(super) fn residencies_of(&self, slot: u32) -> Vec<(u32, u64)> {
+        let Some(s) = &self.slots[slot as usize] else {
+            return Vec::new();
+        };
+        let mut entries: Vec<(u32, u32)> = s.lookup.entries().map(|(tag, n)| (n, tag)).collect();
+        entries.sort_unstable();
+        let mut out = Vec::with_capacity(entries.len());
+        let join = |tag: u32, lo: u32| unmix(u64::from(tag) << 32 | u64::from(lo));
+        for group in entries.chunk_by(|a, b| a.0 == b.0) {
+            let node = group[0].0;
+            let mut tags: Vec<u32> = group.iter().map(|&(_, tag)| tag).collect();
+            let mut halves = Vec::with_capacity(group.len());
+            self.key_halves(node, slot, |lo| halves.push(lo));
+            if let Some(kept) = self.aside.get(&(node, slot)) {
+                for &ext in kept {
+                    let key = key_of(ext);
+                    if let Some(i) = tags.iter().position(|&t| t == (key >> 32) as u32) {
+                        tags.swap_remove(i);
+                    }
+                    if let Some(i) = halves.iter().position(|&l| l == key_lo(key)) {
+                        halves.swap_remove(i);
+                    }
+                    out.push((node, ext));
+                }
+            }
+            if let (Some(&tag), Some(&lo)) = (tags.first(), halves.first()) {
+                out.push((node, join(tag, lo)));
+            }
+        }
+        out
+    }
+
+    /// The key halves of `slot`'s residencies at `node` (primary first).
+    pub(super) fn key_halves(&self, node: u32, slot: u32, mut f: impl FnMut(u32)) {
+        let c = &self.cold[node as usize];
+        if c.primary() == slot {
+            f(c.key);
+        }
+        if c.has_extras() {
+            self.holders.scan(c.link, |h| {
+                if h.slot == slot {
+                    f(h.key);
+                }
+                true
+            });
+        }
+    }
+
     fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
         if node == ROOT {
             return 0;
@@ -127,5 +161,86 @@ impl RadixTree {
             memo.insert(n, base + k as u32 + 1);
         }
         memo[&node]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use proptest::prelude::*;
+
+    use super::super::{mix, unmix};
+    use super::RadixTree;
+    use crate::protocols::{KvCacheEventData, KvCacheStoredBlockData, WorkerWithDpRank};
+
+    /// `(worker, external hash, tokens hash)` of every block a dump stores.
+    fn dumped(t: &RadixTree) -> BTreeSet<(u64, u64, u64)> {
+        t.dump_events()
+            .into_iter()
+            .flat_map(|ev| match ev.event.data {
+                KvCacheEventData::Stored(d) => d
+                    .blocks
+                    .iter()
+                    .map(|b| (ev.worker_id, b.block_hash.0, b.tokens_hash.0))
+                    .collect::<Vec<_>>(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// The node and holder entries keep half of a residency's key: the other half
+        /// and `unmix` must give the exact external hash back.
+        #[test]
+        fn unmix_inverts_mix(x in any::<u64>()) {
+            prop_assert_eq!(unmix(mix(x)), x);
+            prop_assert_eq!(mix(unmix(x)), x);
+        }
+    }
+
+    /// A rank holding one block under three hashes, another rank holding it too, the
+    /// hashes removed in every order: the dump names exactly the hashes still held (the
+    /// extra ones are kept aside; the last one is paired by elimination), and the lookups
+    /// find each of them.
+    #[test]
+    fn a_block_held_under_several_hashes_dumps_each_of_them() {
+        let (a, b) = (WorkerWithDpRank::new(1, 0), WorkerWithDpRank::new(2, 0));
+        let hashes = [7u64, 8, u64::MAX - 3];
+        let orders = [
+            [0, 1, 2],
+            [0, 2, 1],
+            [1, 0, 2],
+            [1, 2, 0],
+            [2, 0, 1],
+            [2, 1, 0],
+        ];
+        for order in orders {
+            let mut t = RadixTree::default();
+            t.store_blocks(b, None, &[KvCacheStoredBlockData::new(100, 5)])
+                .expect("store");
+            for &h in &hashes {
+                t.store_blocks(a, None, &[KvCacheStoredBlockData::new(h, 5)])
+                    .expect("store");
+            }
+            t.check_invariants();
+            let mut held: BTreeSet<u64> = hashes.iter().copied().collect();
+            for &i in &order {
+                let want: BTreeSet<(u64, u64, u64)> = held
+                    .iter()
+                    .map(|&h| (1, h, 5))
+                    .chain([(2, 100, 5)])
+                    .collect();
+                assert_eq!(dumped(&t), want, "order {order:?}, held {held:?}");
+                t.remove(a, &[hashes[i]]).expect("remove");
+                held.remove(&hashes[i]);
+                t.check_invariants();
+            }
+            assert_eq!(dumped(&t), BTreeSet::from([(2, 100, 5)]));
+            assert!(
+                t.aside.is_empty(),
+                "nothing kept aside once one hash is left"
+            );
+        }
     }
 }

@@ -436,12 +436,17 @@ impl ExtTable {
 
     /// Every handle (in table order).
     pub(super) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.entries().map(|(_, handle)| handle)
+    }
+
+    /// Every entry as `(tag, handle)` (in table order).
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.entries
             .iter()
             .chain(self.old.iter())
             .copied()
             .filter(|&e| stored(e) != 0)
-            .map(handle_of)
+            .map(|e| (entry_tag(e), handle_of(e)))
     }
 
     /// Check the layout: every entry reachable from its home bucket without crossing an

@@ -4,12 +4,11 @@
 //! module docs of [`crate::indexer`]).
 //!
 //! A boundary-tag allocator over the node arena, with no memory of its own: a run's
-//! bookkeeping lives in the [`Cold`] part of its freed nodes (which nothing else reads: a
-//! freed node's `parent` is `NIL`, and every reader of a node checks its parent first;
-//! reuse overwrites it). The first node of a run holds its length and its next link in a
-//! list of runs of the same size class (low and high halves of `ext`) and the previous
-//! one (`link`); the last
-//! node holds the run's start (`slot`). A node is free when its `parent` (in [`Node`]) is
+//! bookkeeping lives in its freed nodes (which nothing else reads: a freed node's `parent`
+//! is `NIL`, and every reader of a node checks its parent first; reuse overwrites it). The
+//! first node of a run holds its length and its next link in a list of runs of the same
+//! size class (low and high halves of its [`Node`]'s `local`) and the previous one (its
+//! [`Cold`]'s `link`); the last node holds the run's start (its [`Cold`]'s `slot`). A node is free when its `parent` (in [`Node`]) is
 //! `NIL` and it is not the root, so freeing an id
 //! merges it with the runs on either side in O(1) (runs are always maximal), and
 //! allocation takes a run of at least the requested length from the smallest size class
@@ -25,21 +24,21 @@ use super::{Cold, NIL, Node};
 /// [`FreeRuns::take_run_at`]): neither free (`NIL`) nor any node's id.
 pub(super) const TAKEN: u32 = NIL - 1;
 
-/// A run head's length (the low half of its `ext`).
+/// A run head's length (the low half of its `local`).
 #[inline]
-const fn run_len(c: &Cold) -> u32 {
-    c.ext as u32
+const fn run_len(n: &Node) -> u32 {
+    n.local as u32
 }
 
-/// A run head's next run in its class (the high half of its `ext`).
+/// A run head's next run in its class (the high half of its `local`).
 #[inline]
-const fn run_next(c: &Cold) -> u32 {
-    (c.ext >> 32) as u32
+const fn run_next(n: &Node) -> u32 {
+    (n.local >> 32) as u32
 }
 
 #[inline]
-fn set_run_next(c: &mut Cold, next: u32) {
-    c.ext = (c.ext & 0xffff_ffff) | (u64::from(next) << 32);
+fn set_run_next(n: &mut Node, next: u32) {
+    n.local = (n.local & 0xffff_ffff) | (u64::from(next) << 32);
 }
 
 /// Free ids are *scarce* while fewer than `1 / SCARCE` of the arena's ids are free: a chain
@@ -125,7 +124,7 @@ impl FreeRuns {
 
     /// Close the batch: link the collected ids as runs, each stretch of consecutive ids
     /// merged with the runs on either side.
-    pub(super) fn end_batch(&mut self, nodes: &Arena<Node>, cold: &mut Arena<Cold>) {
+    pub(super) fn end_batch(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>) {
         self.batch = false;
         if self.pending.is_empty() {
             return;
@@ -154,43 +153,40 @@ impl FreeRuns {
 
     /// Link the free ids `[id, id + n)` (in no run) as a run, merged with the runs that
     /// end right before it and start right after it.
-    fn link_merged(&mut self, nodes: &Arena<Node>, cold: &mut Arena<Cold>, id: u32, n: u32) {
+    fn link_merged(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, id: u32, n: u32) {
         let (mut start, mut len) = (id, n);
         if is_free(nodes, id as usize - 1) {
             // `id - 1` ends a run.
             let s = cold[id as usize - 1].slot;
-            let l = self.unlink(cold, s);
+            let l = self.unlink(nodes, cold, s);
             start = s;
             len += l;
         }
         if is_free(nodes, (id + n) as usize) {
             // `id + n` starts a run.
-            len += self.unlink(cold, id + n);
+            len += self.unlink(nodes, cold, id + n);
         }
-        self.link(cold, start, len);
+        self.link(nodes, cold, start, len);
     }
 
     /// Record the run `[start, start + len)` (its nodes are free) and link it in its class.
-    fn link(&mut self, nodes: &mut Arena<Cold>, start: u32, len: u32) {
+    fn link(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, start: u32, len: u32) {
         let c = class_of(len);
         let next = self.heads[c];
-        {
-            let h = &mut nodes[start as usize];
-            h.ext = u64::from(len) | (u64::from(next) << 32);
-            h.link = NIL;
-        }
-        nodes[(start + len - 1) as usize].slot = start;
+        nodes[start as usize].local = u64::from(len) | (u64::from(next) << 32);
+        cold[start as usize].link = NIL;
+        cold[(start + len - 1) as usize].slot = start;
         if next != NIL {
-            nodes[next as usize].link = start;
+            cold[next as usize].link = start;
         }
         self.heads[c] = start;
         self.nonempty |= 1 << c;
     }
 
     /// Unlink the run starting at `start` from its class list; returns its length.
-    fn unlink(&mut self, nodes: &mut Arena<Cold>, start: u32) -> u32 {
+    fn unlink(&mut self, nodes: &mut Arena<Node>, cold: &mut Arena<Cold>, start: u32) -> u32 {
         let h = nodes[start as usize];
-        let (len, next, prev) = (run_len(&h), run_next(&h), h.link);
+        let (len, next, prev) = (run_len(&h), run_next(&h), cold[start as usize].link);
         let c = class_of(len);
         if prev == NIL {
             self.heads[c] = next;
@@ -201,7 +197,7 @@ impl FreeRuns {
             set_run_next(&mut nodes[prev as usize], next);
         }
         if next != NIL {
-            nodes[next as usize].link = prev;
+            cold[next as usize].link = prev;
         }
         len
     }
@@ -238,10 +234,10 @@ impl FreeRuns {
         if !is_free(nodes, id as usize) || is_free(nodes, id as usize - 1) {
             return 0;
         }
-        let len = self.unlink(cold, id);
+        let len = self.unlink(nodes, cold, id);
         let n = len.min(max);
         if len > n {
-            self.link(cold, id + n, len - n);
+            self.link(nodes, cold, id + n, len - n);
         }
         for i in id..id + n {
             nodes[i as usize].parent = TAKEN;
@@ -305,7 +301,7 @@ impl FreeRuns {
         let below = c0.checked_sub(1).map_or(NIL, |c| self.heads[c as usize]);
         let c = if fit != 0 {
             fit.trailing_zeros()
-        } else if below != NIL && run_len(&cold[below as usize]) >= want {
+        } else if below != NIL && run_len(&nodes[below as usize]) >= want {
             c0 - 1
         } else if self.count * SCARCE < nodes.len() {
             return None;
@@ -331,8 +327,8 @@ impl FreeRuns {
             let mut prev = NIL;
             let mut r = head;
             while r != NIL {
-                let h = &cold[r as usize];
-                assert_eq!(h.link, prev, "run list links");
+                let h = &nodes[r as usize];
+                assert_eq!(cold[r as usize].link, prev, "run list links");
                 assert_eq!(class_of(run_len(h)), c, "run class");
                 let end = r + run_len(h);
                 assert_eq!(cold[(end - 1) as usize].slot, r, "run tail tag");
@@ -406,7 +402,7 @@ mod tests {
                             }
                         }
                         prop_assert_eq!(runs.len(), model.len());
-                        runs.end_batch(&nodes, &mut cold);
+                        runs.end_batch(&mut nodes, &mut cold);
                     }
                     1 => {
                         let starts = model.contains(&id) && !model.contains(&(id - 1));
@@ -471,7 +467,7 @@ mod tests {
         for id in (1..5).rev().chain([9, 8]) {
             free(&mut runs, &mut nodes, &mut cold, id);
         }
-        runs.end_batch(&nodes, &mut cold);
+        runs.end_batch(&mut nodes, &mut cold);
         assert_eq!(runs.checked_ids(&nodes, &cold).len(), 7);
         assert_eq!(
             runs.pop(&mut nodes, &mut cold, 5),
@@ -484,7 +480,7 @@ mod tests {
         for id in (10..=n as u32).rev() {
             free(&mut runs, &mut nodes, &mut cold, id);
         }
-        runs.end_batch(&nodes, &mut cold);
+        runs.end_batch(&mut nodes, &mut cold);
         assert_eq!(runs.heap_bytes(), 0);
         assert_eq!(runs.len(), 4 + 2 + n - 9);
         runs.checked_ids(&nodes, &cold);

@@ -3,8 +3,9 @@
 //!
 //! They were a doubly linked list of 24-byte entries scattered over one arena: a query
 //! enumerating a popular block's 16 holders followed 15 dependent cache misses, and
-//! detaching a holder wrote its two neighbours (two more lines). Here an entry is 12
-//! bytes (external hash and worker slot: the node and the links are gone), a node's
+//! detaching a holder wrote its two neighbours (two more lines). Here an entry is 8
+//! bytes (worker slot and the low half of the residency's key: the node, the links and
+//! the key's other half, which the rank's lookup entry holds, are gone), a node's
 //! holders are one or a few cache lines read in order, and removing one moves the
 //! block's last entry into its place.
 //!
@@ -39,33 +40,21 @@ const CLASSES: usize = 32;
 /// class): at most 2^27 blocks of each class.
 const INDEX_BITS: u32 = 27;
 
-/// One holder: the worker slot and the external hash under which it holds the node.
+/// One holder: the worker slot and the low half of the key under which it holds the node
+/// (the key is the mixed external hash; its high half is the tag of the rank's lookup
+/// entry, see `RadixTree::key_lo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Holder {
-    ext_lo: u32,
-    ext_hi: u32,
+    pub(super) key: u32,
     /// Worker slot, or `NIL` for an unused entry.
     pub(super) slot: u32,
 }
 
 impl Holder {
-    const UNUSED: Self = Self {
-        ext_lo: 0,
-        ext_hi: 0,
-        slot: NIL,
-    };
+    const UNUSED: Self = Self { key: 0, slot: NIL };
 
-    pub(super) const fn new(slot: u32, ext: u64) -> Self {
-        Self {
-            ext_lo: ext as u32,
-            ext_hi: (ext >> 32) as u32,
-            slot,
-        }
-    }
-
-    #[inline]
-    pub(super) const fn ext(&self) -> u64 {
-        (self.ext_hi as u64) << 32 | self.ext_lo as u64
+    pub(super) const fn new(slot: u32, key: u32) -> Self {
+        Self { key, slot }
     }
 }
 
@@ -274,10 +263,10 @@ mod tests {
         assert_eq!(h.pools[5].len(), 3 << 5);
         // Entries of different blocks never alias.
         for (k, &b) in small.iter().chain(&large).enumerate() {
-            h.set(b, 0, Holder::new(k as u32, k as u64));
+            h.set(b, 0, Holder::new(k as u32, k as u32));
         }
         for (k, &b) in small.iter().chain(&large).enumerate() {
-            assert_eq!(h.get(b, 0), Holder::new(k as u32, k as u64));
+            assert_eq!(h.get(b, 0), Holder::new(k as u32, k as u32));
         }
         h.release(large[1], 1);
         assert_eq!(h.alloc(5), large[1], "a freed block is reused in its class");
@@ -297,7 +286,7 @@ mod tests {
             for (k, push, x) in ops {
                 let len = model[k].len() as u32;
                 if push || len == 0 {
-                    let e = Holder::new(x, u64::from(x) << 40 | u64::from(k as u32));
+                    let e = Holder::new(x, x << 8 | k as u32);
                     refs[k] = h.push(refs[k], len, e);
                     model[k].push(e);
                 } else {

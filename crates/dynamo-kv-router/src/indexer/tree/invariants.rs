@@ -1,9 +1,6 @@
 //! Structural invariant checks (used by the tests and the fuzz target).
 
-use super::{
-    BRANCH, BROKEN, COUNT_MASK, DUPS, EXTRA_BIT, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN,
-    node_of,
-};
+use super::{BRANCH, BROKEN, COUNT_MASK, DUPS, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN};
 use rustc_hash::FxHashMap;
 
 use super::free_runs::TAKEN;
@@ -186,36 +183,43 @@ impl RadixTree {
                 Some(&(slot as u32))
             );
             assert!(!s.lookup.is_empty(), "empty slot kept");
-            // Every `EXTRA_BIT | node` handle of this slot names one of its entries in the
-            // node's block: as many handles as entries.
-            let mut handles: FxHashMap<u32, usize> = FxHashMap::default();
-            for h in s.lookup.iter() {
-                let node = node_of(h);
+            // Every entry names a node the slot holds, as many entries as residencies there;
+            // each residency's hash, rebuilt from the entry's tag and the node's key half
+            // (see `residencies_of`), finds that node again.
+            let mut entries: FxHashMap<u32, usize> = FxHashMap::default();
+            for node in s.lookup.iter() {
                 assert!(live[node as usize]);
-                if h & EXTRA_BIT == 0 {
-                    assert_eq!(
-                        self.cold[h as usize].primary(),
-                        slot as u32,
-                        "lookup entry owned by another slot"
-                    );
-                } else {
-                    *handles.entry(node).or_default() += 1;
-                }
+                *entries.entry(node).or_default() += 1;
                 lookups += 1;
             }
-            for (node, n) in handles {
-                let c = &self.cold[node as usize];
-                let mut entries = 0;
-                if c.has_extras() {
-                    self.holders.scan(c.link, |e| {
-                        entries += usize::from(e.slot == slot as u32);
-                        true
-                    });
-                }
-                assert_eq!(entries, n, "entries of slot {slot} in the block of {node}");
+            for (&node, &n) in &entries {
+                let mut held = 0;
+                self.key_halves(node, slot as u32, |_| held += 1);
+                assert_eq!(held, n, "residencies of slot {slot} at {node}");
+                let kept = self.aside.get(&(node, slot as u32)).map_or(0, Vec::len);
+                assert_eq!(kept + 1, n, "hashes kept aside for slot {slot} at {node}");
+            }
+            let rebuilt = self.residencies_of(slot as u32);
+            assert_eq!(
+                rebuilt.len(),
+                entries.values().sum::<usize>(),
+                "rebuilt hashes"
+            );
+            for (node, ext) in rebuilt {
+                assert_eq!(
+                    self.find_residency(slot as u32, ext),
+                    Some(node),
+                    "hash {ext:x} of slot {slot} rebuilt"
+                );
             }
         }
         assert_eq!(lookups, self.residencies, "lookup entries");
+        for (&(node, slot), kept) in &self.aside {
+            assert!(
+                !kept.is_empty() && live[node as usize] && self.slots[slot as usize].is_some(),
+                "hashes kept aside for slot {slot} at {node}"
+            );
+        }
         // Holder blocks: one per node with further holders, exactly `count - 1` entries in
         // use, none left on freed nodes.
         let mut blocks = 0;

@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 
 use self::arena::Arena;
 use self::ext_table::{ExtTable, tag_of};
-use self::free_runs::FreeRuns;
+use self::free_runs::{FreeRuns, TAKEN};
 use self::holders::{Holder, Holders};
 use self::wide::HolderSet;
 use super::{IndexSlots, OverlapScores};
@@ -33,10 +33,6 @@ use crate::protocols::{
 const NIL: u32 = u32::MAX;
 /// The root node: never freed, never in the child table, holds no residency.
 const ROOT: u32 = 0;
-/// Marks a residency handle of a node's further holders (`EXTRA_BIT | node`: the entry of
-/// the handle's rank, under the handle's external hash, in the node's holder block)
-/// rather than its primary one (`node`).
-const EXTRA_BIT: u32 = 1 << 31;
 
 /// Set in `Cold::slot` when the node has residencies beyond the primary one (their block
 /// is `Cold::link`).
@@ -57,9 +53,9 @@ const WIDE: u32 = 1 << 28;
 const BRANCH: u32 = 1 << 29;
 /// A node becomes wide when its holder count exceeds this; narrower nodes answer "does
 /// this rank hold it?" by scanning their holder block, so this bounds that scan on the
-/// apply path. 64 holders: a scan of 64 block entries is 12 cache lines in order, while a
-/// holder set costs one bit per worker slot (125 bytes at 1,000 slots), about a sixth of
-/// the 64 residencies' own 12-byte block entries. (Tiny under `cfg(test)`, so that the property
+/// apply path. 64 holders: a scan of 64 block entries is 8 cache lines in order, while a
+/// holder set costs one bit per worker slot (125 bytes at 1,000 slots), about a quarter
+/// of the 64 residencies' own 8-byte block entries. (Tiny under `cfg(test)`, so that the property
 /// tests' handful of ranks exercises both representations.)
 const WIDE_MIN: u32 = if cfg!(test) { 3 } else { 64 };
 /// A wide node goes back to its block alone when its holder count falls below this (half of
@@ -74,8 +70,8 @@ const WARM_MIN: usize = 1 << 18;
 
 /// A block position in the tree: one per distinct `(parent node, tokens_hash)`.
 ///
-/// 32 bytes in two arrays of the same ids: what a query's walk reads of every block (this
-/// 16-byte part: content, parent, holder count and flags) and the rest ([`Cold`], 16 bytes:
+/// 28 bytes in two arrays of the same ids: what a query's walk reads of every block (this
+/// 16-byte part: content, parent, holder count and flags) and the rest ([`Cold`], 12 bytes:
 /// the primary residency and the holder block). A walk along a chain of implicit children
 /// therefore reads 16 bytes a block, four blocks a cache line, in address order.
 #[derive(Clone, Copy, Debug)]
@@ -95,10 +91,16 @@ struct Node {
 /// (contiguous, see `tree/holders.rs`) named here. The child count is not stored: a
 /// node's implicit child is the next arena slot, and explicit children are counted in
 /// `RadixTree::kids` (only branch points have any; flagged `BRANCH` in `meta`).
+///
+/// A residency keeps only the low half of its *key* (the mixed external hash, a bijection:
+/// see [`key_of`]): the high half is the tag of its rank's lookup entry, which names this
+/// node, so the two halves together are the external hash. (The full hash was 8 bytes
+/// here and in every further holder's entry: 4 B a residency saved, an eighth of the
+/// index at 10M blocks.)
 #[derive(Clone, Copy, Debug)]
 struct Cold {
-    /// External hash of the primary residency (meaningless when `slot == NIL`).
-    ext: u64,
+    /// Low half of the primary residency's key (meaningless when `slot == NIL`).
+    key: u32,
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
     slot: u32,
@@ -108,7 +110,7 @@ struct Cold {
 
 /// A node's [`Cold`] part before any residency.
 const EMPTY_COLD: Cold = Cold {
-    ext: 0,
+    key: 0,
     slot: NIL,
     link: NIL,
 };
@@ -133,10 +135,10 @@ impl Cold {
 /// `RadixTree::slot_worker`, under the same slot).
 #[derive(Debug)]
 struct Slot {
-    /// Residency handles (`node id` or `EXTRA_BIT | node id`), keyed by their external
-    /// hash (read through the handle: the node's primary, or its holder block's entry of
-    /// this rank with that hash). Two handles of one rank may be equal (a rank holding a
-    /// node under two hashes); with equal tags too their buckets are interchangeable.
+    /// The node of each residency, keyed by its key's high half (the tag) and confirmed by
+    /// the low half (the node's primary's, or that of this rank's entry in its holder
+    /// block). A rank holding a node under two hashes has two entries naming it, told
+    /// apart by their keys.
     lookup: ExtTable,
 }
 
@@ -177,6 +179,41 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 33)
 }
 
+/// Inverse of [`mix`]: each step undone in reverse order (`x ^= x >> 33` is its own
+/// inverse on 64 bits; the multipliers are odd, so they have inverses modulo 2^64).
+#[inline]
+const fn unmix(mut x: u64) -> u64 {
+    x ^= x >> 33;
+    x = x.wrapping_mul(inverse(0xc4ce_b9fe_1a85_ec53));
+    x ^= x >> 33;
+    x = x.wrapping_mul(inverse(0xff51_afd7_ed55_8ccd));
+    x ^ (x >> 33)
+}
+
+/// The inverse of odd `a` modulo 2^64 (Newton's iteration: `a` is its own inverse modulo
+/// 8, and each step doubles the correct low bits: 3, 6, 12, 24, 48, 96).
+const fn inverse(a: u64) -> u64 {
+    let mut x = a;
+    let mut i = 0;
+    while i < 5 {
+        x = x.wrapping_mul(2u64.wrapping_sub(a.wrapping_mul(x)));
+        i += 1;
+    }
+    x
+}
+
+/// The key of a residency's external hash: the rank's lookup is keyed by its high half
+/// ([`tag_of`]) and the node keeps its low half ([`key_lo`]); [`unmix`] gives the hash back.
+#[inline]
+fn key_of(ext: u64) -> u64 {
+    mix(ext)
+}
+
+#[inline]
+const fn key_lo(key: u64) -> u32 {
+    key as u32
+}
+
 #[inline]
 fn child_hash(parent: u32, local: u64) -> u64 {
     mix(local ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15))
@@ -194,23 +231,22 @@ fn find_child(nodes: &Arena<Node>, table: &ExtTable, parent: u32, local: u64) ->
         .map(|i| table.get(i))
 }
 
-/// Whether `handle`, in the lookup of worker slot `slot`, is the residency of external
-/// hash `ext`.
+/// Whether `slot` holds `node` under a key whose low half is `lo` (the caller matched the
+/// high half: the tag of the lookup entry that names `node`).
 #[inline]
-fn handle_is(
+fn holds_key(
     nodes: &Arena<Node>,
     cold: &Arena<Cold>,
     holders: &Holders,
     wide: &FxHashMap<u32, HolderSet>,
     slot: u32,
-    handle: u32,
-    ext: u64,
+    node: u32,
+    lo: u32,
 ) -> bool {
-    if handle & EXTRA_BIT == 0 {
-        return cold[handle as usize].ext == ext;
-    }
-    let node = handle & !EXTRA_BIT;
     let c = &cold[node as usize];
+    if c.primary() == slot && c.key == lo {
+        return true;
+    }
     if !c.has_extras() {
         return false;
     }
@@ -225,7 +261,7 @@ fn handle_is(
             c.link,
             (meta & COUNT_MASK) - 1,
             slot,
-            Some(ext),
+            Some(lo),
         )
         .is_some()
     {
@@ -233,13 +269,13 @@ fn handle_is(
     }
     let mut found = false;
     holders.scan(c.link, |h| {
-        found = h.slot == slot && h.ext() == ext;
+        found = h.slot == slot && h.key == lo;
         !found
     });
     found
 }
 
-/// Where `slot`'s entry under `ext` (`None`: any of its entries) is among the `len` further
+/// Where `slot`'s entry under key half `lo` (`None`: any of its entries) is among the `len` further
 /// holders (block `link`) of the wide `node`, when the slot's position hint names it (see
 /// `HolderSet::hint`); `None` leaves the caller to scan.
 #[inline]
@@ -250,19 +286,14 @@ fn hinted_entry(
     link: u32,
     len: u32,
     slot: u32,
-    ext: Option<u64>,
+    lo: Option<u32>,
 ) -> Option<u32> {
     let j = wide.get(&node)?.hint(slot)?;
     if j >= len {
         return None;
     }
     let h = holders.get(link, j);
-    (h.slot == slot && ext.is_none_or(|e| h.ext() == e)).then_some(j)
-}
-
-#[inline]
-const fn node_of(handle: u32) -> u32 {
-    handle & !EXTRA_BIT
+    (h.slot == slot && lo.is_none_or(|l| h.key == l)).then_some(j)
 }
 
 /// Per-thread query scratch, reused so that a query allocates only its result.
@@ -316,6 +347,13 @@ pub struct RadixTree {
     slot_epoch: u64,
     /// Holder sets of the nodes flagged `WIDE` (more than [`WIDE_MIN`] holders).
     wide: FxHashMap<u32, HolderSet>,
+    /// `(node, slot) ->` the external hashes of all but one of the rank's residencies at
+    /// the node, for ranks that hold a node under several hashes (rare: `DUPS`). Lookups
+    /// do not need them (a residency is found by its full key either way); a dump does:
+    /// the rank's lookup entries that name the node hold the keys' high halves, the node
+    /// the low ones, and which goes with which is known only for these and, by
+    /// elimination, for the one left over.
+    aside: FxHashMap<(u32, u32), Vec<u64>>,
     /// Live residencies (`(worker rank, block)` pairs).
     residencies: usize,
     recent: Option<RecentUses>,
@@ -346,6 +384,7 @@ impl RadixTree {
             slot_of: FxHashMap::default(),
             slot_epoch: IndexSlots::next_epoch(),
             wide: FxHashMap::default(),
+            aside: FxHashMap::default(),
             residencies: 0,
             recent: expiration.map(|window| RecentUses {
                 window,
@@ -411,6 +450,8 @@ impl RadixTree {
             + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
             + self.wide.capacity() * (size_of::<(u32, HolderSet)>() + 1)
             + self.wide.values().map(HolderSet::heap_bytes).sum::<usize>()
+            + self.aside.capacity() * (size_of::<((u32, u32), Vec<u64>)>() + 1)
+            + self.aside.values().map(|v| v.capacity() * 8).sum::<usize>()
     }
 
     /// Apply one event of `worker_id` (the rank is the event's `dp_rank`).
@@ -473,12 +514,12 @@ impl RadixTree {
             if blocks.iter().any(|b| b.block_hash == p) {
                 return Err(Error::InvalidBlockSequence);
             }
-            let handle = self
+            let node = self
                 .slot_of
                 .get(&worker)
                 .and_then(|&slot| self.find_residency(slot, p.0));
-            match handle {
-                Some(h) => parent = node_of(h),
+            match node {
+                Some(n) => parent = n,
                 None => return Err(Error::ParentBlockNotFound { parent_hash: p.0 }),
             }
         }
@@ -556,23 +597,23 @@ impl RadixTree {
                 missing.push(h);
                 continue;
             };
-            match s.lookup.find(tag_of(mix(h)), |x| {
-                handle_is(nodes, cold, holders, wide, slot, x, h)
+            let key = key_of(h);
+            match s.lookup.find(tag_of(key), |x| {
+                holds_key(nodes, cold, holders, wide, slot, x, key_lo(key))
             }) {
                 Some(index) => {
-                    let handle = s.lookup.remove_at(index);
-                    let node = node_of(handle);
+                    let node = s.lookup.remove_at(index);
                     // Without `DUPS` the rank held `node` once: after this it holds it no
                     // more, which the release of its parent (evictions go deepest first)
                     // uses instead of scanning.
                     let once = self.nodes[node as usize].meta & DUPS == 0;
-                    self.release_marking(handle, slot, Some(h), true, released);
+                    self.release_marking(node, slot, Some(h), true, released);
                     released = if once { node } else { NIL };
                 }
                 None => missing.push(h),
             }
         }
-        self.free_nodes.end_batch(&self.nodes, &mut self.cold);
+        self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
         if missing.is_empty() {
             Ok(())
@@ -589,19 +630,20 @@ impl RadixTree {
         let Some(s) = self.slots[slot as usize].as_mut() else {
             return;
         };
-        let handles: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
+        let nodes: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
+        if !self.aside.is_empty() {
+            self.aside.retain(|&(_, s), _| s != slot);
+            if self.aside.is_empty() {
+                self.aside = FxHashMap::default();
+            }
+        }
         self.free_nodes.begin_batch();
-        // Extras first: releasing a primary residency promotes one of the node's extras, and
-        // that must never be one of this slot's (whose lookup table is already gone).
-        // The rank keeps no block, so no child can be held without its parent by it. (Each
-        // `EXTRA_BIT | node` handle takes one of the rank's entries of the node, whichever.)
-        for &h in handles.iter().filter(|&&h| h & EXTRA_BIT != 0) {
-            self.release_marking(h, slot, None, false, NIL);
+        // Each entry releases one of the rank's residencies at its node, whichever. The
+        // rank keeps no block, so no child can be held without its parent by it.
+        for &node in &nodes {
+            self.release_marking(node, slot, None, false, NIL);
         }
-        for &h in handles.iter().filter(|&&h| h & EXTRA_BIT == 0) {
-            self.release_marking(h, slot, None, false, NIL);
-        }
-        self.free_nodes.end_batch(&self.nodes, &mut self.cold);
+        self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
     }
 
@@ -957,7 +999,7 @@ impl RadixTree {
 
     fn push_node(&mut self, node: Node) -> u32 {
         let id = self.nodes.len() as u32;
-        assert!(id < EXTRA_BIT, "radix tree node capacity (2^31) exceeded");
+        assert!(id < TAKEN, "radix tree node capacity (2^32 - 2) exceeded");
         self.nodes.push(node);
         self.cold.push(EMPTY_COLD);
         id
@@ -1037,8 +1079,8 @@ impl RadixTree {
         };
         let mut acc = 0u32;
         for &h in hashes {
-            if let Some(i) = s.lookup.find(tag_of(mix(h)), |_| true) {
-                let node = node_of(s.lookup.get(i)) as usize;
+            if let Some(i) = s.lookup.find(tag_of(key_of(h)), |_| true) {
+                let node = s.lookup.get(i) as usize;
                 if let (Some(n), Some(c)) = (self.nodes.get(node), self.cold.get(node)) {
                     acc ^= n.meta ^ c.slot;
                 }
@@ -1050,13 +1092,15 @@ impl RadixTree {
         std::hint::black_box(acc);
     }
 
+    /// The node where `slot` holds external hash `ext`.
     fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
         let s = self.slots[slot as usize].as_ref()?;
         let (nodes, cold, holders, wide) = (&self.nodes, &self.cold, &self.holders, &self.wide);
         let lookup = &s.lookup;
+        let key = key_of(ext);
         lookup
-            .find(tag_of(mix(ext)), |x| {
-                handle_is(nodes, cold, holders, wide, slot, x, ext)
+            .find(tag_of(key), |x| {
+                holds_key(nodes, cold, holders, wide, slot, x, key_lo(key))
             })
             .map(|i| lookup.get(i))
     }
@@ -1067,7 +1111,8 @@ impl RadixTree {
     /// Returns whether the rank did not hold `node` before (as far as is known cheaply);
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
-        let tag = tag_of(mix(ext));
+        let key = key_of(ext);
+        let (tag, lo) = (tag_of(key), key_lo(key));
         let Self {
             nodes,
             cold,
@@ -1081,28 +1126,29 @@ impl RadixTree {
         };
         let found = s
             .lookup
-            .find_or_vacant(tag, |x| handle_is(nodes, cold, holders, wide, slot, x, ext))
+            .find_or_vacant(tag, |x| holds_key(nodes, cold, holders, wide, slot, x, lo))
             .map(|i| (i, s.lookup.get(i)));
+        // Exact: `lacks` is, and `known_absent` is a proof.
         let absent = known_absent || self.lacks(node, slot);
         let (index, old) = match found {
             Ok(found) => found,
             Err(vacant) => {
                 // `add_residency` leaves the lookups alone, so `vacant` is still empty.
-                let new = self.add_residency(slot, node, ext, !absent);
+                self.add_residency(slot, node, ext, !absent);
                 if let Some(s) = self.slots[slot as usize].as_mut() {
-                    s.lookup.insert_vacant(vacant, tag, new);
+                    s.lookup.insert_vacant(vacant, tag, node);
                 }
                 return absent;
             }
         };
-        if node_of(old) == node {
+        if old == node {
             return false;
         }
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
-        let new = self.add_residency(slot, node, ext, !absent);
+        self.add_residency(slot, node, ext, !absent);
         if let Some(s) = self.slots[slot as usize].as_mut() {
-            s.lookup.set(index, new);
+            s.lookup.set(index, node);
         }
         self.release_marking(old, slot, Some(ext), true, NIL);
         // The release may have changed `node`'s parent chain; claim nothing below.
@@ -1115,10 +1161,13 @@ impl RadixTree {
         self.nodes[node as usize].meta & COUNT_MASK == 0 || !self.holds(node, slot)
     }
 
-    /// Attach a residency to `node`; returns its handle. Does not touch lookups.
-    /// `maybe_dup`: the rank may already hold `node` (under another external hash).
-    fn add_residency(&mut self, slot: u32, node: u32, ext: u64, maybe_dup: bool) -> u32 {
+    /// Attach a residency to `node`. Does not touch lookups. `dup`: the rank already holds
+    /// `node` (under another external hash), so `ext` is kept aside (see `aside`).
+    fn add_residency(&mut self, slot: u32, node: u32, ext: u64, dup: bool) {
         self.residencies += 1;
+        if dup {
+            self.aside.entry((node, slot)).or_default().push(ext);
+        }
         let m = self.nodes[node as usize].meta;
         let count = m & COUNT_MASK;
         assert!(count < COUNT_MASK, "radix tree holders per node exceeded");
@@ -1133,15 +1182,14 @@ impl RadixTree {
                     flags &= !DUPS;
                 }
             }
-        } else if count > 0 && maybe_dup {
+        } else if count > 0 && dup {
             flags |= DUPS;
         }
         self.nodes[node as usize].meta = flags | (count + 1);
-        let handle = self.attach(slot, node, ext);
+        self.attach(slot, node, key_lo(key_of(ext)));
         if m & WIDE == 0 && count + 1 > WIDE_MIN {
             self.widen(node);
         }
-        handle
     }
 
     /// Give `node` a holder set built from its holder block (which makes its `DUPS` exact).
@@ -1170,19 +1218,20 @@ impl RadixTree {
         self.wide.insert(node, set);
     }
 
-    /// Attach a residency of `slot` to `node` (its count already includes it).
-    fn attach(&mut self, slot: u32, node: u32, ext: u64) -> u32 {
+    /// Attach a residency of `slot` under key half `lo` to `node` (its count already
+    /// includes it).
+    fn attach(&mut self, slot: u32, node: u32, lo: u32) {
         let n = &mut self.cold[node as usize];
         if n.slot == NIL {
             n.slot = slot;
-            n.ext = ext;
-            return node;
+            n.key = lo;
+            return;
         }
         // The node's residencies before this one: the primary and `len` further ones.
         let meta = self.nodes[node as usize].meta;
         let len = (meta & COUNT_MASK) - 2;
         let block = if n.has_extras() { n.link } else { NIL };
-        let block = self.holders.push(block, len, Holder::new(slot, ext));
+        let block = self.holders.push(block, len, Holder::new(slot, lo));
         if meta & WIDE != 0
             && let Some(set) = self.wide.get_mut(&node)
         {
@@ -1191,18 +1240,21 @@ impl RadixTree {
         let n = &mut self.cold[node as usize];
         n.slot |= HAS_EXTRAS;
         n.link = block;
-        node | EXTRA_BIT
     }
 
-    /// Detach the residency `handle` of worker slot `slot` under external hash `ext`
-    /// (`None`: any of the slot's residencies that the handle names) from its node (the
-    /// caller has already dropped or replaced its lookup entry), and free the node and any
-    /// ancestors left empty and childless. With `mark`, flag the node `BROKEN` when the
-    /// releasing rank may still hold one of its children (not needed when the rank's every
-    /// block goes). `gone`: a node the rank is known not to hold (or `NIL`).
-    fn release_marking(&mut self, handle: u32, slot: u32, ext: Option<u64>, mark: bool, gone: u32) {
-        let node = node_of(handle);
-        debug_assert!(handle & EXTRA_BIT != 0 || self.cold[node as usize].primary() == slot);
+    /// Detach the residency of worker slot `slot` under external hash `ext` (`None`: any
+    /// of the slot's residencies) from `node` (the caller has already dropped or replaced
+    /// its lookup entry), and free the node and any ancestors left empty and childless.
+    /// With `mark`, flag the node `BROKEN` when the releasing rank may still hold one of its
+    /// children (not needed when the rank's every block goes). `gone`: a node the rank is
+    /// known not to hold (or `NIL`).
+    fn release_marking(&mut self, node: u32, slot: u32, ext: Option<u64>, mark: bool, gone: u32) {
+        // A rank holding the node twice has `DUPS` (cleared below once one holder is left).
+        if let Some(e) = ext
+            && self.nodes[node as usize].meta & DUPS != 0
+        {
+            self.forget_aside(node, slot, e);
+        }
         {
             let m = &mut self.nodes[node as usize].meta;
             *m -= 1;
@@ -1213,7 +1265,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.narrow(node, slot);
         }
-        self.detach(handle, slot, ext);
+        self.detach(node, slot, ext.map(|e| key_lo(key_of(e))));
         // A node that is still live keeps its parent (freed ones have none).
         if mark
             && node != ROOT
@@ -1223,6 +1275,29 @@ impl RadixTree {
                 .is_some_and(|n| n.parent != NIL)
         {
             self.mark_if_orphaning(node, slot, gone);
+        }
+    }
+
+    /// `slot`'s residency under `ext` at `node` is going: drop `ext` from the hashes kept
+    /// aside, or (when it was the one not kept aside) one of them, which takes its place.
+    fn forget_aside(&mut self, node: u32, slot: u32, ext: u64) {
+        // (Not `entry`: on a miss it would allocate, and most calls miss.)
+        let Some(list) = self.aside.get_mut(&(node, slot)) else {
+            return;
+        };
+        match list.iter().position(|&x| x == ext) {
+            Some(i) => {
+                list.swap_remove(i);
+            }
+            None => {
+                list.pop();
+            }
+        }
+        if list.is_empty() {
+            self.aside.remove(&(node, slot));
+            if self.aside.is_empty() {
+                self.aside = FxHashMap::default();
+            }
         }
     }
 
@@ -1279,19 +1354,20 @@ impl RadixTree {
         found
     }
 
-    /// Take the residency off its node (see [`Self::release_marking`]; the node's count
-    /// already excludes it).
-    fn detach(&mut self, handle: u32, slot: u32, ext: Option<u64>) {
+    /// Take `slot`'s residency under key half `lo` (`None`: any of its residencies) off
+    /// `node` (see [`Self::release_marking`]; the node's count already excludes it).
+    fn detach(&mut self, node: u32, slot: u32, lo: Option<u32>) {
         self.residencies -= 1;
-        let node = node_of(handle);
         // The node's further residencies before this call.
         let len = self.nodes[node as usize].meta & COUNT_MASK;
         let n = self.cold[node as usize];
-        if handle & EXTRA_BIT != 0 {
+        // Two residencies of the slot with the same key half are interchangeable here: the
+        // lookup entries hold the rest of their keys.
+        if n.primary() != slot || lo.is_some_and(|l| n.key != l) {
             let wide = self.nodes[node as usize].meta & WIDE != 0;
             // A wide node's hint, checked; else (or when stale) a scan.
             let hinted = if wide {
-                hinted_entry(&self.wide, &self.holders, node, n.link, len, slot, ext)
+                hinted_entry(&self.wide, &self.holders, node, n.link, len, slot, lo)
             } else {
                 None
             };
@@ -1299,11 +1375,11 @@ impl RadixTree {
                 let mut at = 0;
                 let mut found = false;
                 self.holders.scan(n.link, |h| {
-                    found = h.slot == slot && ext.is_none_or(|e| h.ext() == e);
+                    found = h.slot == slot && lo.is_none_or(|l| h.key == l);
                     at += u32::from(!found);
                     !found
                 });
-                debug_assert!(found, "holder entry of {handle:x}");
+                debug_assert!(found, "holder entry of slot {slot} in node {node}");
                 at
             });
             // The block's last entry takes the removed one's place.
@@ -1332,22 +1408,15 @@ impl RadixTree {
             self.free_upwards(node);
             return;
         }
-        // Promote the last further holder to primary and repoint its lookup entry at the
-        // node.
+        // Promote the last further holder to primary (its lookup entry names the node
+        // either way).
         let e = self.holders.get(n.link, len - 1);
         let block = self.holders.swap_remove(n.link, len, len - 1);
         self.cold[node as usize].slot = e.slot;
-        self.cold[node as usize].ext = e.ext();
+        self.cold[node as usize].key = e.key;
         self.set_holder_block(node, block);
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.rehint(node, e.slot);
-        }
-        if let Some(s) = self.slots[e.slot as usize].as_mut()
-            && let Some(index) = s
-                .lookup
-                .find(tag_of(mix(e.ext())), |x| x == node | EXTRA_BIT)
-        {
-            s.lookup.set(index, node);
         }
     }
 
