@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{ROOT, RadixTree, key_lo, key_of, unmix};
+use super::{ROOT, RadixTree, key_lo, unmix};
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,
@@ -104,15 +104,14 @@ impl RadixTree {
             let mut halves = Vec::with_capacity(group.len());
             self.key_halves(node, slot, |lo| halves.push(lo));
             if let Some(kept) = self.aside.get(&(node, slot)) {
-                for &ext in kept {
-                    let key = key_of(ext);
+                for &key in kept {
                     if let Some(i) = tags.iter().position(|&t| t == (key >> 32) as u32) {
                         tags.swap_remove(i);
                     }
                     if let Some(i) = halves.iter().position(|&l| l == key_lo(key)) {
                         halves.swap_remove(i);
                     }
-                    out.push((node, ext));
+                    out.push((node, unmix(key)));
                 }
             }
             if let (Some(&tag), Some(&lo)) = (tags.first(), halves.first()) {

@@ -347,9 +347,9 @@ pub struct RadixTree {
     slot_epoch: u64,
     /// Holder sets of the nodes flagged `WIDE` (more than [`WIDE_MIN`] holders).
     wide: FxHashMap<u32, HolderSet>,
-    /// `(node, slot) ->` the external hashes of all but one of the rank's residencies at
-    /// the node, for ranks that hold a node under several hashes (rare: `DUPS`). Lookups
-    /// do not need them (a residency is found by its full key either way); a dump does:
+    /// `(node, slot) ->` the keys of all but one of the rank's residencies at the node, for
+    /// ranks that hold a node under several hashes (rare: `DUPS`). Lookups do not need
+    /// them (a residency is found by its full key either way); a dump does:
     /// the rank's lookup entries that name the node hold the keys' high halves, the node
     /// the low ones, and which goes with which is known only for these and, by
     /// elimination, for the one left over.
@@ -607,7 +607,7 @@ impl RadixTree {
                     // more, which the release of its parent (evictions go deepest first)
                     // uses instead of scanning.
                     let once = self.nodes[node as usize].meta & DUPS == 0;
-                    self.release_marking(node, slot, Some(h), true, released);
+                    self.release_marking(node, slot, Some(key), true, released);
                     released = if once { node } else { NIL };
                 }
                 None => missing.push(h),
@@ -1134,7 +1134,7 @@ impl RadixTree {
             Ok(found) => found,
             Err(vacant) => {
                 // `add_residency` leaves the lookups alone, so `vacant` is still empty.
-                self.add_residency(slot, node, ext, !absent);
+                self.add_residency(slot, node, key, !absent);
                 if let Some(s) = self.slots[slot as usize].as_mut() {
                     s.lookup.insert_vacant(vacant, tag, node);
                 }
@@ -1146,11 +1146,11 @@ impl RadixTree {
         }
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
-        self.add_residency(slot, node, ext, !absent);
+        self.add_residency(slot, node, key, !absent);
         if let Some(s) = self.slots[slot as usize].as_mut() {
             s.lookup.set(index, node);
         }
-        self.release_marking(old, slot, Some(ext), true, NIL);
+        self.release_marking(old, slot, Some(key), true, NIL);
         // The release may have changed `node`'s parent chain; claim nothing below.
         false
     }
@@ -1161,12 +1161,13 @@ impl RadixTree {
         self.nodes[node as usize].meta & COUNT_MASK == 0 || !self.holds(node, slot)
     }
 
-    /// Attach a residency to `node`. Does not touch lookups. `dup`: the rank already holds
-    /// `node` (under another external hash), so `ext` is kept aside (see `aside`).
-    fn add_residency(&mut self, slot: u32, node: u32, ext: u64, dup: bool) {
+    /// Attach a residency under `key` to `node`. Does not touch lookups. `dup`: the rank
+    /// already holds `node` (under another external hash), so `key` is kept aside (see
+    /// `aside`).
+    fn add_residency(&mut self, slot: u32, node: u32, key: u64, dup: bool) {
         self.residencies += 1;
         if dup {
-            self.aside.entry((node, slot)).or_default().push(ext);
+            self.aside.entry((node, slot)).or_default().push(key);
         }
         let m = self.nodes[node as usize].meta;
         let count = m & COUNT_MASK;
@@ -1186,7 +1187,7 @@ impl RadixTree {
             flags |= DUPS;
         }
         self.nodes[node as usize].meta = flags | (count + 1);
-        self.attach(slot, node, key_lo(key_of(ext)));
+        self.attach(slot, node, key_lo(key));
         if m & WIDE == 0 && count + 1 > WIDE_MIN {
             self.widen(node);
         }
@@ -1242,18 +1243,18 @@ impl RadixTree {
         n.link = block;
     }
 
-    /// Detach the residency of worker slot `slot` under external hash `ext` (`None`: any
-    /// of the slot's residencies) from `node` (the caller has already dropped or replaced
+    /// Detach the residency of worker slot `slot` under `key` (`None`: any of the slot's
+    /// residencies) from `node` (the caller has already dropped or replaced
     /// its lookup entry), and free the node and any ancestors left empty and childless.
     /// With `mark`, flag the node `BROKEN` when the releasing rank may still hold one of its
     /// children (not needed when the rank's every block goes). `gone`: a node the rank is
     /// known not to hold (or `NIL`).
-    fn release_marking(&mut self, node: u32, slot: u32, ext: Option<u64>, mark: bool, gone: u32) {
+    fn release_marking(&mut self, node: u32, slot: u32, key: Option<u64>, mark: bool, gone: u32) {
         // A rank holding the node twice has `DUPS` (cleared below once one holder is left).
-        if let Some(e) = ext
+        if let Some(k) = key
             && self.nodes[node as usize].meta & DUPS != 0
         {
-            self.forget_aside(node, slot, e);
+            self.forget_aside(node, slot, k);
         }
         {
             let m = &mut self.nodes[node as usize].meta;
@@ -1265,7 +1266,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.narrow(node, slot);
         }
-        self.detach(node, slot, ext.map(|e| key_lo(key_of(e))));
+        self.detach(node, slot, key.map(key_lo));
         // A node that is still live keeps its parent (freed ones have none).
         if mark
             && node != ROOT
@@ -1278,14 +1279,14 @@ impl RadixTree {
         }
     }
 
-    /// `slot`'s residency under `ext` at `node` is going: drop `ext` from the hashes kept
+    /// `slot`'s residency under `key` at `node` is going: drop `key` from the keys kept
     /// aside, or (when it was the one not kept aside) one of them, which takes its place.
-    fn forget_aside(&mut self, node: u32, slot: u32, ext: u64) {
+    fn forget_aside(&mut self, node: u32, slot: u32, key: u64) {
         // (Not `entry`: on a miss it would allocate, and most calls miss.)
         let Some(list) = self.aside.get_mut(&(node, slot)) else {
             return;
         };
-        match list.iter().position(|&x| x == ext) {
+        match list.iter().position(|&x| x == key) {
             Some(i) => {
                 list.swap_remove(i);
             }
