@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{ROOT, RadixTree, key_lo, unmix};
+use super::{ROOT, RadixTree, unmix};
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,
@@ -24,21 +24,24 @@ impl RadixTree {
                 .as_ref()
                 .map(|_| self.slot_worker[s as usize])
         });
+        let mut by_slot: FxHashMap<u32, Vec<(u32, u64)>> = FxHashMap::default();
+        for (slot, node, ext) in self.all_residencies() {
+            by_slot.entry(slot).or_default().push((node, ext));
+        }
         for slot in order {
-            if self.slots[slot as usize].is_none() {
+            let Some(residencies) = by_slot.get(&slot) else {
                 continue;
-            }
-            let residencies = self.residencies_of(slot);
+            };
             // node -> this rank's external hash at that node (the smallest, when the rank
             // holds the node under several hashes, so that the dump does not depend on the
             // lookup table's iteration order).
             let mut held: FxHashMap<u32, u64> = FxHashMap::default();
-            for &(node, ext) in &residencies {
+            for &(node, ext) in residencies {
                 held.entry(node)
                     .and_modify(|e| *e = (*e).min(ext))
                     .or_insert(ext);
             }
-            for &(node, ext) in &residencies {
+            for &(node, ext) in residencies {
                 // Reachable iff the rank holds every ancestor.
                 let mut up = self.nodes[node as usize].parent;
                 let mut reachable = true;
@@ -85,56 +88,29 @@ impl RadixTree {
             .collect()
     }
 
-    /// The residencies of worker slot `slot` as `(node, external hash)`, in no particular
-    /// order. Each hash is its lookup entry's tag (the key's high half) joined with the
-    /// low half held by the node; where the rank holds a node under several hashes, all
-    /// but one are kept aside (`RadixTree::aside`) and the last is the tag and the low half
-    /// that those leave over.
-    pub(super) fn residencies_of(&self, slot: u32) -> Vec<(u32, u64)> {
-        let Some(s) = &self.slots[slot as usize] else {
-            return Vec::new();
-        };
-        let mut entries: Vec<(u32, u32)> = s.lookup.entries().map(|(tag, n)| (n, tag)).collect();
-        entries.sort_unstable();
-        let mut out = Vec::with_capacity(entries.len());
-        let join = |tag: u32, lo: u32| unmix(u64::from(tag) << 32 | u64::from(lo));
-        for group in entries.chunk_by(|a, b| a.0 == b.0) {
-            let node = group[0].0;
-            let mut tags: Vec<u32> = group.iter().map(|&(_, tag)| tag).collect();
-            let mut halves = Vec::with_capacity(group.len());
-            self.key_halves(node, slot, |lo| halves.push(lo));
-            if let Some(kept) = self.aside.get(&(node, slot)) {
-                for &key in kept {
-                    if let Some(i) = tags.iter().position(|&t| t == (key >> 32) as u32) {
-                        tags.swap_remove(i);
-                    }
-                    if let Some(i) = halves.iter().position(|&l| l == key_lo(key)) {
-                        halves.swap_remove(i);
-                    }
-                    out.push((node, unmix(key)));
+    /// Every residency as `(slot, node, external hash)`, in no particular order: for each
+    /// entry of `hashes`, the node's canonical key (the entry's tag and the node's low
+    /// half) for each rank holding the node more times than under keys of its own; then
+    /// the keys in `own`.
+    pub(super) fn all_residencies(&self) -> Vec<(u32, u32, u64)> {
+        let mut out = Vec::with_capacity(self.residencies);
+        let mut slots = Vec::new();
+        for (tag, node) in self.hashes.entries() {
+            let key = u64::from(tag) << 32 | u64::from(self.cold[node as usize].key);
+            slots.clear();
+            self.for_each_residency(node, |s| slots.push(s));
+            slots.sort_unstable();
+            slots.dedup();
+            for &slot in &slots {
+                if self.multiplicity(node, slot) > self.own_count(node, slot) {
+                    out.push((slot, node, unmix(key)));
                 }
             }
-            if let (Some(&tag), Some(&lo)) = (tags.first(), halves.first()) {
-                out.push((node, join(tag, lo)));
-            }
+        }
+        for (&(slot, key), &node) in &self.own {
+            out.push((slot, node, unmix(key)));
         }
         out
-    }
-
-    /// The key halves of `slot`'s residencies at `node` (primary first).
-    pub(super) fn key_halves(&self, node: u32, slot: u32, mut f: impl FnMut(u32)) {
-        let c = &self.cold[node as usize];
-        if c.primary() == slot {
-            f(c.key);
-        }
-        if c.has_extras() {
-            self.holders.scan(c.link, |h| {
-                if h.slot == slot {
-                    f(h.key);
-                }
-                true
-            });
-        }
     }
 
     fn depth(&self, node: u32, memo: &mut FxHashMap<u32, u32>) -> u32 {
@@ -200,8 +176,8 @@ mod tests {
 
     /// A rank holding one block under three hashes, another rank holding it too, the
     /// hashes removed in every order: the dump names exactly the hashes still held (the
-    /// extra ones are kept aside; the last one is paired by elimination), and the lookups
-    /// find each of them.
+    /// other rank's is the node's canonical key, the first rank's others are its own), and
+    /// the lookups find each of them.
     #[test]
     fn a_block_held_under_several_hashes_dumps_each_of_them() {
         let (a, b) = (WorkerWithDpRank::new(1, 0), WorkerWithDpRank::new(2, 0));
@@ -236,10 +212,7 @@ mod tests {
                 t.check_invariants();
             }
             assert_eq!(dumped(&t), BTreeSet::from([(2, 100, 5)]));
-            assert!(
-                t.aside.is_empty(),
-                "nothing kept aside once one hash is left"
-            );
+            assert!(t.own.is_empty(), "no key of its own once one hash is left");
         }
     }
 }

@@ -3,9 +3,8 @@
 //!
 //! They were a doubly linked list of 24-byte entries scattered over one arena: a query
 //! enumerating a popular block's 16 holders followed 15 dependent cache misses, and
-//! detaching a holder wrote its two neighbours (two more lines). Here an entry is 8
-//! bytes (worker slot and the low half of the residency's key: the node, the links and
-//! the key's other half, which the rank's lookup entry holds, are gone), a node's
+//! detaching a holder wrote its two neighbours (two more lines). Here an entry is 4
+//! bytes (the worker slot: the node, the links and the key are gone), a node's
 //! holders are one or a few cache lines read in order, and removing one moves the
 //! block's last entry into its place.
 //!
@@ -40,21 +39,19 @@ const CLASSES: usize = 32;
 /// class): at most 2^27 blocks of each class.
 const INDEX_BITS: u32 = 27;
 
-/// One holder: the worker slot and the low half of the key under which it holds the node
-/// (the key is the mixed external hash; its high half is the tag of the rank's lookup
-/// entry, see `RadixTree::key_lo`).
+/// One holder: its worker slot (the key it holds the node under is the node's canonical
+/// one, or listed in `RadixTree::own`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Holder {
-    pub(super) key: u32,
     /// Worker slot, or `NIL` for an unused entry.
     pub(super) slot: u32,
 }
 
 impl Holder {
-    const UNUSED: Self = Self { key: 0, slot: NIL };
+    const UNUSED: Self = Self { slot: NIL };
 
-    pub(super) const fn new(slot: u32, key: u32) -> Self {
-        Self { key, slot }
+    pub(super) const fn new(slot: u32) -> Self {
+        Self { slot }
     }
 }
 
@@ -263,10 +260,10 @@ mod tests {
         assert_eq!(h.pools[5].len(), 3 << 5);
         // Entries of different blocks never alias.
         for (k, &b) in small.iter().chain(&large).enumerate() {
-            h.set(b, 0, Holder::new(k as u32, k as u32));
+            h.set(b, 0, Holder::new(k as u32));
         }
         for (k, &b) in small.iter().chain(&large).enumerate() {
-            assert_eq!(h.get(b, 0), Holder::new(k as u32, k as u32));
+            assert_eq!(h.get(b, 0), Holder::new(k as u32));
         }
         h.release(large[1], 1);
         assert_eq!(h.alloc(5), large[1], "a freed block is reused in its class");
@@ -286,7 +283,7 @@ mod tests {
             for (k, push, x) in ops {
                 let len = model[k].len() as u32;
                 if push || len == 0 {
-                    let e = Holder::new(x, x << 8 | k as u32);
+                    let e = Holder::new(x << 3 | k as u32);
                     refs[k] = h.push(refs[k], len, e);
                     model[k].push(e);
                 } else {

@@ -174,7 +174,6 @@ impl RadixTree {
                 "freed node keeps a parent"
             );
         }
-        let mut lookups = 0;
         assert_eq!(self.slot_worker.len(), self.slots.len());
         for (slot, s) in self.slots.iter().enumerate() {
             let Some(s) = s else { continue };
@@ -182,42 +181,78 @@ impl RadixTree {
                 self.slot_of.get(&self.slot_worker[slot]),
                 Some(&(slot as u32))
             );
-            assert!(!s.lookup.is_empty(), "empty slot kept");
-            // Every entry names a node the slot holds, as many entries as residencies there;
-            // each residency's hash, rebuilt from the entry's tag and the node's key half
-            // (see `residencies_of`), finds that node again.
-            let mut entries: FxHashMap<u32, usize> = FxHashMap::default();
-            for node in s.lookup.iter() {
-                assert!(live[node as usize]);
-                *entries.entry(node).or_default() += 1;
-                lookups += 1;
+            assert!(s.count > 0, "empty slot kept");
+        }
+        // Each rank's count is its residencies.
+        let mut counts: FxHashMap<u32, usize> = FxHashMap::default();
+        for (id, &is_live) in live.iter().enumerate().skip(1) {
+            if is_live {
+                self.for_each_residency(id as u32, |s| *counts.entry(s).or_default() += 1);
             }
-            for (&node, &n) in &entries {
-                let mut held = 0;
-                self.key_halves(node, slot as u32, |_| held += 1);
-                assert_eq!(held, n, "residencies of slot {slot} at {node}");
-                let kept = self.aside.get(&(node, slot as u32)).map_or(0, Vec::len);
-                assert_eq!(kept + 1, n, "hashes kept aside for slot {slot} at {node}");
-            }
-            let rebuilt = self.residencies_of(slot as u32);
-            assert_eq!(
-                rebuilt.len(),
-                entries.values().sum::<usize>(),
-                "rebuilt hashes"
-            );
-            for (node, ext) in rebuilt {
+        }
+        for (slot, s) in self.slots.iter().enumerate() {
+            if let Some(s) = s {
                 assert_eq!(
-                    self.find_residency(slot as u32, ext),
-                    Some(node),
-                    "hash {ext:x} of slot {slot} rebuilt"
+                    counts.get(&(slot as u32)).copied(),
+                    Some(s.count),
+                    "count of slot {slot}"
                 );
             }
         }
-        assert_eq!(lookups, self.residencies, "lookup entries");
-        for (&(node, slot), kept) in &self.aside {
+        // `hashes`: one entry per node with residencies under its canonical key, none for
+        // any other node.
+        let mut entries: FxHashMap<u32, usize> = FxHashMap::default();
+        for (_, node) in self.hashes.entries() {
+            assert!(live[node as usize], "hash entry of freed node {node}");
+            *entries.entry(node).or_default() += 1;
+        }
+        for (id, &is_live) in live.iter().enumerate().skip(1) {
+            if is_live {
+                let want = usize::from(self.canonical_count(id as u32) > 0);
+                assert_eq!(
+                    entries.get(&(id as u32)).copied().unwrap_or(0),
+                    want,
+                    "hash entries of {id}"
+                );
+            }
+        }
+        // `own`: each key names a live node its rank holds under it (it may have become the
+        // node's canonical key since, after the node had none); `own_slots` lists each once.
+        let mut listed: FxHashMap<u32, usize> = FxHashMap::default();
+        for (&(slot, key), &node) in &self.own {
+            assert!(live[node as usize], "own key {key:x} of freed node {node}");
             assert!(
-                !kept.is_empty() && live[node as usize] && self.slots[slot as usize].is_some(),
-                "hashes kept aside for slot {slot} at {node}"
+                self.own_count(node, slot) > 0,
+                "own key {key:x} of slot {slot} unlisted"
+            );
+            *listed.entry(node).or_default() += 1;
+        }
+        for (&node, list) in &self.own_slots {
+            assert!(
+                !list.is_empty() && live[node as usize],
+                "own slots of {node}"
+            );
+            assert_eq!(
+                listed.get(&node).copied(),
+                Some(list.len()),
+                "own slots of {node}"
+            );
+            for &slot in list {
+                assert!(
+                    self.multiplicity(node, slot) >= self.own_count(node, slot),
+                    "own residencies of slot {slot} at {node}"
+                );
+            }
+        }
+        // Every residency's hash, rebuilt from the tables, finds its node again.
+        let all = self.all_residencies();
+        assert_eq!(all.len(), self.residencies, "rebuilt hashes");
+        for (slot, node, ext) in all {
+            assert_eq!(
+                self.find_residency(slot, super::key_of(ext))
+                    .map(super::Held::node),
+                Some(node),
+                "hash {ext:x} of slot {slot} rebuilt"
             );
         }
         // Holder blocks: one per node with further holders, exactly `count - 1` entries in

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use self::arena::Arena;
-use self::ext_table::{ExtTable, tag_of};
+use self::ext_table::{ExtTable, Vacant, tag_of};
 use self::free_runs::{FreeRuns, TAKEN};
 use self::holders::{Holder, Holders};
 use self::wide::HolderSet;
@@ -92,14 +92,12 @@ struct Node {
 /// node's implicit child is the next arena slot, and explicit children are counted in
 /// `RadixTree::kids` (only branch points have any; flagged `BRANCH` in `meta`).
 ///
-/// A residency keeps only the low half of its *key* (the mixed external hash, a bijection:
-/// see [`key_of`]): the high half is the tag of its rank's lookup entry, which names this
-/// node, so the two halves together are the external hash. (The full hash was 8 bytes
-/// here and in every further holder's entry: 4 B a residency saved, an eighth of the
-/// index at 10M blocks.)
+/// The node keeps the low half of its *canonical key* (the mixed external hash under
+/// which its holders hold it, see [`key_of`]); the high half is the tag of the node's
+/// entry in `RadixTree::hashes`, so the two halves together are the external hash.
 #[derive(Clone, Copy, Debug)]
 struct Cold {
-    /// Low half of the primary residency's key (meaningless when `slot == NIL`).
+    /// Low half of the node's canonical key (meaningless while no residency is under it).
     key: u32,
     /// Worker slot of the primary residency (`| HAS_EXTRAS`), or `NIL` when no rank holds
     /// the block.
@@ -131,15 +129,12 @@ impl Cold {
     }
 }
 
-/// A worker rank known to the tree: its `block_hash -> residency` lookup (its id is in
-/// `RadixTree::slot_worker`, under the same slot).
+/// A worker rank known to the tree (its id is in `RadixTree::slot_worker`, under the
+/// same slot).
 #[derive(Debug)]
 struct Slot {
-    /// The node of each residency, keyed by its key's high half (the tag) and confirmed by
-    /// the low half (the node's primary's, or that of this rank's entry in its holder
-    /// block). A rank holding a node under two hashes has two entries naming it, told
-    /// apart by their keys.
-    lookup: ExtTable,
+    /// Its residencies.
+    count: usize,
 }
 
 /// Queries whose first block has fewer holders list no index slots
@@ -231,53 +226,9 @@ fn find_child(nodes: &Arena<Node>, table: &ExtTable, parent: u32, local: u64) ->
         .map(|i| table.get(i))
 }
 
-/// Whether `slot` holds `node` under a key whose low half is `lo` (the caller matched the
-/// high half: the tag of the lookup entry that names `node`).
-#[inline]
-fn holds_key(
-    nodes: &Arena<Node>,
-    cold: &Arena<Cold>,
-    holders: &Holders,
-    wide: &FxHashMap<u32, HolderSet>,
-    slot: u32,
-    node: u32,
-    lo: u32,
-) -> bool {
-    let c = &cold[node as usize];
-    if c.primary() == slot && c.key == lo {
-        return true;
-    }
-    if !c.has_extras() {
-        return false;
-    }
-    // (No wide node at all, as with a few dozen workers: not even the node's line.)
-    if !wide.is_empty()
-        && let meta = nodes[node as usize].meta
-        && meta & WIDE != 0
-        && hinted_entry(
-            wide,
-            holders,
-            node,
-            c.link,
-            (meta & COUNT_MASK) - 1,
-            slot,
-            Some(lo),
-        )
-        .is_some()
-    {
-        return true;
-    }
-    let mut found = false;
-    holders.scan(c.link, |h| {
-        found = h.slot == slot && h.key == lo;
-        !found
-    });
-    found
-}
-
-/// Where `slot`'s entry under key half `lo` (`None`: any of its entries) is among the `len` further
-/// holders (block `link`) of the wide `node`, when the slot's position hint names it (see
-/// `HolderSet::hint`); `None` leaves the caller to scan.
+/// Where an entry of `slot` is among the `len` further holders (block `link`) of the wide
+/// `node`, when the slot's position hint names it (see `HolderSet::hint`); `None` leaves
+/// the caller to scan.
 #[inline]
 fn hinted_entry(
     wide: &FxHashMap<u32, HolderSet>,
@@ -286,14 +237,41 @@ fn hinted_entry(
     link: u32,
     len: u32,
     slot: u32,
-    lo: Option<u32>,
 ) -> Option<u32> {
     let j = wide.get(&node)?.hint(slot)?;
     if j >= len {
         return None;
     }
-    let h = holders.get(link, j);
-    (h.slot == slot && lo.is_none_or(|l| h.key == l)).then_some(j)
+    (holders.get(link, j).slot == slot).then_some(j)
+}
+
+/// How a rank holds a block (see [`RadixTree::find_residency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Under the node's canonical key.
+    Canonical(u32),
+    /// Under a key of its own (listed in `RadixTree::own`).
+    Own(u32),
+}
+
+impl Held {
+    const fn node(self) -> u32 {
+        match self {
+            Self::Canonical(n) | Self::Own(n) => n,
+        }
+    }
+}
+
+/// Which residency a release takes.
+#[derive(Clone, Copy, Debug)]
+enum Release {
+    /// The one under the node's canonical key `key`.
+    Canonical(u64),
+    /// The one under `key`, the rank's own.
+    Own(u64),
+    /// Any (the rank's every block goes: its table entries and own keys are dealt with
+    /// by the caller).
+    Cleared,
 }
 
 /// Per-thread query scratch, reused so that a query allocates only its result.
@@ -347,13 +325,19 @@ pub struct RadixTree {
     slot_epoch: u64,
     /// Holder sets of the nodes flagged `WIDE` (more than [`WIDE_MIN`] holders).
     wide: FxHashMap<u32, HolderSet>,
-    /// `(node, slot) ->` the keys of all but one of the rank's residencies at the node, for
-    /// ranks that hold a node under several hashes (rare: `DUPS`). Lookups do not need
-    /// them (a residency is found by its full key either way); a dump does:
-    /// the rank's lookup entries that name the node hold the keys' high halves, the node
-    /// the low ones, and which goes with which is known only for these and, by
-    /// elimination, for the one left over.
-    aside: FxHashMap<(u32, u32), Vec<u64>>,
+    /// One entry per node that has residencies under its *canonical key*, keyed by that
+    /// key's high half (the node keeps the low half): the residencies of all ranks, found
+    /// by hash. An engine's block hash is a hash of the block's token sequence, so every
+    /// rank holding a block holds it under the same hash, and one entry serves them all
+    /// (per-rank tables held one entry per rank and block: 2.4 a block with 16 workers).
+    /// A node's canonical key is the first key a residency brings to it while it has none.
+    hashes: ExtTable,
+    /// Residencies under another key than their node's canonical one (another salt, a
+    /// collision): `(slot, key) -> node`. Rare; empty in the common case, where a lookup
+    /// never reaches it.
+    own: FxHashMap<(u32, u64), u32>,
+    /// The slots of each node's residencies in `own` (once per residency).
+    own_slots: FxHashMap<u32, Vec<u32>>,
     /// Live residencies (`(worker rank, block)` pairs).
     residencies: usize,
     recent: Option<RecentUses>,
@@ -384,7 +368,9 @@ impl RadixTree {
             slot_of: FxHashMap::default(),
             slot_epoch: IndexSlots::next_epoch(),
             wide: FxHashMap::default(),
-            aside: FxHashMap::default(),
+            hashes: ExtTable::default(),
+            own: FxHashMap::default(),
+            own_slots: FxHashMap::default(),
             residencies: 0,
             recent: expiration.map(|window| RecentUses {
                 window,
@@ -441,17 +427,17 @@ impl RadixTree {
             + self.slots.capacity() * size_of::<Option<Slot>>()
             + self.slot_worker.capacity() * size_of::<WorkerWithDpRank>()
             + self.free_slots.capacity() * 4
-            + self
-                .slots
-                .iter()
-                .flatten()
-                .map(|s| s.lookup.heap_bytes())
-                .sum::<usize>()
+            + self.hashes.heap_bytes()
             + self.slot_of.capacity() * (size_of::<(WorkerWithDpRank, u32)>() + 1)
             + self.wide.capacity() * (size_of::<(u32, HolderSet)>() + 1)
             + self.wide.values().map(HolderSet::heap_bytes).sum::<usize>()
-            + self.aside.capacity() * (size_of::<((u32, u32), Vec<u64>)>() + 1)
-            + self.aside.values().map(|v| v.capacity() * 8).sum::<usize>()
+            + self.own.capacity() * (size_of::<((u32, u64), u32)>() + 1)
+            + self.own_slots.capacity() * (size_of::<(u32, Vec<u32>)>() + 1)
+            + self
+                .own_slots
+                .values()
+                .map(|v| v.capacity() * 4)
+                .sum::<usize>()
     }
 
     /// Apply one event of `worker_id` (the rank is the event's `dp_rank`).
@@ -517,9 +503,9 @@ impl RadixTree {
             let node = self
                 .slot_of
                 .get(&worker)
-                .and_then(|&slot| self.find_residency(slot, p.0));
+                .and_then(|&slot| self.find_residency(slot, key_of(p.0)));
             match node {
-                Some(n) => parent = n,
+                Some(n) => parent = n.node(),
                 None => return Err(Error::ParentBlockNotFound { parent_hash: p.0 }),
             }
         }
@@ -527,7 +513,7 @@ impl RadixTree {
             return Ok(());
         }
         let slot = self.slot_for(worker);
-        self.warm_lookup(slot, blocks.iter().map(|b| b.block_hash.0));
+        self.warm_lookup(blocks.iter().map(|b| b.block_hash.0));
         // Once a block is new, the rest of the chain is too: a node created by this call
         // has no children yet, so its child is created without probing for one.
         let mut fresh = false;
@@ -578,40 +564,29 @@ impl RadixTree {
                 })
             };
         };
-        self.warm_lookup(slot, hashes.iter().copied());
+        self.warm_lookup(hashes.iter().copied());
         self.warm_residencies(slot, hashes);
         // The ids this event frees go into free runs at its end, a stretch at a time.
         self.free_nodes.begin_batch();
         let mut missing = Vec::new();
         let mut released = NIL;
         for &h in hashes {
-            let Self {
-                nodes,
-                cold,
-                holders,
-                wide,
-                slots,
-                ..
-            } = self;
-            let Some(s) = slots[slot as usize].as_mut() else {
+            let key = key_of(h);
+            let Some(held) = self.find_residency(slot, key) else {
                 missing.push(h);
                 continue;
             };
-            let key = key_of(h);
-            match s.lookup.find(tag_of(key), |x| {
-                holds_key(nodes, cold, holders, wide, slot, x, key_lo(key))
-            }) {
-                Some(index) => {
-                    let node = s.lookup.remove_at(index);
-                    // Without `DUPS` the rank held `node` once: after this it holds it no
-                    // more, which the release of its parent (evictions go deepest first)
-                    // uses instead of scanning.
-                    let once = self.nodes[node as usize].meta & DUPS == 0;
-                    self.release_marking(node, slot, Some(key), true, released);
-                    released = if once { node } else { NIL };
-                }
-                None => missing.push(h),
-            }
+            let node = held.node();
+            // Without `DUPS` the rank held `node` once: after this it holds it no more,
+            // which the release of its parent (evictions go deepest first) uses instead of
+            // scanning.
+            let once = self.nodes[node as usize].meta & DUPS == 0;
+            let which = match held {
+                Held::Canonical(_) => Release::Canonical(key),
+                Held::Own(_) => Release::Own(key),
+            };
+            self.release_marking(node, slot, which, true, released);
+            released = if once { node } else { NIL };
         }
         self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
@@ -623,25 +598,64 @@ impl RadixTree {
     }
 
     /// Drop every block of one worker rank (a `cleared` event).
+    ///
+    /// The tree keeps no index by rank, so this is a pass over every node (and, for the
+    /// blocks the rank was the last to hold under their canonical key, over `hashes`):
+    /// tens of milliseconds at 10M blocks, for an event that comes when a worker leaves or
+    /// resets its cache.
     pub fn clear_rank(&mut self, worker: WorkerWithDpRank) {
         let Some(&slot) = self.slot_of.get(&worker) else {
             return;
         };
-        let Some(s) = self.slots[slot as usize].as_mut() else {
-            return;
-        };
-        let nodes: Vec<u32> = std::mem::take(&mut s.lookup).iter().collect();
-        if !self.aside.is_empty() {
-            self.aside.retain(|&(_, s), _| s != slot);
-            if self.aside.is_empty() {
-                self.aside = FxHashMap::default();
+        // (node, how many times the rank holds it)
+        let mut held: Vec<(u32, u32)> = Vec::new();
+        for id in 1..self.nodes.len() as u32 {
+            let parent = self.nodes[id as usize].parent;
+            if parent == NIL || parent == free_runs::TAKEN {
+                continue;
+            }
+            let times = self.multiplicity(id, slot);
+            if times > 0 {
+                held.push((id, times));
+            }
+        }
+        // Nodes whose last residency under their canonical key is this rank's: their
+        // entries in `hashes` go (found by node, since their tags are not known here).
+        let mut last: rustc_hash::FxHashSet<u32> = rustc_hash::FxHashSet::default();
+        for &(node, times) in &held {
+            if times > self.own_count(node, slot) && self.canonical_count(node) == 1 {
+                last.insert(node);
+            }
+        }
+        if !self.own.is_empty() {
+            let mine: Vec<((u32, u64), u32)> = self
+                .own
+                .iter()
+                .filter(|&(&(s, _), _)| s == slot)
+                .map(|(&k, &n)| (k, n))
+                .collect();
+            for ((_, key), node) in mine {
+                self.forget_own(node, slot, key);
+            }
+        }
+        if !last.is_empty() {
+            let entries: Vec<(u32, u32)> = self
+                .hashes
+                .entries()
+                .filter(|(_, n)| last.contains(n))
+                .collect();
+            for (tag, node) in entries {
+                if let Some(i) = self.hashes.find(tag, |n| n == node) {
+                    self.hashes.remove_at(i);
+                }
             }
         }
         self.free_nodes.begin_batch();
-        // Each entry releases one of the rank's residencies at its node, whichever. The
-        // rank keeps no block, so no child can be held without its parent by it.
-        for &node in &nodes {
-            self.release_marking(node, slot, None, false, NIL);
+        // The rank keeps no block, so no child can be held without its parent by it.
+        for (node, times) in held {
+            for _ in 0..times {
+                self.release_marking(node, slot, Release::Cleared, false, NIL);
+            }
         }
         self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
@@ -1009,9 +1023,7 @@ impl RadixTree {
         if let Some(&s) = self.slot_of.get(&worker) {
             return s;
         }
-        let slot = Slot {
-            lookup: ExtTable::default(),
-        };
+        let slot = Slot { count: 0 };
         let id = if let Some(id) = self.free_slots.pop() {
             self.slots[id as usize] = Some(slot);
             self.slot_worker[id as usize] = worker;
@@ -1035,7 +1047,7 @@ impl RadixTree {
     fn free_slot_if_empty(&mut self, slot: u32) {
         let empty = self.slots[slot as usize]
             .as_ref()
-            .is_some_and(|s| s.lookup.is_empty());
+            .is_some_and(|s| s.count == 0);
         if empty {
             self.slots[slot as usize] = None;
             let worker = std::mem::take(&mut self.slot_worker[slot as usize]);
@@ -1050,17 +1062,15 @@ impl RadixTree {
         }
     }
 
-    /// Load the lookup buckets of `hashes` in one loop before they are probed one by one:
+    /// Load the table buckets of `hashes` in one loop before they are probed one by one:
     /// the loads are independent, so their cache misses overlap (at millions of blocks
     /// nearly every probe misses; in the apply loop each miss would wait for the previous
     /// block's work). Only for tables that do not fit in cache anyway.
-    fn warm_lookup(&self, slot: u32, hashes: impl Iterator<Item = u64>) {
-        if let Some(s) = self.slots[slot as usize].as_ref()
-            && self.residencies >= WARM_MIN
-        {
+    fn warm_lookup(&self, hashes: impl Iterator<Item = u64>) {
+        if self.residencies >= WARM_MIN {
             let mut acc = 0u64;
             for h in hashes {
-                acc ^= s.lookup.touch(tag_of(mix(h)));
+                acc ^= self.hashes.touch(tag_of(key_of(h)));
             }
             std::hint::black_box(acc);
         }
@@ -1074,35 +1084,87 @@ impl RadixTree {
         if self.residencies < WARM_MIN {
             return;
         }
-        let Some(s) = self.slots[slot as usize].as_ref() else {
-            return;
-        };
         let mut acc = 0u32;
         for &h in hashes {
-            if let Some(i) = s.lookup.find(tag_of(key_of(h)), |_| true) {
-                let node = s.lookup.get(i) as usize;
+            if let Some(i) = self.hashes.find(tag_of(key_of(h)), |_| true) {
+                let node = self.hashes.get(i) as usize;
                 if let (Some(n), Some(c)) = (self.nodes.get(node), self.cold.get(node)) {
                     acc ^= n.meta ^ c.slot;
                 }
             }
         }
         for &h in hashes {
-            acc ^= self.find_residency(slot, h).unwrap_or(0);
+            acc ^= self.find_residency(slot, key_of(h)).map_or(0, Held::node);
         }
         std::hint::black_box(acc);
     }
 
-    /// The node where `slot` holds external hash `ext`.
-    fn find_residency(&self, slot: u32, ext: u64) -> Option<u32> {
-        let s = self.slots[slot as usize].as_ref()?;
-        let (nodes, cold, holders, wide) = (&self.nodes, &self.cold, &self.holders, &self.wide);
-        let lookup = &s.lookup;
-        let key = key_of(ext);
-        lookup
-            .find(tag_of(key), |x| {
-                holds_key(nodes, cold, holders, wide, slot, x, key_lo(key))
-            })
-            .map(|i| lookup.get(i))
+    /// How `slot` holds the block of key `key`, if it does: the node with that canonical
+    /// key that the rank holds under it, or the rank's own residency under it.
+    fn find_residency(&self, slot: u32, key: u64) -> Option<Held> {
+        self.probe_residency(slot, key).0
+    }
+
+    /// [`Self::find_residency`], and where the probe of `hashes` missed, the bucket where
+    /// an entry for `key` would go (for [`Self::add_residency`] while `hashes` is
+    /// unchanged).
+    fn probe_residency(&self, slot: u32, key: u64) -> (Option<Held>, Option<Vacant>) {
+        let lo = key_lo(key);
+        let vacant = match self.hashes.find_or_vacant(tag_of(key), |n| {
+            self.cold[n as usize].key == lo && self.holds_canonically(n, slot)
+        }) {
+            Ok(i) => return (Some(Held::Canonical(self.hashes.get(i))), None),
+            Err(v) => v,
+        };
+        let own = if self.own.is_empty() {
+            None
+        } else {
+            self.own.get(&(slot, key)).map(|&n| Held::Own(n))
+        };
+        (own, Some(vacant))
+    }
+
+    /// Whether `slot` holds `node` under the node's canonical key: it holds it more times
+    /// than under keys of its own.
+    fn holds_canonically(&self, node: u32, slot: u32) -> bool {
+        if self.own_slots.is_empty() {
+            return self.holds(node, slot);
+        }
+        let own = self.own_count(node, slot);
+        if own == 0 {
+            self.holds(node, slot)
+        } else {
+            self.multiplicity(node, slot) > own
+        }
+    }
+
+    /// How many of `slot`'s residencies at `node` are under keys of its own.
+    fn own_count(&self, node: u32, slot: u32) -> u32 {
+        if self.own_slots.is_empty() {
+            return 0;
+        }
+        self.own_slots
+            .get(&node)
+            .map_or(0, |v| v.iter().filter(|&&s| s == slot).count() as u32)
+    }
+
+    /// `node`'s residencies under its canonical key.
+    fn canonical_count(&self, node: u32) -> u32 {
+        let all = self.nodes[node as usize].meta & COUNT_MASK;
+        if self.own_slots.is_empty() {
+            return all;
+        }
+        all - self.own_slots.get(&node).map_or(0, |v| v.len() as u32)
+    }
+
+    /// How many times `slot` holds `node` (under any keys).
+    fn multiplicity(&self, node: u32, slot: u32) -> u32 {
+        if let Some(set) = self.holder_set(node) {
+            return set.multiplicity(slot);
+        }
+        let mut times = 0;
+        self.for_each_residency(node, |s| times += u32::from(s == slot));
+        times
     }
 
     /// Make `slot` hold `node` under external hash `ext`. A previous residency of the same
@@ -1112,45 +1174,24 @@ impl RadixTree {
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         let key = key_of(ext);
-        let (tag, lo) = (tag_of(key), key_lo(key));
-        let Self {
-            nodes,
-            cold,
-            holders,
-            wide,
-            slots,
-            ..
-        } = self;
-        let Some(s) = slots[slot as usize].as_ref() else {
-            return false;
-        };
-        let found = s
-            .lookup
-            .find_or_vacant(tag, |x| holds_key(nodes, cold, holders, wide, slot, x, lo))
-            .map(|i| (i, s.lookup.get(i)));
+        let (found, vacant) = self.probe_residency(slot, key);
         // Exact: `lacks` is, and `known_absent` is a proof.
         let absent = known_absent || self.lacks(node, slot);
-        let (index, old) = match found {
-            Ok(found) => found,
-            Err(vacant) => {
-                // `add_residency` leaves the lookups alone, so `vacant` is still empty.
-                self.add_residency(slot, node, key, !absent);
-                if let Some(s) = self.slots[slot as usize].as_mut() {
-                    s.lookup.insert_vacant(vacant, tag, node);
-                }
-                return absent;
-            }
+        let Some(old) = found else {
+            self.add_residency(slot, node, key, !absent, vacant);
+            return absent;
         };
-        if old == node {
+        if old.node() == node {
             return false;
         }
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
-        self.add_residency(slot, node, key, !absent);
-        if let Some(s) = self.slots[slot as usize].as_mut() {
-            s.lookup.set(index, node);
-        }
-        self.release_marking(old, slot, Some(key), true, NIL);
+        self.add_residency(slot, node, key, !absent, vacant);
+        let which = match old {
+            Held::Canonical(_) => Release::Canonical(key),
+            Held::Own(_) => Release::Own(key),
+        };
+        self.release_marking(old.node(), slot, which, true, NIL);
         // The release may have changed `node`'s parent chain; claim nothing below.
         false
     }
@@ -1161,13 +1202,27 @@ impl RadixTree {
         self.nodes[node as usize].meta & COUNT_MASK == 0 || !self.holds(node, slot)
     }
 
-    /// Attach a residency under `key` to `node`. Does not touch lookups. `dup`: the rank
-    /// already holds `node` (under another external hash), so `key` is kept aside (see
-    /// `aside`).
-    fn add_residency(&mut self, slot: u32, node: u32, key: u64, dup: bool) {
+    /// Attach a residency under `key` to `node`: under the node's canonical key when it is
+    /// `key`, or when the node has none (`key` becomes it: an entry in `hashes`), else as
+    /// the rank's own (`own`). `dup`: the rank already holds `node` (under another key).
+    /// `vacant`: where the miss of a probe for `key` stopped, `hashes` unchanged since.
+    fn add_residency(&mut self, slot: u32, node: u32, key: u64, dup: bool, vacant: Option<Vacant>) {
         self.residencies += 1;
-        if dup {
-            self.aside.entry((node, slot)).or_default().push(key);
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.count += 1;
+        }
+        let (tag, lo) = (tag_of(key), key_lo(key));
+        if self.canonical_count(node) == 0 {
+            self.cold[node as usize].key = lo;
+            match vacant {
+                Some(v) => self.hashes.insert_vacant(v, tag, node),
+                None => self.hashes.insert_new(tag, node),
+            }
+        } else if self.cold[node as usize].key != lo
+            || self.hashes.find(tag, |n| n == node).is_none()
+        {
+            self.own.insert((slot, key), node);
+            self.own_slots.entry(node).or_default().push(slot);
         }
         let m = self.nodes[node as usize].meta;
         let count = m & COUNT_MASK;
@@ -1187,7 +1242,7 @@ impl RadixTree {
             flags |= DUPS;
         }
         self.nodes[node as usize].meta = flags | (count + 1);
-        self.attach(slot, node, key_lo(key));
+        self.attach(slot, node);
         if m & WIDE == 0 && count + 1 > WIDE_MIN {
             self.widen(node);
         }
@@ -1219,20 +1274,18 @@ impl RadixTree {
         self.wide.insert(node, set);
     }
 
-    /// Attach a residency of `slot` under key half `lo` to `node` (its count already
-    /// includes it).
-    fn attach(&mut self, slot: u32, node: u32, lo: u32) {
+    /// Attach a residency of `slot` to `node` (its count already includes it).
+    fn attach(&mut self, slot: u32, node: u32) {
         let n = &mut self.cold[node as usize];
         if n.slot == NIL {
             n.slot = slot;
-            n.key = lo;
             return;
         }
         // The node's residencies before this one: the primary and `len` further ones.
         let meta = self.nodes[node as usize].meta;
         let len = (meta & COUNT_MASK) - 2;
         let block = if n.has_extras() { n.link } else { NIL };
-        let block = self.holders.push(block, len, Holder::new(slot, lo));
+        let block = self.holders.push(block, len, Holder::new(slot));
         if meta & WIDE != 0
             && let Some(set) = self.wide.get_mut(&node)
         {
@@ -1243,18 +1296,25 @@ impl RadixTree {
         n.link = block;
     }
 
-    /// Detach the residency of worker slot `slot` under `key` (`None`: any of the slot's
-    /// residencies) from `node` (the caller has already dropped or replaced
-    /// its lookup entry), and free the node and any ancestors left empty and childless.
-    /// With `mark`, flag the node `BROKEN` when the releasing rank may still hold one of its
-    /// children (not needed when the rank's every block goes). `gone`: a node the rank is
-    /// known not to hold (or `NIL`).
-    fn release_marking(&mut self, node: u32, slot: u32, key: Option<u64>, mark: bool, gone: u32) {
-        // A rank holding the node twice has `DUPS` (cleared below once one holder is left).
-        if let Some(k) = key
-            && self.nodes[node as usize].meta & DUPS != 0
-        {
-            self.forget_aside(node, slot, k);
+    /// Detach a residency of worker slot `slot` (`which`) from `node`, and free the node and
+    /// any ancestors left empty and childless. With `mark`, flag the node `BROKEN` when the
+    /// releasing rank may still hold one of its children (not needed when the rank's every
+    /// block goes). `gone`: a node the rank is known not to hold (or `NIL`).
+    fn release_marking(&mut self, node: u32, slot: u32, which: Release, mark: bool, gone: u32) {
+        match which {
+            Release::Canonical(key) => {
+                // The node's last residency under its canonical key takes its entry along.
+                if self.canonical_count(node) == 1
+                    && let Some(i) = self.hashes.find(tag_of(key), |n| n == node)
+                {
+                    self.hashes.remove_at(i);
+                }
+            }
+            Release::Own(key) => self.forget_own(node, slot, key),
+            Release::Cleared => {}
+        }
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.count -= 1;
         }
         {
             let m = &mut self.nodes[node as usize].meta;
@@ -1266,7 +1326,7 @@ impl RadixTree {
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.narrow(node, slot);
         }
-        self.detach(node, slot, key.map(key_lo));
+        self.detach(node, slot);
         // A node that is still live keeps its parent (freed ones have none).
         if mark
             && node != ROOT
@@ -1279,25 +1339,24 @@ impl RadixTree {
         }
     }
 
-    /// `slot`'s residency under `key` at `node` is going: drop `key` from the keys kept
-    /// aside, or (when it was the one not kept aside) one of them, which takes its place.
-    fn forget_aside(&mut self, node: u32, slot: u32, key: u64) {
-        // (Not `entry`: on a miss it would allocate, and most calls miss.)
-        let Some(list) = self.aside.get_mut(&(node, slot)) else {
-            return;
-        };
-        match list.iter().position(|&x| x == key) {
-            Some(i) => {
-                list.swap_remove(i);
-            }
-            None => {
-                list.pop();
+    /// `slot`'s own residency under `key` at `node` is going (its entry in `own` names
+    /// `node`, unless a store has just moved the key to another node).
+    fn forget_own(&mut self, node: u32, slot: u32, key: u64) {
+        if self.own.get(&(slot, key)) == Some(&node) {
+            self.own.remove(&(slot, key));
+            if self.own.is_empty() {
+                self.own = FxHashMap::default();
             }
         }
-        if list.is_empty() {
-            self.aside.remove(&(node, slot));
-            if self.aside.is_empty() {
-                self.aside = FxHashMap::default();
+        if let Some(list) = self.own_slots.get_mut(&node) {
+            if let Some(i) = list.iter().position(|&s| s == slot) {
+                list.swap_remove(i);
+            }
+            if list.is_empty() {
+                self.own_slots.remove(&node);
+                if self.own_slots.is_empty() {
+                    self.own_slots = FxHashMap::default();
+                }
             }
         }
     }
@@ -1355,20 +1414,20 @@ impl RadixTree {
         found
     }
 
-    /// Take `slot`'s residency under key half `lo` (`None`: any of its residencies) off
-    /// `node` (see [`Self::release_marking`]; the node's count already excludes it).
-    fn detach(&mut self, node: u32, slot: u32, lo: Option<u32>) {
+    /// Take one of `slot`'s residencies off `node` (see [`Self::release_marking`]; the
+    /// node's count already excludes it). A node lists its holders by slot alone, so the
+    /// rank's residencies there are interchangeable: which keys they are under is known
+    /// from `hashes` and `own`.
+    fn detach(&mut self, node: u32, slot: u32) {
         self.residencies -= 1;
         // The node's further residencies before this call.
         let len = self.nodes[node as usize].meta & COUNT_MASK;
         let n = self.cold[node as usize];
-        // Two residencies of the slot with the same key half are interchangeable here: the
-        // lookup entries hold the rest of their keys.
-        if n.primary() != slot || lo.is_some_and(|l| n.key != l) {
+        if n.primary() != slot {
             let wide = self.nodes[node as usize].meta & WIDE != 0;
             // A wide node's hint, checked; else (or when stale) a scan.
             let hinted = if wide {
-                hinted_entry(&self.wide, &self.holders, node, n.link, len, slot, lo)
+                hinted_entry(&self.wide, &self.holders, node, n.link, len, slot)
             } else {
                 None
             };
@@ -1376,7 +1435,7 @@ impl RadixTree {
                 let mut at = 0;
                 let mut found = false;
                 self.holders.scan(n.link, |h| {
-                    found = h.slot == slot && lo.is_none_or(|l| h.key == l);
+                    found = h.slot == slot;
                     at += u32::from(!found);
                     !found
                 });
@@ -1387,7 +1446,7 @@ impl RadixTree {
             let last = if wide {
                 self.holders.get(n.link, len - 1)
             } else {
-                Holder::new(NIL, 0)
+                Holder::new(NIL)
             };
             let block = self.holders.swap_remove(n.link, len, at);
             if wide {
@@ -1409,12 +1468,10 @@ impl RadixTree {
             self.free_upwards(node);
             return;
         }
-        // Promote the last further holder to primary (its lookup entry names the node
-        // either way).
+        // Promote the last further holder to primary.
         let e = self.holders.get(n.link, len - 1);
         let block = self.holders.swap_remove(n.link, len, len - 1);
         self.cold[node as usize].slot = e.slot;
-        self.cold[node as usize].key = e.key;
         self.set_holder_block(node, block);
         if self.nodes[node as usize].meta & WIDE != 0 {
             self.rehint(node, e.slot);
@@ -1499,6 +1556,7 @@ impl RadixTree {
         self.roots = ExtTable::default();
         self.kids = FxHashMap::default();
         self.wide = FxHashMap::default();
+        self.hashes = ExtTable::default();
         if let Some(r) = self.recent.as_mut() {
             *r.uses.get_mut() = FxHashMap::default();
         }
