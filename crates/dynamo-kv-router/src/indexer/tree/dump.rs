@@ -215,4 +215,57 @@ mod tests {
             assert!(t.own.is_empty(), "no key of its own once one hash is left");
         }
     }
+
+    /// Ranks holding one block under different hashes: the first hash is the node's
+    /// canonical key and the other rank's is its own. When the canonical holder goes
+    /// (removed or cleared), the other rank keeps its block under its own hash, and a
+    /// later store gives the node a new canonical key; every rank's hashes stay findable
+    /// (as parents of new stores) and dumped.
+    #[test]
+    fn a_node_changes_canonical_key_when_its_holders_under_it_go() {
+        use crate::protocols::ExternalSequenceBlockHash;
+        let w = |id| WorkerWithDpRank::new(id, 0);
+        let block = |ext| [KvCacheStoredBlockData::new(ext, 5)];
+        for clear in [false, true] {
+            let mut t = RadixTree::default();
+            t.store_blocks(w(1), None, &block(10)).expect("store");
+            t.store_blocks(w(2), None, &block(20)).expect("store");
+            assert_eq!(t.own.len(), 1, "the second rank's hash is its own");
+            if clear {
+                t.clear_rank(w(1));
+            } else {
+                t.remove(w(1), &[10]).expect("remove");
+            }
+            t.check_invariants();
+            assert_eq!(
+                t.hashes.len(),
+                0,
+                "no residency under the canonical key is left"
+            );
+            assert_eq!(dumped(&t), BTreeSet::from([(2, 20, 5)]));
+            // A third rank's store gives the node its hash as the canonical key.
+            t.store_blocks(w(3), None, &block(30)).expect("store");
+            t.check_invariants();
+            assert_eq!(t.hashes.len(), 1);
+            // Every rank's hash names the node as a parent.
+            for (id, ext) in [(2, 20), (3, 30)] {
+                t.store_blocks(
+                    w(id),
+                    Some(ExternalSequenceBlockHash(ext)),
+                    &[KvCacheStoredBlockData::new(ext + 1, 6)],
+                )
+                .expect("parent found");
+            }
+            t.check_invariants();
+            assert_eq!(
+                dumped(&t),
+                BTreeSet::from([(2, 20, 5), (2, 21, 6), (3, 30, 5), (3, 31, 6)])
+            );
+            t.clear_rank(w(2));
+            t.clear_rank(w(3));
+            t.check_invariants();
+            assert_eq!((t.node_count(), t.len()), (0, 0));
+            assert!(t.own.is_empty() && t.own_slots.is_empty());
+        }
+    }
 }

@@ -262,6 +262,17 @@ impl Held {
     }
 }
 
+/// What a store's probe of `hashes` learnt (see [`RadixTree::probe_residency`]).
+#[derive(Clone, Copy, Debug)]
+struct Probe {
+    /// Where the probe missed (`None` after a hit, which may have stopped it before the
+    /// entry of the store's node).
+    vacant: Option<Vacant>,
+    /// An entry with the store's key names the store's node (known `false` only after a
+    /// miss).
+    canonical_at_node: bool,
+}
+
 /// Which residency a release takes.
 #[derive(Clone, Copy, Debug)]
 enum Release {
@@ -1102,18 +1113,31 @@ impl RadixTree {
     /// How `slot` holds the block of key `key`, if it does: the node with that canonical
     /// key that the rank holds under it, or the rank's own residency under it.
     fn find_residency(&self, slot: u32, key: u64) -> Option<Held> {
-        self.probe_residency(slot, key).0
+        self.probe_residency(slot, key, NIL).0
     }
 
-    /// [`Self::find_residency`], and where the probe of `hashes` missed, the bucket where
-    /// an entry for `key` would go (for [`Self::add_residency`] while `hashes` is
-    /// unchanged).
-    fn probe_residency(&self, slot: u32, key: u64) -> (Option<Held>, Option<Vacant>) {
+    /// [`Self::find_residency`], and what a store of `key` at `node` needs to know from
+    /// the same probe of `hashes`: on a miss, the bucket where an entry for `key` would go
+    /// (for [`Self::add_residency`] while `hashes` is unchanged), and whether `key` is
+    /// `node`'s canonical key (an entry passed on the way).
+    fn probe_residency(&self, slot: u32, key: u64, node: u32) -> (Option<Held>, Probe) {
         let lo = key_lo(key);
-        let vacant = match self.hashes.find_or_vacant(tag_of(key), |n| {
-            self.cold[n as usize].key == lo && self.holds_canonically(n, slot)
-        }) {
-            Ok(i) => return (Some(Held::Canonical(self.hashes.get(i))), None),
+        let mut canonical_at_node = false;
+        let found = self.hashes.find_or_vacant(tag_of(key), |n| {
+            if self.cold[n as usize].key != lo {
+                return false;
+            }
+            canonical_at_node |= n == node;
+            self.holds_canonically(n, slot)
+        });
+        let vacant = match found {
+            Ok(i) => {
+                let probe = Probe {
+                    vacant: None,
+                    canonical_at_node,
+                };
+                return (Some(Held::Canonical(self.hashes.get(i))), probe);
+            }
             Err(v) => v,
         };
         let own = if self.own.is_empty() {
@@ -1121,7 +1145,11 @@ impl RadixTree {
         } else {
             self.own.get(&(slot, key)).map(|&n| Held::Own(n))
         };
-        (own, Some(vacant))
+        let probe = Probe {
+            vacant: Some(vacant),
+            canonical_at_node,
+        };
+        (own, probe)
     }
 
     /// Whether `slot` holds `node` under the node's canonical key: it holds it more times
@@ -1174,11 +1202,11 @@ impl RadixTree {
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         let key = key_of(ext);
-        let (found, vacant) = self.probe_residency(slot, key);
+        let (found, probe) = self.probe_residency(slot, key, node);
         // Exact: `lacks` is, and `known_absent` is a proof.
         let absent = known_absent || self.lacks(node, slot);
         let Some(old) = found else {
-            self.add_residency(slot, node, key, !absent, vacant);
+            self.add_residency(slot, node, key, !absent, probe);
             return absent;
         };
         if old.node() == node {
@@ -1186,7 +1214,7 @@ impl RadixTree {
         }
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
-        self.add_residency(slot, node, key, !absent, vacant);
+        self.add_residency(slot, node, key, !absent, probe);
         let which = match old {
             Held::Canonical(_) => Release::Canonical(key),
             Held::Own(_) => Release::Own(key),
@@ -1205,8 +1233,9 @@ impl RadixTree {
     /// Attach a residency under `key` to `node`: under the node's canonical key when it is
     /// `key`, or when the node has none (`key` becomes it: an entry in `hashes`), else as
     /// the rank's own (`own`). `dup`: the rank already holds `node` (under another key).
-    /// `vacant`: where the miss of a probe for `key` stopped, `hashes` unchanged since.
-    fn add_residency(&mut self, slot: u32, node: u32, key: u64, dup: bool, vacant: Option<Vacant>) {
+    /// `probe`: what a probe of `hashes` for `key` found on the way, `hashes` unchanged
+    /// since (see [`Self::probe_residency`]).
+    fn add_residency(&mut self, slot: u32, node: u32, key: u64, dup: bool, probe: Probe) {
         self.residencies += 1;
         if let Some(s) = self.slots[slot as usize].as_mut() {
             s.count += 1;
@@ -1214,12 +1243,14 @@ impl RadixTree {
         let (tag, lo) = (tag_of(key), key_lo(key));
         if self.canonical_count(node) == 0 {
             self.cold[node as usize].key = lo;
-            match vacant {
+            match probe.vacant {
                 Some(v) => self.hashes.insert_vacant(v, tag, node),
                 None => self.hashes.insert_new(tag, node),
             }
-        } else if self.cold[node as usize].key != lo
-            || self.hashes.find(tag, |n| n == node).is_none()
+        } else if !probe.canonical_at_node
+            && (probe.vacant.is_some()
+                || self.cold[node as usize].key != lo
+                || self.hashes.find(tag, |n| n == node).is_none())
         {
             self.own.insert((slot, key), node);
             self.own_slots.entry(node).or_default().push(slot);
