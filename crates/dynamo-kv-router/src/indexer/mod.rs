@@ -34,23 +34,28 @@
 //!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it).
 //!   `nodes` holds what a query's walk reads at every block (16 bytes: `tokens_hash`,
 //!   parent id, `meta` below), four blocks a cache line; `cold` the rest (12 bytes: the
-//!   first holding rank with its key half inline, since most blocks have one holder, and
-//!   the node's holder block), read by a walk only where the holders change. Further
-//!   holders of a node live in one block of `holders` (`tree/holders.rs`: 8 bytes an
-//!   entry, worker slot and key half; blocks of `2^c` entries from a pool per size
-//!   class), so that a node's holders are one or a few cache lines read in order; a rank's
-//!   lookup entry names the node, and the rank's residency there is the primary or found
-//!   by scanning the block for its slot and key half (where the node is `WIDE`, below, its
-//!   holder set keeps a position hint per slot, checked before use: scanning hundreds of
-//!   holders at every store and remove of a fleet-wide prefix made those events the
-//!   longest holds of the write lock).
-//! * A residency's external hash is stored split: it is mixed by a bijection into a
-//!   64-bit *key*, whose high half is the tag of the rank's lookup entry and whose low half
-//!   the node (or holder entry) keeps. Together they name the hash exactly, so lookups
-//!   confirm a match as before, and a dump rebuilds each hash from the two halves. A rank
-//!   holding a node under several hashes (rare) has as many entries naming the node; all
-//!   but one of those hashes are kept whole in `aside`, so that a dump can pair the
-//!   halves.
+//!   first holding rank inline, since most blocks have one holder, the low half of the
+//!   node's canonical key, below, and the node's holder block), read by a walk only where
+//!   the holders change. Further holders of a node live in one block of `holders`
+//!   (`tree/holders.rs`: 4 bytes an entry, the worker slot; blocks of `2^c` entries from a
+//!   pool per size class), so that a node's holders are one or a few cache lines read in
+//!   order (where the node is `WIDE`, below, its holder set keeps a position hint per
+//!   slot, checked before use: scanning hundreds of holders at every store and remove of a
+//!   fleet-wide prefix made those events the longest holds of the write lock).
+//! * `hashes`: one tag table for all ranks, one entry per node, finding blocks by external
+//!   hash. An engine's block hash is a hash of the block's token sequence, so the ranks
+//!   that hold a block hold it under the same hash: the node's *canonical key* (the hash
+//!   mixed by a bijection into 64 bits; the entry's tag is its high half, the node keeps
+//!   the low half, and together they name the hash exactly). "Does this rank hold this
+//!   hash?" is a probe for the key and a look at the node's holders. The first key a
+//!   residency brings to a node that has none becomes canonical; a residency under another
+//!   key (another salt, a collision) is its rank's *own*, kept whole in `own`
+//!   (`(slot, key) -> node`, empty in the common case, when lookups never reach it). A
+//!   store of a block its node already has under that hash adds a holder and touches no
+//!   table; a node leaves `hashes` with its last canonical residency. (Per-rank tables held
+//!   an entry per rank and block: at 16 workers 2.4 entries a block, 13 of the 32 bytes a
+//!   block of the index at 10M blocks.) The tree keeps no index by rank, so a `cleared`
+//!   rank (or a removed worker) is a pass over the arena.
 //!   Child counts are not stored per node: the implicit child
 //!   (below) is detected from the arena, and the nodes that have explicit children (branch
 //!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of
@@ -66,9 +71,8 @@
 //!   stops on the node's own line, without a table probe. The root's children (all explicit) have a
 //!   table of their own, `roots`, keyed by `tokens_hash`: far smaller than `children`, so
 //!   the first probe of every query stays in cache.
-//! * per rank, `lookup`: a tag table of node ids keyed by the residencies' keys.
-//!   Before an event's probes, the buckets of all its hashes (and for removes, the nodes
-//!   they name) are loaded in one loop, so that their cache misses overlap.
+//! * Before an event's probes, the `hashes` buckets of all its hashes (and for removes,
+//!   the nodes they name) are loaded in one loop, so that their cache misses overlap.
 //! * `meta` (in the node): the node's residency count and the flags `BROKEN` (a rank
 //!   released the node while it may still hold a child: children's holders may not all
 //!   hold it) and `DUPS` (a rank may hold the node under two external hashes). Without
@@ -93,10 +97,11 @@
 //!   them in address order; a chain split over runs costs every later query a branch step
 //!   at each split.
 //!
-//! **Exact reclamation.** Every residency is reachable from exactly one lookup entry, and
-//! a node is freed the moment it has no residency and no children (its ancestors are
-//! checked in turn). Removing a block therefore frees its lookup entry, its residency and
-//! every node that only existed for it; a rank with no blocks left is forgotten; once the
+//! **Exact reclamation.** Every residency is found by its key (through its node's entry in
+//! `hashes`, or its entry in `own`), and a node is freed the moment it has no residency
+//! and no children (its ancestors are checked in turn). Removing a block therefore frees
+//! its residency, the node's `hashes` entry with its last canonical residency, and every
+//! node that only existed for it; a rank with no blocks left is forgotten; once the
 //! last node is gone every arena and table returns to its initial (empty) size. Memory is
 //! bounded by the peak number of live `(rank, block)` pairs, not by history.
 //!
@@ -107,10 +112,10 @@
 //! 2. a live node has a residency or a child; a node with further holders has a primary
 //!    residency, and one holder block of exactly `count - 1` entries (more than a quarter
 //!    of its capacity unless that is 1 or 2);
-//! 3. each residency has exactly one lookup entry, in its own rank's table, naming its
-//!    node; where a rank holds a node `k > 1` times, `aside` keeps `k - 1` of its hashes
-//!    (and nothing else);
-//! 4. `len()` equals the number of residencies and of lookup entries.
+//! 3. `hashes` has one entry for each node with residencies under its canonical key and
+//!    none for any other; `own` names live nodes held under its keys, each listed once in
+//!    `own_slots`; every residency's hash, rebuilt from them, is found again;
+//! 4. `len()` equals the number of residencies, and each rank's count its own.
 //! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node
 //!    twice; without `BROKEN` every rank holding a child holds the node.
 //!
@@ -119,7 +124,8 @@
 //! Ids are 32-bit, so the tree has fixed limits; past one it panics with a message naming
 //! it. In the order a growing index meets them: 2^27 holder blocks of one size class (at
 //! least 270M indexed blocks, over 7 GiB of index), 2^32 - 2 nodes (112 GiB of nodes), 2^31 - 2
-//! worker ranks at once, 2^28 - 1 holders of one block, 2^32 buckets in one lookup table.
+//! worker ranks at once, 2^28 - 1 holders of one block, 2^32 buckets in one tag table (2^32
+//! nodes with canonical keys).
 //!
 //! # Concurrency
 //!

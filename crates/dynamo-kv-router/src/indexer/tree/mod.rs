@@ -62,9 +62,9 @@ const WIDE_MIN: u32 = if cfg!(test) { 3 } else { 64 };
 /// [`WIDE_MIN`]: hysteresis, so a count oscillating around the limit does not rebuild the
 /// set at every event).
 const WIDE_DROP: u32 = if cfg!(test) { 2 } else { 32 };
-/// From this many live `(rank, block)` pairs up, an event's lookup buckets are warmed
-/// before its probes (see [`RadixTree::warm_lookup`]): below it the tables (8 bytes a
-/// bucket, all ranks together) mostly stay in cache and the extra pass costs more than it
+/// From this many live `(rank, block)` pairs up, an event's `hashes` buckets are warmed
+/// before its probes (see [`RadixTree::warm_lookup`]): below it the table (8 bytes a
+/// bucket, a node an entry) mostly stays in cache and the extra pass costs more than it
 /// saves.
 const WARM_MIN: usize = 1 << 18;
 
@@ -197,8 +197,8 @@ const fn inverse(a: u64) -> u64 {
     x
 }
 
-/// The key of a residency's external hash: the rank's lookup is keyed by its high half
-/// ([`tag_of`]) and the node keeps its low half ([`key_lo`]); [`unmix`] gives the hash back.
+/// The key of a residency's external hash: `hashes` is keyed by its high half ([`tag_of`])
+/// and the node keeps its low half ([`key_lo`]); [`unmix`] gives the hash back.
 #[inline]
 fn key_of(ext: u64) -> u64 {
     mix(ext)
