@@ -1,5 +1,5 @@
-//! A hash table of `u32` handles keyed by a 32-bit tag (the worker ranks' lookups: external
-//! block hash -> residency handle; and the child index: `(parent, tokens_hash)` -> node).
+//! A hash table of `u32` handles keyed by a 32-bit tag (the tree's `hashes`: external block
+//! hash -> node; and the child index: `(parent, tokens_hash)` -> node).
 //!
 //! Open addressing with linear probing over one array of 8-byte entries: the handle plus
 //! one (low 32 bits, 0 for an empty bucket) and a 32-bit tag of the key's hash (high 32
