@@ -271,6 +271,8 @@ struct Probe {
     /// An entry with the store's key names the store's node (known `false` only after a
     /// miss).
     canonical_at_node: bool,
+    /// Whether the rank holds the store's node, when the probe had to find out.
+    holds_node: Option<bool>,
 }
 
 /// Which residency a release takes.
@@ -1123,18 +1125,27 @@ impl RadixTree {
     fn probe_residency(&self, slot: u32, key: u64, node: u32) -> (Option<Held>, Probe) {
         let lo = key_lo(key);
         let mut canonical_at_node = false;
+        let mut holds_node = None;
         let found = self.hashes.find_or_vacant(tag_of(key), |n| {
             if self.cold[n as usize].key != lo {
                 return false;
             }
-            canonical_at_node |= n == node;
-            self.holds_canonically(n, slot)
+            let holds = self.holds_canonically(n, slot);
+            if n == node {
+                canonical_at_node = true;
+                // Without own residencies anywhere, holding canonically is holding.
+                if self.own_slots.is_empty() {
+                    holds_node = Some(holds);
+                }
+            }
+            holds
         });
         let vacant = match found {
             Ok(i) => {
                 let probe = Probe {
                     vacant: None,
                     canonical_at_node,
+                    holds_node,
                 };
                 return (Some(Held::Canonical(self.hashes.get(i))), probe);
             }
@@ -1148,6 +1159,7 @@ impl RadixTree {
         let probe = Probe {
             vacant: Some(vacant),
             canonical_at_node,
+            holds_node,
         };
         (own, probe)
     }
@@ -1204,7 +1216,11 @@ impl RadixTree {
         let key = key_of(ext);
         let (found, probe) = self.probe_residency(slot, key, node);
         // Exact: `lacks` is, and `known_absent` is a proof.
-        let absent = known_absent || self.lacks(node, slot);
+        let absent = known_absent
+            || match probe.holds_node {
+                Some(holds) => !holds,
+                None => self.lacks(node, slot),
+            };
         let Some(old) = found else {
             self.add_residency(slot, node, key, !absent, probe);
             return absent;
