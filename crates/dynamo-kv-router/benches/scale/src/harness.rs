@@ -29,6 +29,8 @@
 //!   before its events are applied (the router's order), timed one by one.
 //! * heap B/block: live heap bytes (a counting global allocator) released when the index is
 //!   dropped at the end, divided by the live blocks.
+//! * With `SCALE_CLEAR_RANK=1`, the time of one rank's `cleared` event on the full index
+//!   (printed per round, before the index is dropped).
 
 #![expect(clippy::print_stdout, reason = "the bench prints its tables")]
 
@@ -536,6 +538,22 @@ fn run_single(
         );
     }
     let with_index = live_bytes();
+    if std::env::var_os("SCALE_CLEAR_RANK").is_some() {
+        // One rank's `cleared` event on the full index (a worker leaving or resetting its
+        // cache), after the index's bytes are counted: ours walks its arena for it.
+        let cleared = KvCacheEvent {
+            event_id: u64::MAX,
+            dp_rank: 0,
+            data: KvCacheEventData::Cleared,
+        };
+        let d = index.apply(0, &cleared);
+        println!(
+            "    {}: cleared rank 0 of {workers}: {} us (heap released {:.1} MB)",
+            c.name,
+            d.as_micros(),
+            (with_index - live_bytes()) as f64 / 1e6
+        );
+    }
     drop(index);
     let heap = (with_index - live_bytes()).max(0) as f64;
     let _ = before;
