@@ -111,7 +111,7 @@
 //!    and freed nodes have no parent;
 //! 2. a live node has a residency or a child; a node with further holders has a primary
 //!    residency, and one holder block of exactly `count - 1` entries (more than a quarter
-//!    of its capacity unless that is 1 or 2);
+//!    of its capacity unless that is 4, the smallest);
 //! 3. `hashes` has one entry for each node with residencies under its canonical key and
 //!    none for any other; `own` names live nodes held under its keys, each listed once in
 //!    `own_slots`; every residency's hash, rebuilt from them, is found again;

@@ -274,10 +274,10 @@ impl RadixTree {
                 self.nodes[id].meta & COUNT_MASK,
                 "holder block of {id}"
             );
-            // Full at most, and over a quarter full unless it is of 1 or 2 entries.
+            // Full at most, and over a quarter full unless it is of the smallest class.
             let cap = Holders::capacity(c.link);
             assert!(
-                entries <= cap && (cap <= 2 || entries * 4 > cap),
+                entries <= cap && (Holders::is_smallest(cap) || entries * 4 > cap),
                 "holder block of {id}: {entries} in {cap}"
             );
         }
