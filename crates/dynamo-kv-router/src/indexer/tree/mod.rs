@@ -1115,14 +1115,21 @@ impl RadixTree {
     /// How `slot` holds the block of key `key`, if it does: the node with that canonical
     /// key that the rank holds under it, or the rank's own residency under it.
     fn find_residency(&self, slot: u32, key: u64) -> Option<Held> {
-        self.probe_residency(slot, key, NIL).0
+        self.probe_residency(slot, key, NIL, false).0
     }
 
     /// [`Self::find_residency`], and what a store of `key` at `node` needs to know from
     /// the same probe of `hashes`: on a miss, the bucket where an entry for `key` would go
     /// (for [`Self::add_residency`] while `hashes` is unchanged), and whether `key` is
-    /// `node`'s canonical key (an entry passed on the way).
-    fn probe_residency(&self, slot: u32, key: u64, node: u32) -> (Option<Held>, Probe) {
+    /// `node`'s canonical key (an entry passed on the way). `absent`: the rank is known not
+    /// to hold `node` (its holders need no scan).
+    fn probe_residency(
+        &self,
+        slot: u32,
+        key: u64,
+        node: u32,
+        absent: bool,
+    ) -> (Option<Held>, Probe) {
         let lo = key_lo(key);
         let mut canonical_at_node = false;
         let mut holds_node = None;
@@ -1130,7 +1137,7 @@ impl RadixTree {
             if self.cold[n as usize].key != lo {
                 return false;
             }
-            let holds = self.holds_canonically(n, slot);
+            let holds = !(absent && n == node) && self.holds_canonically(n, slot);
             if n == node {
                 canonical_at_node = true;
                 // Without own residencies anywhere, holding canonically is holding.
@@ -1214,7 +1221,7 @@ impl RadixTree {
     /// `known_absent` says the caller already knows it did not.
     fn set_residency(&mut self, slot: u32, node: u32, ext: u64, known_absent: bool) -> bool {
         let key = key_of(ext);
-        let (found, probe) = self.probe_residency(slot, key, node);
+        let (found, probe) = self.probe_residency(slot, key, node, known_absent);
         // Exact: `lacks` is, and `known_absent` is a proof.
         let absent = known_absent
             || match probe.holds_node {
