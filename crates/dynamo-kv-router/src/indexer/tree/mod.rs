@@ -260,6 +260,14 @@ impl Held {
             Self::Canonical(n) | Self::Own(n) => n,
         }
     }
+
+    /// The release of this residency, under `key`.
+    const fn release(self, key: u64) -> Release {
+        match self {
+            Self::Canonical(_) => Release::Canonical(key),
+            Self::Own(_) => Release::Own(key),
+        }
+    }
 }
 
 /// What a store's probe of `hashes` learnt (see [`RadixTree::probe_residency`]).
@@ -594,11 +602,7 @@ impl RadixTree {
             // which the release of its parent (evictions go deepest first) uses instead of
             // scanning.
             let once = self.nodes[node as usize].meta & DUPS == 0;
-            let which = match held {
-                Held::Canonical(_) => Release::Canonical(key),
-                Held::Own(_) => Release::Own(key),
-            };
-            self.release_marking(node, slot, which, true, released);
+            self.release_marking(node, slot, held.release(key), true, released);
             released = if once { node } else { NIL };
         }
         self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
@@ -624,7 +628,7 @@ impl RadixTree {
         let mut held: Vec<(u32, u32)> = Vec::new();
         for id in 1..self.nodes.len() as u32 {
             let parent = self.nodes[id as usize].parent;
-            if parent == NIL || parent == free_runs::TAKEN {
+            if parent == NIL || parent == TAKEN {
                 continue;
             }
             let times = self.multiplicity(id, slot);
@@ -1174,9 +1178,6 @@ impl RadixTree {
     /// Whether `slot` holds `node` under the node's canonical key: it holds it more times
     /// than under keys of its own.
     fn holds_canonically(&self, node: u32, slot: u32) -> bool {
-        if self.own_slots.is_empty() {
-            return self.holds(node, slot);
-        }
         let own = self.own_count(node, slot);
         if own == 0 {
             self.holds(node, slot)
@@ -1238,11 +1239,7 @@ impl RadixTree {
         // Add the new residency before releasing the old one so that no node on the
         // current path can be freed in between.
         self.add_residency(slot, node, key, !absent, probe);
-        let which = match old {
-            Held::Canonical(_) => Release::Canonical(key),
-            Held::Own(_) => Release::Own(key),
-        };
-        self.release_marking(old.node(), slot, which, true, NIL);
+        self.release_marking(old.node(), slot, old.release(key), true, NIL);
         // The release may have changed `node`'s parent chain; claim nothing below.
         false
     }
