@@ -192,10 +192,21 @@ pub fn decode_engine_batch(payload: &[u8]) -> Result<EngineEventBatch> {
     decode_engine_batch_general(payload)
 }
 
+/// Deepest nesting of arrays and maps the general decoder reads (the payload's own array
+/// counts as one). A batch nests a handful
+/// of levels (batch, events, event, a block's extra keys, a key's parts); rmpv's own default (1,024)
+/// recursed deep enough to overflow a 2 MiB thread stack in debug builds (a hostile
+/// payload of nested one-element arrays).
+const MAX_NESTING: usize = 32;
+/// [`MAX_NESTING`] in rmpv's terms: its depth budget pays two for each array or map and
+/// one for the scalar at the bottom (rmpv 1.3, seen in `nested_unread_fields_decode_up_to_
+/// the_limit`).
+const RMPV_DEPTH: usize = 2 * MAX_NESTING + 1;
+
 /// The general decoder: the payload as a msgpack value tree, either event encoding.
 fn decode_engine_batch_general(payload: &[u8]) -> Result<EngineEventBatch> {
     let mut reader = payload;
-    let value = rmpv::decode::read_value_ref(&mut reader)
+    let value = rmpv::decode::read_value_ref_with_max_depth(&mut reader, RMPV_DEPTH)
         .map_err(|e| err(e.to_string()))?
         .to_owned();
     let items = value
@@ -801,6 +812,7 @@ mod tests {
 #[cfg(test)]
 mod hostile_inputs {
     use super::*;
+    use rmpv::encode::write_value;
 
     #[test]
     fn huge_length_prefixes_do_not_allocate() {
@@ -818,5 +830,37 @@ mod hostile_inputs {
         // Deep nesting.
         let deep = vec![0x91u8; 100_000];
         assert!(decode_engine_batch(&deep).is_err());
+    }
+
+    /// Fields the decoder does not read may nest (extra keys per block), up to
+    /// `MAX_NESTING` levels in all; deeper is an error, not a deep recursion.
+    #[test]
+    fn nested_unread_fields_decode_up_to_the_limit() {
+        let payload = |depth: usize| {
+            // `depth` arrays: batch > events > event > the field's `depth - 3`.
+            let mut extra = Value::from(7);
+            for _ in 0..depth - 3 {
+                extra = Value::Array(vec![extra]);
+            }
+            let event = Value::Array(vec![
+                "BlockStored".into(),
+                Value::Array(vec![5.into()]),
+                Value::Nil,
+                Value::Array((1..=4).map(Value::from).collect()),
+                4.into(),
+                Value::Nil,
+                "GPU".into(),
+                Value::Nil,
+                extra,
+            ]);
+            let mut out = Vec::new();
+            let batch = Value::Array(vec![Value::F64(1.0), Value::Array(vec![event])]);
+            write_value(&mut out, &batch).expect("in-memory write");
+            out
+        };
+        let batch = decode_engine_batch(&payload(MAX_NESTING)).expect("within the limit");
+        assert_eq!(batch.events.len(), 1);
+        let e = decode_engine_batch(&payload(MAX_NESTING + 1)).expect_err("past the limit");
+        assert!(e.to_string().contains("depth"), "{e}");
     }
 }
