@@ -32,7 +32,7 @@
 //! `docs/benchmarks/kv_indexer.md` and again in round 7.
 
 use super::NIL;
-use super::arena::Arena;
+use super::arena::{Arena, CHUNK};
 
 /// Size classes (block of class `c`: `2^c` entries).
 const CLASSES: usize = 32;
@@ -75,6 +75,27 @@ pub(super) type BlockRef = u32;
 const fn class_and_base(b: BlockRef) -> (usize, usize) {
     let c = b >> INDEX_BITS;
     (c as usize, ((b & ((1 << INDEX_BITS) - 1)) as usize) << c)
+}
+
+/// A set of blocks, one bit per block of each class (from [`Holders::blocks_holding`]).
+#[derive(Debug)]
+pub(super) struct BlockMarks {
+    classes: Vec<Vec<u64>>,
+}
+
+impl BlockMarks {
+    /// Whether block `b` is in the set (`false` for `NIL` and blocks past the pools).
+    #[inline]
+    pub(super) fn contains(&self, b: BlockRef) -> bool {
+        let (c, i) = (
+            (b >> INDEX_BITS) as usize,
+            (b & ((1 << INDEX_BITS) - 1)) as usize,
+        );
+        self.classes
+            .get(c)
+            .and_then(|words| words.get(i / 64))
+            .is_some_and(|w| (w >> (i % 64)) & 1 != 0)
+    }
 }
 
 /// The pools of holder blocks (see the module docs).
@@ -201,6 +222,50 @@ impl Holders {
         n
     }
 
+    /// The blocks that list `slot` among their entries, from one pass over the pools in
+    /// order (for a rank's `cleared` event: a walk over the arena then reads only the
+    /// blocks that hold the rank, instead of every node's block at random).
+    pub(super) fn blocks_holding(&self, slot: u32) -> BlockMarks {
+        let classes = self
+            .pools
+            .iter()
+            .enumerate()
+            .map(|(c, pool)| {
+                let size = 1usize << c;
+                let blocks = pool.len() >> c;
+                let mut words = vec![0u64; blocks.div_ceil(64)];
+                let mut mark = |b: usize| words[b / 64] |= 1 << (b % 64);
+                if size <= CHUNK {
+                    // A block never straddles a chunk of its pool.
+                    let mut i = 0;
+                    while i < pool.len() {
+                        let run = pool.tail(i);
+                        for (k, block) in run.chunks_exact(size).enumerate() {
+                            // Without a branch per entry: which entries match is random.
+                            if block.iter().fold(false, |any, h| any | (h.slot == slot)) {
+                                mark((i >> c) + k);
+                            }
+                        }
+                        i += run.len();
+                    }
+                } else {
+                    for b in 0..blocks {
+                        let mut found = false;
+                        self.scan((c as u32) << INDEX_BITS | b as u32, |h| {
+                            found = h.slot == slot;
+                            !found
+                        });
+                        if found {
+                            mark(b);
+                        }
+                    }
+                }
+                words
+            })
+            .collect();
+        BlockMarks { classes }
+    }
+
     /// Whether a block of `cap` entries may hold as few as one (the smallest class).
     pub(super) const fn is_smallest(cap: u32) -> bool {
         cap <= 1 << MIN_CLASS
@@ -283,7 +348,10 @@ mod tests {
 
     proptest! {
         /// Blocks against `Vec`s: pushes, swap-removes, class changes, reuse of freed
-        /// blocks; the entries in use always read back as the model's.
+        /// blocks; the entries in use always read back as the model's, and
+        /// `blocks_holding` marks exactly the blocks that list a slot (blocks of up to 64
+        /// entries: pool chunks are 8 entries under `cfg(test)`, so blocks from 16 entries
+        /// on straddle them).
         #[test]
         fn behaves_like_vecs(
             ops in proptest::collection::vec((0usize..6, any::<bool>(), 0u32..40), 0..400)
@@ -311,6 +379,15 @@ mod tests {
                 }
                 let in_use = model.iter().filter(|m| !m.is_empty()).count();
                 prop_assert_eq!(h.checked_blocks(), in_use);
+                // Which blocks list a slot (this op's and another), as the model says.
+                for slot in [x << 3 | k as u32, x << 3 | (k as u32 + 1) % 6] {
+                    let marks = h.blocks_holding(slot);
+                    for (m, &b) in model.iter().zip(&refs) {
+                        let listed = m.contains(&Holder::new(slot));
+                        prop_assert_eq!(b != NIL && marks.contains(b), listed);
+                    }
+                    prop_assert!(!marks.contains(NIL));
+                }
             }
         }
     }

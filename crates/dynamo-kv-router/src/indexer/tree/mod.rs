@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use self::arena::Arena;
-use self::ext_table::{ExtTable, Vacant, tag_of};
+use self::ext_table::{ExtTable, Marks, Vacant, tag_of};
 use self::free_runs::{FreeRuns, TAKEN};
 use self::holders::{Holder, Holders};
 use self::wide::HolderSet;
@@ -616,34 +616,63 @@ impl RadixTree {
 
     /// Drop every block of one worker rank (a `cleared` event).
     ///
-    /// The tree keeps no index by rank, so this is a pass over every node (and, for the
-    /// blocks the rank was the last to hold under their canonical key, over `hashes`):
-    /// tens of milliseconds at 10M blocks, for an event that comes when a worker leaves or
-    /// resets its cache.
+    /// The tree keeps no index by rank, so this is a pass over every node, releasing the
+    /// rank's residencies as it meets them (their nodes, cold parts and holder blocks are
+    /// then read once), and one pass over `hashes` for the entries of the nodes whose last
+    /// residency under their canonical key was the rank's: tens of milliseconds at 10M
+    /// blocks, for an event that comes when a worker leaves or resets its cache.
     pub fn clear_rank(&mut self, worker: WorkerWithDpRank) {
         let Some(&slot) = self.slot_of.get(&worker) else {
             return;
         };
-        // (node, how many times the rank holds it)
-        let mut held: Vec<(u32, u32)> = Vec::new();
-        for id in 1..self.nodes.len() as u32 {
-            let parent = self.nodes[id as usize].parent;
-            if parent == NIL || parent == TAKEN {
-                continue;
-            }
-            let times = self.multiplicity(id, slot);
+        // The nodes whose `hashes` entries go: their tags are not known here (a node keeps
+        // the low half of its key), and a probe each would be a cache miss each, so they
+        // are marked by node id and the table is filtered once at the end.
+        let mut last = Marks::new(self.nodes.len());
+        let mut any_last = false;
+        // The holder blocks that list the rank: the walk reads no other node's block (a
+        // random read each, at most nodes). Releases change only the block of the node
+        // being released, so the marks stay exact for the nodes ahead.
+        let holding = self.holders.blocks_holding(slot);
+        self.free_nodes.begin_batch();
+        // Releasing may free the node's ancestors (whatever their ids: an explicit child
+        // can have a lower id than its parent), which the walk then skips as freed; and
+        // the node count reaching zero resets the arenas, which ends the walk.
+        let mut id = 1;
+        while (id as usize) < self.nodes.len() {
+            let n = self.nodes[id as usize];
+            let times = if n.parent == NIL || n.parent == TAKEN {
+                0
+            } else if n.meta & WIDE != 0 {
+                self.multiplicity(id, slot)
+            } else {
+                let c = self.cold[id as usize];
+                let mut times = u32::from(c.primary() == slot);
+                // (`&`: whether a node has further holders is random, a branch on it
+                // mispredicted; the marks are rarely set.)
+                if c.has_extras() & holding.contains(c.link) {
+                    self.holders.scan(c.link, |h| {
+                        times += u32::from(h.slot == slot);
+                        true
+                    });
+                }
+                times
+            };
             if times > 0 {
-                held.push((id, times));
+                // Before the release: the count still includes the rank's residencies,
+                // and `own_slots` its own ones (forgotten below).
+                if times > self.own_count(id, slot) && self.canonical_count(id) == 1 {
+                    last.mark(id);
+                    any_last = true;
+                }
+                // The rank keeps no block, so no child can be held without its parent by it.
+                for _ in 0..times {
+                    self.release_marking(id, slot, Release::Cleared, false, NIL);
+                }
             }
+            id += 1;
         }
-        // Nodes whose last residency under their canonical key is this rank's: their
-        // entries in `hashes` go (found by node, since their tags are not known here).
-        let mut last: rustc_hash::FxHashSet<u32> = rustc_hash::FxHashSet::default();
-        for &(node, times) in &held {
-            if times > self.own_count(node, slot) && self.canonical_count(node) == 1 {
-                last.insert(node);
-            }
-        }
+        self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         if !self.own.is_empty() {
             let mine: Vec<((u32, u64), u32)> = self
                 .own
@@ -655,26 +684,9 @@ impl RadixTree {
                 self.forget_own(node, slot, key);
             }
         }
-        if !last.is_empty() {
-            let entries: Vec<(u32, u32)> = self
-                .hashes
-                .entries()
-                .filter(|(_, n)| last.contains(n))
-                .collect();
-            for (tag, node) in entries {
-                if let Some(i) = self.hashes.find(tag, |n| n == node) {
-                    self.hashes.remove_at(i);
-                }
-            }
+        if any_last {
+            self.hashes.remove_marked(&last);
         }
-        self.free_nodes.begin_batch();
-        // The rank keeps no block, so no child can be held without its parent by it.
-        for (node, times) in held {
-            for _ in 0..times {
-                self.release_marking(node, slot, Release::Cleared, false, NIL);
-            }
-        }
-        self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         self.free_slot_if_empty(slot);
     }
 
