@@ -196,6 +196,43 @@ fn dp_ranks_are_separate_and_cleared_drops_one_rank() {
     t.check_invariants();
 }
 
+/// A worker's dp ranks go in one pass: nodes they all hold (canonical entries whose every
+/// holder goes), a rank's own hash, a wide prefix, and another worker's blocks that stay.
+#[test]
+fn removing_a_worker_drops_all_its_ranks_at_once() {
+    let mut t = RadixTree::default();
+    let empty = t.heap_bytes();
+    let ranks: Vec<WorkerWithDpRank> = (0..70).map(|r| WorkerWithDpRank::new(7, r)).collect();
+    // Every rank holds the prefix (a wide node: more than `WIDE_MIN` holders) and a
+    // branch of its own.
+    for (i, &r) in ranks.iter().enumerate() {
+        let i = i as u64;
+        t.store(r, &stored(None, &[(10, 100), (11, 101)]))
+            .expect("store");
+        t.store(r, &stored(Some(11), &[(1000 + i, 200 + i)]))
+            .expect("store");
+    }
+    // Rank 3 also holds the prefix's first block under a hash of its own.
+    t.store(ranks[3], &stored(None, &[(99, 100)]))
+        .expect("store");
+    // Another worker shares the first block.
+    t.store(w(1), &stored(None, &[(10, 100)])).expect("store");
+    t.check_invariants();
+    t.remove_worker(7);
+    t.check_invariants();
+    assert_eq!(
+        sorted(&t.find_matches(&q(&[100, 101, 203]), false)),
+        BTreeMap::from([(w(1), 1)])
+    );
+    assert_eq!((t.node_count(), t.len(), t.worker_count()), (1, 1, 1));
+    // The shared block is still found by its hash: a store under it as parent works.
+    t.store(w(1), &stored(Some(10), &[(12, 102)]))
+        .expect("parent found");
+    t.remove_worker(1);
+    assert_eq!((t.node_count(), t.len(), t.worker_count()), (0, 0, 0));
+    assert_eq!(t.heap_bytes(), empty);
+}
+
 #[test]
 fn early_exit_stops_when_one_worker_remains() {
     let mut t = RadixTree::default();

@@ -222,10 +222,11 @@ impl Holders {
         n
     }
 
-    /// The blocks that list `slot` among their entries, from one pass over the pools in
-    /// order (for a rank's `cleared` event: a walk over the arena then reads only the
-    /// blocks that hold the rank, instead of every node's block at random).
-    pub(super) fn blocks_holding(&self, slot: u32) -> BlockMarks {
+    /// The blocks that list a slot for which `wanted` holds (`wanted(NIL)` must be false:
+    /// unused entries are `NIL`), from one pass over the pools in order (for a rank's `cleared`
+    /// event: a walk over the arena then reads only the blocks that hold the rank, instead
+    /// of every node's block at random).
+    pub(super) fn blocks_holding(&self, wanted: impl Fn(u32) -> bool) -> BlockMarks {
         let classes = self
             .pools
             .iter()
@@ -242,7 +243,7 @@ impl Holders {
                         let run = pool.tail(i);
                         for (k, block) in run.chunks_exact(size).enumerate() {
                             // Without a branch per entry: which entries match is random.
-                            if block.iter().fold(false, |any, h| any | (h.slot == slot)) {
+                            if block.iter().fold(false, |any, h| any | wanted(h.slot)) {
                                 mark((i >> c) + k);
                             }
                         }
@@ -252,7 +253,7 @@ impl Holders {
                     for b in 0..blocks {
                         let mut found = false;
                         self.scan((c as u32) << INDEX_BITS | b as u32, |h| {
-                            found = h.slot == slot;
+                            found = wanted(h.slot);
                             !found
                         });
                         if found {
@@ -380,8 +381,8 @@ mod tests {
                 let in_use = model.iter().filter(|m| !m.is_empty()).count();
                 prop_assert_eq!(h.checked_blocks(), in_use);
                 // Which blocks list a slot (this op's and another), as the model says.
-                for slot in [x << 3 | k as u32, x << 3 | (k as u32 + 1) % 6] {
-                    let marks = h.blocks_holding(slot);
+                for slot in [(x << 3) | k as u32, (x << 3) | ((k as u32 + 1) % 6)] {
+                    let marks = h.blocks_holding(|s| s == slot);
                     for (m, &b) in model.iter().zip(&refs) {
                         let listed = m.contains(&Holder::new(slot));
                         prop_assert_eq!(b != NIL && marks.contains(b), listed);

@@ -616,24 +616,60 @@ impl RadixTree {
 
     /// Drop every block of one worker rank (a `cleared` event).
     ///
-    /// The tree keeps no index by rank, so this is a pass over every node, releasing the
-    /// rank's residencies as it meets them (their nodes, cold parts and holder blocks are
-    /// then read once), and one pass over `hashes` for the entries of the nodes whose last
-    /// residency under their canonical key was the rank's: tens of milliseconds at 10M
-    /// blocks, for an event that comes when a worker leaves or resets its cache.
+    /// The tree keeps no index by rank, so this is a pass over every node (see
+    /// [`Self::clear_slots`]): tens of milliseconds at 10M blocks, for an event that comes
+    /// when a worker leaves or resets its cache.
     pub fn clear_rank(&mut self, worker: WorkerWithDpRank) {
-        let Some(&slot) = self.slot_of.get(&worker) else {
+        if let Some(&slot) = self.slot_of.get(&worker) {
+            self.clear_slots(&[slot]);
+        }
+    }
+
+    /// Drop every block of every dp rank of `worker_id` (`clear_all_blocks` /
+    /// `remove_worker`; the tree keeps no per-worker state once its blocks are gone), all
+    /// ranks in one pass over the tree.
+    pub fn remove_worker(&mut self, worker_id: u64) {
+        let mut slots: Vec<u32> = self
+            .slot_of
+            .iter()
+            .filter(|(w, _)| w.worker_id == worker_id)
+            .map(|(_, &slot)| slot)
+            .collect();
+        slots.sort_unstable();
+        self.clear_slots(&slots);
+    }
+
+    /// Drop every residency of the worker slots `slots` (distinct, each known).
+    ///
+    /// One pass over the arena releases the slots' residencies as it meets their nodes
+    /// (each node, cold part and holder block read once; a pass per rank made removing a
+    /// worker of 16 dp ranks sixteen passes), and one pass over `hashes` takes the entries
+    /// of the nodes whose residencies under their canonical key were all the slots'.
+    fn clear_slots(&mut self, slots: &[u32]) {
+        if slots.is_empty() {
             return;
+        }
+        let mut wanted = vec![0u64; self.slots.len().div_ceil(64)];
+        for &s in slots {
+            wanted[s as usize / 64] |= 1 << (s % 64);
+        }
+        // (`NIL` and unused holder entries are past the set: not wanted.)
+        let is_wanted = |s: u32| {
+            wanted
+                .get(s as usize / 64)
+                .is_some_and(|w| (w >> (s % 64)) & 1 != 0)
         };
         // The nodes whose `hashes` entries go: their tags are not known here (a node keeps
         // the low half of its key), and a probe each would be a cache miss each, so they
         // are marked by node id and the table is filtered once at the end.
         let mut last = Marks::new(self.nodes.len());
         let mut any_last = false;
-        // The holder blocks that list the rank: the walk reads no other node's block (a
-        // random read each, at most nodes). Releases change only the block of the node
-        // being released, so the marks stay exact for the nodes ahead.
-        let holding = self.holders.blocks_holding(slot);
+        // The holder blocks that list one of the slots: the walk reads no other node's
+        // block (a random read each, at most nodes). Releases change only the block of the
+        // node being released, so the marks stay exact for the nodes ahead.
+        let holding = self.holders.blocks_holding(is_wanted);
+        // The slots' residencies at the node being visited: `(slot, times)`.
+        let mut here: Vec<(u32, u32)> = Vec::new();
         self.free_nodes.begin_batch();
         // Releasing may free the node's ancestors (whatever their ids: an explicit child
         // can have a lower id than its parent), which the walk then skips as freed; and
@@ -641,67 +677,70 @@ impl RadixTree {
         let mut id = 1;
         while (id as usize) < self.nodes.len() {
             let n = self.nodes[id as usize];
-            let times = if n.parent == NIL || n.parent == TAKEN {
-                0
+            here.clear();
+            if n.parent == NIL || n.parent == TAKEN {
+                // Freed, or reserved by a store in progress (none during a clear).
             } else if n.meta & WIDE != 0 {
-                self.multiplicity(id, slot)
+                for &s in slots {
+                    let times = self.multiplicity(id, s);
+                    if times > 0 {
+                        here.push((s, times));
+                    }
+                }
             } else {
                 let c = self.cold[id as usize];
-                let mut times = u32::from(c.primary() == slot);
+                if is_wanted(c.primary()) {
+                    here.push((c.primary(), 1));
+                }
                 // (`&`: whether a node has further holders is random, a branch on it
                 // mispredicted; the marks are rarely set.)
                 if c.has_extras() & holding.contains(c.link) {
                     self.holders.scan(c.link, |h| {
-                        times += u32::from(h.slot == slot);
+                        if is_wanted(h.slot) {
+                            match here.iter_mut().find(|(s, _)| *s == h.slot) {
+                                Some((_, times)) => *times += 1,
+                                None => here.push((h.slot, 1)),
+                            }
+                        }
                         true
                     });
                 }
-                times
-            };
-            if times > 0 {
-                // Before the release: the count still includes the rank's residencies,
-                // and `own_slots` its own ones (forgotten below).
-                if times > self.own_count(id, slot) && self.canonical_count(id) == 1 {
+            }
+            if !here.is_empty() {
+                // Before the releases: the count still includes the slots' residencies,
+                // and `own_slots` their own ones (forgotten below).
+                let canonical: u32 = here.iter().map(|&(s, t)| t - self.own_count(id, s)).sum();
+                if canonical > 0 && canonical == self.canonical_count(id) {
                     last.mark(id);
                     any_last = true;
                 }
-                // The rank keeps no block, so no child can be held without its parent by it.
-                for _ in 0..times {
-                    self.release_marking(id, slot, Release::Cleared, false, NIL);
+                // The slots keep no block, so no child can be held without its parent by
+                // one of them.
+                for &(s, times) in &here {
+                    for _ in 0..times {
+                        self.release_marking(id, s, Release::Cleared, false, NIL);
+                    }
                 }
             }
             id += 1;
         }
         self.free_nodes.end_batch(&mut self.nodes, &mut self.cold);
         if !self.own.is_empty() {
-            let mine: Vec<((u32, u64), u32)> = self
+            let theirs: Vec<((u32, u64), u32)> = self
                 .own
                 .iter()
-                .filter(|&(&(s, _), _)| s == slot)
+                .filter(|&(&(s, _), _)| is_wanted(s))
                 .map(|(&k, &n)| (k, n))
                 .collect();
-            for ((_, key), node) in mine {
+            for ((slot, key), node) in theirs {
                 self.forget_own(node, slot, key);
             }
         }
         if any_last {
             self.hashes.remove_marked(&last);
         }
-        self.free_slot_if_empty(slot);
-    }
-
-    /// Drop every block of every dp rank of `worker_id` (`clear_all_blocks` /
-    /// `remove_worker`; the tree keeps no per-worker state once its blocks are gone).
-    pub fn remove_worker(&mut self, worker_id: u64) {
-        let mut ranks: Vec<WorkerWithDpRank> = self
-            .slot_of
-            .keys()
-            .filter(|w| w.worker_id == worker_id)
-            .copied()
-            .collect();
-        ranks.sort_unstable();
-        for w in ranks {
-            self.clear_rank(w);
+        for &s in slots {
+            self.free_slot_if_empty(s);
         }
     }
 
