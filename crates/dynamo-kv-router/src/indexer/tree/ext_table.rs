@@ -102,7 +102,9 @@ const fn home(tag: u32, bits: u32) -> usize {
 
 /// Index of the entry with tag `tag` whose handle satisfies `eq`, in one array; on a miss,
 /// the first empty bucket from `tag`'s home on (where [`place`] would put such an entry).
-#[inline]
+/// Always inlined, with the caller's `eq`: as a call (LLVM's choice for the tree's
+/// closures) its entry, exit and captures took ~18 of a lookup's ~70 instructions.
+#[inline(always)]
 fn probe(a: &[u64], bits: u32, tag: u32, eq: &mut impl FnMut(u32) -> bool) -> Result<usize, usize> {
     let mask = a.len() - 1;
     let mut i = home(tag, bits);

@@ -1511,8 +1511,21 @@ impl RadixTree {
         if let Some(set) = self.holder_set(node) {
             return set.contains(slot);
         }
+        let n = &self.cold[node as usize];
+        if n.slot == NIL {
+            return false;
+        }
+        if n.primary() == slot {
+            return true;
+        }
         let mut found = false;
-        self.for_each_residency(node, |s| found |= s == slot);
+        if n.has_extras() {
+            // Stops at the entry: a holder block is scanned to its end only on a miss.
+            self.holders.scan(n.link, |h| {
+                found = h.slot == slot;
+                !found
+            });
+        }
         found
     }
 
