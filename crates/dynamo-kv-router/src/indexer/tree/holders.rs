@@ -33,6 +33,7 @@
 
 use super::NIL;
 use super::arena::{Arena, CHUNK};
+use super::id_set::IdSet;
 
 /// Size classes (block of class `c`: `2^c` entries).
 const CLASSES: usize = 32;
@@ -77,24 +78,20 @@ const fn class_and_base(b: BlockRef) -> (usize, usize) {
     (c as usize, ((b & ((1 << INDEX_BITS) - 1)) as usize) << c)
 }
 
-/// A set of blocks, one bit per block of each class (from [`Holders::blocks_holding`]).
+/// A set of blocks: the indices of each class's blocks (from [`Holders::blocks_holding`]).
 #[derive(Debug)]
 pub(super) struct BlockMarks {
-    classes: Vec<Vec<u64>>,
+    classes: Vec<IdSet>,
 }
 
 impl BlockMarks {
     /// Whether block `b` is in the set (`false` for `NIL` and blocks past the pools).
     #[inline]
     pub(super) fn contains(&self, b: BlockRef) -> bool {
-        let (c, i) = (
-            (b >> INDEX_BITS) as usize,
-            (b & ((1 << INDEX_BITS) - 1)) as usize,
-        );
+        let (c, i) = (b >> INDEX_BITS, b & ((1 << INDEX_BITS) - 1));
         self.classes
-            .get(c)
-            .and_then(|words| words.get(i / 64))
-            .is_some_and(|w| (w >> (i % 64)) & 1 != 0)
+            .get(c as usize)
+            .is_some_and(|blocks| blocks.contains(i))
     }
 }
 
@@ -234,8 +231,8 @@ impl Holders {
             .map(|(c, pool)| {
                 let size = 1usize << c;
                 let blocks = pool.len() >> c;
-                let mut words = vec![0u64; blocks.div_ceil(64)];
-                let mut mark = |b: usize| words[b / 64] |= 1 << (b % 64);
+                let mut marks = IdSet::new(blocks);
+                let mut mark = |b: usize| marks.insert(b as u32);
                 if size <= CHUNK {
                     // A block never straddles a chunk of its pool.
                     let mut i = 0;
@@ -261,7 +258,7 @@ impl Holders {
                         }
                     }
                 }
-                words
+                marks
             })
             .collect();
         BlockMarks { classes }

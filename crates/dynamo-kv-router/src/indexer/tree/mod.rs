@@ -6,6 +6,7 @@ mod dump;
 mod ext_table;
 mod free_runs;
 mod holders;
+mod id_set;
 mod invariants;
 mod wide;
 
@@ -17,9 +18,10 @@ use parking_lot::Mutex;
 use rustc_hash::FxHashMap;
 
 use self::arena::Arena;
-use self::ext_table::{ExtTable, Marks, Vacant, tag_of};
+use self::ext_table::{ExtTable, Vacant, tag_of};
 use self::free_runs::{FreeRuns, TAKEN};
 use self::holders::{Holder, Holders};
+use self::id_set::IdSet;
 use self::wide::HolderSet;
 use super::{IndexSlots, OverlapScores};
 use crate::error::{Error, Result};
@@ -629,13 +631,12 @@ impl RadixTree {
     /// `remove_worker`; the tree keeps no per-worker state once its blocks are gone), all
     /// ranks in one pass over the tree.
     pub fn remove_worker(&mut self, worker_id: u64) {
-        let mut slots: Vec<u32> = self
+        let slots: Vec<u32> = self
             .slot_of
             .iter()
             .filter(|(w, _)| w.worker_id == worker_id)
             .map(|(_, &slot)| slot)
             .collect();
-        slots.sort_unstable();
         self.clear_slots(&slots);
     }
 
@@ -649,20 +650,16 @@ impl RadixTree {
         if slots.is_empty() {
             return;
         }
-        let mut wanted = vec![0u64; self.slots.len().div_ceil(64)];
+        let mut wanted = IdSet::new(self.slots.len());
         for &s in slots {
-            wanted[s as usize / 64] |= 1 << (s % 64);
+            wanted.insert(s);
         }
-        // (`NIL` and unused holder entries are past the set: not wanted.)
-        let is_wanted = |s: u32| {
-            wanted
-                .get(s as usize / 64)
-                .is_some_and(|w| (w >> (s % 64)) & 1 != 0)
-        };
+        // (Never `NIL`: unused holder entries and nodes without a primary are not wanted.)
+        let is_wanted = |s: u32| wanted.contains(s);
         // The nodes whose `hashes` entries go: their tags are not known here (a node keeps
         // the low half of its key), and a probe each would be a cache miss each, so they
         // are marked by node id and the table is filtered once at the end.
-        let mut last = Marks::new(self.nodes.len());
+        let mut last = IdSet::new(self.nodes.len());
         let mut any_last = false;
         // The holder blocks that list one of the slots: the walk reads no other node's
         // block (a random read each, at most nodes). Releases change only the block of the
@@ -711,7 +708,7 @@ impl RadixTree {
                 // and `own_slots` their own ones (forgotten below).
                 let canonical: u32 = here.iter().map(|&(s, t)| t - self.own_count(id, s)).sum();
                 if canonical > 0 && canonical == self.canonical_count(id) {
-                    last.mark(id);
+                    last.insert(id);
                     any_last = true;
                 }
                 // The slots keep no block, so no child can be held without its parent by
