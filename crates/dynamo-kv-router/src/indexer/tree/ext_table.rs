@@ -592,8 +592,8 @@ mod tests {
     }
 
     /// Run `ops` against the table and a map (`hash` makes the tags; op 0 inserts with
-    /// `insert_new`, 1 with `find_or_vacant` and `insert_vacant`, 3 now and then
-    /// retains, the others remove); the table is checked
+    /// `insert_new`, 1 with `find_or_vacant` and `insert_vacant`, 3 now and then removes
+    /// a marked set of handles in one pass, the others remove one); the table is checked
     /// after every operation (segment of each entry, clusters, counts, directory spans).
     fn against_map(
         ops: &[(u8, u64, u32)],
