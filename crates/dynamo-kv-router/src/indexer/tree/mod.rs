@@ -1508,22 +1508,8 @@ impl RadixTree {
         if let Some(set) = self.holder_set(node) {
             return set.contains(slot);
         }
-        let n = &self.cold[node as usize];
-        if n.slot == NIL {
-            return false;
-        }
-        if n.primary() == slot {
-            return true;
-        }
-        let mut found = false;
-        if n.has_extras() {
-            // Stops at the entry: a holder block is scanned to its end only on a miss.
-            self.holders.scan(n.link, |h| {
-                found = h.slot == slot;
-                !found
-            });
-        }
-        found
+        // Stops at the entry: a holder block is scanned to its end only on a miss.
+        !self.residencies_while(node, |s| s != slot)
     }
 
     /// Take one of `slot`'s residencies off `node` (see [`Self::release_marking`]; the
@@ -1697,16 +1683,30 @@ impl RadixTree {
 
     #[inline]
     fn for_each_residency(&self, node: u32, mut f: impl FnMut(u32)) {
+        self.residencies_while(node, |s| {
+            f(s);
+            true
+        });
+    }
+
+    /// The slot of each of `node`'s residencies (the primary first) until `f` returns
+    /// `false`; returns whether it never did.
+    #[inline]
+    fn residencies_while(&self, node: u32, mut f: impl FnMut(u32) -> bool) -> bool {
         let n = &self.cold[node as usize];
         if n.slot == NIL {
-            return;
+            return true;
         }
-        f(n.primary());
+        if !f(n.primary()) {
+            return false;
+        }
+        let mut all = true;
         if n.has_extras() {
             self.holders.scan(n.link, |h| {
-                f(h.slot);
-                true
+                all = f(h.slot);
+                all
             });
         }
+        all
     }
 }
