@@ -71,11 +71,17 @@ pub(super) const fn class_of(len: u32) -> u32 {
 /// A block: its class and index, packed (see the module docs).
 pub(super) type BlockRef = u32;
 
+/// The class of block `b` and its index among that class's blocks.
+#[inline]
+const fn class_and_index(b: BlockRef) -> (usize, u32) {
+    ((b >> INDEX_BITS) as usize, b & ((1 << INDEX_BITS) - 1))
+}
+
 /// The class of block `b` and the index of its first entry in that class's pool.
 #[inline]
 const fn class_and_base(b: BlockRef) -> (usize, usize) {
-    let c = b >> INDEX_BITS;
-    (c as usize, ((b & ((1 << INDEX_BITS) - 1)) as usize) << c)
+    let (c, i) = class_and_index(b);
+    (c, (i as usize) << c)
 }
 
 /// A set of blocks: the indices of each class's blocks (from [`Holders::blocks_holding`]).
@@ -88,10 +94,8 @@ impl BlockMarks {
     /// Whether block `b` is in the set (`false` for `NIL` and blocks past the pools).
     #[inline]
     pub(super) fn contains(&self, b: BlockRef) -> bool {
-        let (c, i) = (b >> INDEX_BITS, b & ((1 << INDEX_BITS) - 1));
-        self.classes
-            .get(c as usize)
-            .is_some_and(|blocks| blocks.contains(i))
+        let (c, i) = class_and_index(b);
+        self.classes.get(c).is_some_and(|blocks| blocks.contains(i))
     }
 }
 
@@ -322,7 +326,7 @@ mod tests {
         let mut h = Holders::default();
         let small: Vec<u32> = (0..3).map(|_| h.alloc(0)).collect();
         let large: Vec<u32> = (0..3).map(|_| h.alloc(5)).collect();
-        let index = |b: u32| b & ((1 << super::INDEX_BITS) - 1);
+        let index = |b: u32| super::class_and_index(b).1;
         assert_eq!(
             small.iter().map(|&b| index(b)).collect::<Vec<_>>(),
             [0, 1, 2]

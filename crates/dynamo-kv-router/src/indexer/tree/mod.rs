@@ -1136,8 +1136,8 @@ impl RadixTree {
     /// Prefetch the table buckets of `hashes` before they are probed one by one, so that
     /// their cache misses overlap (in the apply loop each miss would wait for the previous
     /// block's work). At every size: at 100k blocks the table mostly fits in the caches,
-    /// but the work between events evicts it, and the probe's first bucket was 68 % of
-    /// its time.
+    /// but the work between events evicts it, and the load of the probe's first bucket
+    /// was two thirds of the probe's time.
     fn warm_lookup(&self, hashes: impl Iterator<Item = u64>) {
         for h in hashes {
             self.hashes.prefetch(tag_of(key_of(h)));
