@@ -10,36 +10,38 @@
 //!
 //! An entry's home bucket is the top bits of its tag, so the table grows without reading a
 //! single key (a rehash that recomputes every hash through the arena is one random read per
-//! entry), and **it grows incrementally**: at 13/16 load a zeroed array of twice the size
-//! becomes the table, the old one is kept beside it, and each later insert first moves the
-//! entries of the next [`MIGRATE_STEP`] old buckets across (in bucket order, so the new
-//! array is written nearly in order). Until the old array is empty a lookup that misses
-//! in the new array probes the old one too. A whole-table doubling in one insert was the
-//! largest single event of CPU time at 10M blocks (a rank's 8 -> 16 MiB lookup: 8–15 ms);
-//! now an insert moves at most a few dozen entries. A table's new array is **zeroed ahead of
-//! time**: from 25/32 load on, each insert appends [`PREPARE_STEP`] zeroed buckets to it
-//! (or more, so that it is complete by the growth insert; allocated once at its full size,
-//! so it never moves), and the growth insert finds it ready: writing 16 MiB of zeros in
-//! that one insert was the largest event left at 10M (~4.5 ms), 256 MiB at 50M ~170 ms (a
-//! calloc of untouched pages instead costs a page fault per first touch on the probe path,
-//! measured slower), and while only tables of 2^20 buckets or more were prepared, the 8
-//! MiB arrays of the 2^19-bucket ones still made 2–4 ms events at 10M. A table that
-//! settles just below its growth would hold twice its size for good (from 12/16 load,
-//! every rank's lookup at 100k blocks did, +40 % heap; from 25/32, the child table at 10M
-//! blocks did, +4 MiB), so an array that has gained nothing for a sixteenth of the table's
-//! size in inserts ([`IDLE_INSERTS`]: complete but not grown into, or left behind when the
-//! table fell back below 25/32 load) is released, and not prepared again until the table
-//! has grown by a [`RESUME_GROWTH`]th of its size. Tables under [`PREPARE_MIN`] buckets
-//! zero theirs at growth (short anyway). Deletion shifts the following entries of the
-//! cluster back (no tombstones), so nothing is ever rehashed in place either.
+//! entry), and **it grows incrementally**: at 13/16 load (11/16 from 2^20 buckets, see
+//! [`LARGE_BITS`]) a zeroed array of twice the size becomes the table, the old one is kept
+//! beside it, and each later insert first moves the entries of the next [`MIGRATE_STEP`]
+//! old buckets across (in bucket order, so the new array is written nearly in order). Until
+//! the old array is empty a lookup that misses in the new array probes the old one too. A
+//! whole-table doubling in one insert was the largest single event of CPU time at 10M
+//! blocks (a rank's 8 -> 16 MiB lookup: 8–15 ms); now an insert moves at most a few dozen
+//! entries. A table's new array is **zeroed ahead of time**: from 1/32 below that load on,
+//! each insert appends [`PREPARE_STEP`] zeroed buckets to it (or more, so that it is
+//! complete by the growth insert; allocated once at its full size, so it never moves), and
+//! the growth insert finds it ready: writing 16 MiB of zeros in that one insert was the
+//! largest event left at 10M (~4.5 ms), 256 MiB at 50M ~170 ms (a calloc of untouched pages
+//! instead costs a page fault per first touch on the probe path, measured slower), and
+//! while only tables of 2^20 buckets or more were prepared, the 8 MiB arrays of the
+//! 2^19-bucket ones still made 2–4 ms events at 10M. A table that settles just below its
+//! growth would hold twice its size for good (from 12/16 load, every rank's lookup at 100k
+//! blocks did, +40 % heap; from 25/32, the child table at 10M blocks did, +4 MiB), so an
+//! array that has gained nothing for a sixteenth of the table's size in inserts
+//! ([`IDLE_INSERTS`]: complete but not grown into, or left behind when the table fell back
+//! below that load) is released, and not prepared again until the table has grown by a
+//! [`RESUME_GROWTH`]th of its size. Tables under [`PREPARE_MIN`] buckets zero theirs at
+//! growth (short anyway). Deletion shifts the following entries of the cluster back (no
+//! tombstones), so nothing is ever rehashed in place either.
 
 use super::id_set::IdSet;
 
 /// Smallest non-empty table (log2 of its buckets).
 const MIN_BITS: u32 = 3;
-/// Old buckets swept (or entries moved) per insert while the table grows: the old array (half the new one,
-/// 13/16 full) is empty after `old buckets / MIGRATE_STEP` inserts, long before the new
-/// one (13/32 full when it started) needs to grow in turn.
+/// Old buckets swept (or entries moved) per insert while the table grows: the old array
+/// (half the new one, at most 13/16 full) is empty after `old buckets / MIGRATE_STEP`
+/// inserts, long before the new one (at most 13/32 full when it started) needs to grow in
+/// turn.
 /// (One under `cfg(test)`, so that the property tests' small tables spend most of their
 /// life half migrated.)
 const MIGRATE_STEP: usize = if cfg!(test) { 1 } else { 16 };
@@ -52,11 +54,11 @@ const IDLE_INSERTS: usize = 16;
 /// ... and prepared again once the table holds a 128th of its buckets more than when it
 /// was released.
 const RESUME_GROWTH: usize = 128;
-/// Buckets of the next array zeroed per insert from 25/32 load on: a table of `n` buckets
-/// goes from 25/32 to 26/32 load in `n / 32` inserts (more when removals come in between)
-/// and the next array has `2n` buckets, so 64 an insert would just do; 128 (1 KiB, 16
-/// sequential lines) is done halfway. (More when preparing starts later, after a release:
-/// as many as complete it by the growth insert.)
+/// Buckets of the next array zeroed per insert from 1/32 below the growth load on: a table
+/// of `n` buckets goes from there to its growth in `n / 32` inserts (more when removals
+/// come in between) and the next array has `2n` buckets, so 64 an insert would just do; 128
+/// (1 KiB, 16 sequential lines) is done halfway. (More when preparing starts later, after a
+/// release: as many as complete it by the growth insert.)
 const PREPARE_STEP: usize = 128;
 /// An old array of at least this many buckets, once migrated (or a next array released
 /// unused), is not freed at once but [`RETIRE_STEP`] buckets an operation (shrunk in
@@ -68,6 +70,24 @@ const RETIRE_MIN: usize = if cfg!(test) { 16 } else { 1 << 17 };
 const RETIRE_STEP: usize = if cfg!(test) { 8 } else { 1 << 17 };
 /// Set in an index from [`ExtTable::find`] for an entry of the old array.
 const IN_OLD: usize = 1 << 63;
+/// Load (in 32nds) at which a table grows: 26 (13/16), or [`LARGE_LIMIT`] in tables of at
+/// least 2^`LARGE_BITS` buckets.
+const SMALL_LIMIT: usize = 26;
+/// From 2^20 buckets (8 MiB; the table of all ranks' hashes is that large from ~1M indexed
+/// blocks up in the 16-worker stream) a table grows at 22/32 load instead. A store of a new
+/// block probes for its hash and misses, walking to the first empty bucket: at 25/32 load
+/// ~15 buckets, in two cache lines two times in three (only the first is prefetched); ~6.5
+/// on average over the loads a table passes through between 13/32 and 26/32, ~4.5 between
+/// 11/32 and 22/32 (counted in the scale bench, round 16 of
+/// `docs/benchmarks/kv_indexer.md`). The cost is heap in a quarter of the sizes
+/// (log2(26/22) of each doubling), where the table has doubled and would not have at 26/32:
+/// +4 B an indexed block at 8M blocks. Small tables keep 26/32: at 100k blocks they are
+/// mostly in cache, and the heap target is closest there. (2^11 under `cfg(test)`: the
+/// table tests below use 1,024-bucket tables at the small limit, and
+/// `large_tables_grow_at_their_own_limit` crosses into the large one.)
+const LARGE_BITS: u32 = if cfg!(test) { 11 } else { 20 };
+/// Growth load (in 32nds) of the tables of at least 2^`LARGE_BITS` buckets.
+const LARGE_LIMIT: usize = 22;
 
 /// The 32-bit tag of a key's (already mixed) hash.
 #[inline]
@@ -347,17 +367,27 @@ impl ExtTable {
         self.len += 1;
     }
 
-    /// Whether the next insert grows the table: at 13/16 load of all entries (linear
-    /// probing stays within a line or two).
+    /// Whether the next insert grows the table: at its load limit (see [`SMALL_LIMIT`],
+    /// [`LARGE_LIMIT`]) of all entries (linear probing stays within a line or two).
     #[inline]
     fn grows_on_insert(&self) -> bool {
         self.len >= self.growth_len()
     }
 
-    /// The number of entries at which an insert grows the table (13/16 load).
+    /// The number of entries at which an insert grows the table.
     #[inline]
     const fn growth_len(&self) -> usize {
-        self.entries.len() * 13 / 16
+        self.entries.len() * self.limit() / 32
+    }
+
+    /// The load (in 32nds) at which the table grows.
+    #[inline]
+    const fn limit(&self) -> usize {
+        if self.bits >= LARGE_BITS {
+            LARGE_LIMIT
+        } else {
+            SMALL_LIMIT
+        }
     }
 
     /// Whether the next insert zeroes more of the next array, or counts towards releasing
@@ -367,19 +397,20 @@ impl ExtTable {
         self.next.capacity() != 0 || self.zeroes_ahead()
     }
 
-    /// Whether the table is where its next array is zeroed ahead: from 25/32 load on (in
-    /// tables of [`PREPARE_MIN`] buckets or more), unless an unused one was released since
-    /// the table last grew and it has not grown enough since (see [`RESUME_GROWTH`]).
+    /// Whether the table is where its next array is zeroed ahead: from 1/32 below its
+    /// growth load on (in tables of [`PREPARE_MIN`] buckets or more), unless an unused one
+    /// was released since the table last grew and it has not grown enough since (see
+    /// [`RESUME_GROWTH`]).
     #[inline]
     fn zeroes_ahead(&self) -> bool {
         self.entries.len() >= PREPARE_MIN
-            && (self.len + 1) * 32 > self.entries.len() * 25
+            && (self.len + 1) * 32 > self.entries.len() * (self.limit() - 1)
             && self.len >= self.resume_at
     }
 
     /// Zero the next [`PREPARE_STEP`] buckets of the next array (allocating it, at its
     /// full size, the first time), or as many more as complete it by the growth insert;
-    /// or, once it has been complete (or the table has fallen back below 25/32 load) for
+    /// or, once it has been complete (or the table has fallen back below that load) for
     /// [`IDLE_INSERTS`] inserts, release it.
     fn prepare(&mut self) {
         let want = self.entries.len() * 2;
@@ -590,7 +621,8 @@ mod tests {
     use proptest::prelude::*;
 
     use super::{
-        ExtTable, IdSet, MIGRATE_STEP, PREPARE_MIN, RETIRE_MIN, RETIRE_STEP, stored, tag_of,
+        ExtTable, IdSet, LARGE_BITS, LARGE_LIMIT, MIGRATE_STEP, PREPARE_MIN, RETIRE_MIN,
+        RETIRE_STEP, SMALL_LIMIT, stored, tag_of,
     };
 
     /// A deliberately weak mix so that tags collide and clusters form.
@@ -809,6 +841,43 @@ mod tests {
         t.check();
         for j in 3000..k {
             assert!(t.find(tag(j), |h| h == j).is_some());
+        }
+    }
+
+    /// Tables grow at 26/32 load below 2^`LARGE_BITS` buckets and at 22/32 from there
+    /// on, each with its next array prepared by then; every key is found across the change.
+    #[test]
+    fn large_tables_grow_at_their_own_limit() {
+        let mut t = ExtTable::default();
+        let mut growths = Vec::new();
+        for k in 0..20_000u32 {
+            let (cap, len, next, prepared) =
+                (t.entries.len(), t.len, t.next.as_ptr(), t.next.len());
+            t.insert_new(tag(k), k);
+            if t.entries.len() != cap && cap != 0 {
+                growths.push((cap, len));
+                if cap >= PREPARE_MIN {
+                    assert_eq!(prepared, 2 * cap, "next array incomplete at growth");
+                    assert!(
+                        std::ptr::eq(next, t.entries.as_ptr()),
+                        "next array not used"
+                    );
+                }
+            }
+        }
+        t.check();
+        assert!(growths.len() >= 6, "{growths:?}");
+        for &(cap, len) in &growths {
+            let limit = if cap >= 1 << LARGE_BITS {
+                LARGE_LIMIT
+            } else {
+                SMALL_LIMIT
+            };
+            assert_eq!(len, cap * limit / 32, "growth of {cap} buckets");
+        }
+        assert!(growths.iter().any(|&(cap, _)| cap >= 1 << LARGE_BITS));
+        for k in 0..20_000u32 {
+            assert!(t.find(tag(k), |h| h == k).is_some(), "key {k} lost");
         }
     }
 
