@@ -813,6 +813,25 @@ mod tests {
         }
     }
 
+    /// Insert key `k`; when that grows the table (from at least [`PREPARE_MIN`] buckets),
+    /// check that the next array prepared ahead was complete and became the table.
+    /// Returns `(buckets, entries)` before a growth.
+    fn insert_checking_growth(t: &mut ExtTable, k: u32) -> Option<(usize, usize)> {
+        let (cap, len, next, prepared) = (t.entries.len(), t.len, t.next.as_ptr(), t.next.len());
+        t.insert_new(tag(k), k);
+        if t.entries.len() == cap || cap == 0 {
+            return None;
+        }
+        if cap >= PREPARE_MIN {
+            assert_eq!(prepared, 2 * cap, "next array incomplete at growth");
+            assert!(
+                std::ptr::eq(next, t.entries.as_ptr()),
+                "next array not used"
+            );
+        }
+        Some((cap, len))
+    }
+
     /// A table that settles just below its growth does not keep a prepared next array for
     /// good, and one that grows after all still finds it complete.
     #[test]
@@ -827,15 +846,9 @@ mod tests {
         // Growing after all: preparing resumes and completes by the growth insert.
         let mut k = 3816u32;
         loop {
-            let (cap, next, prepared) = (t.entries.len(), t.next.as_ptr(), t.next.len());
-            t.insert_new(tag(k), k);
+            let grew = insert_checking_growth(&mut t, k);
             k += 1;
-            if t.entries.len() != cap {
-                assert_eq!(prepared, 2 * cap, "next array incomplete at growth");
-                assert!(
-                    std::ptr::eq(next, t.entries.as_ptr()),
-                    "next array not used"
-                );
+            if grew.is_some() {
                 break;
             }
         }
@@ -852,19 +865,7 @@ mod tests {
         let mut t = ExtTable::default();
         let mut growths = Vec::new();
         for k in 0..20_000u32 {
-            let (cap, len, next, prepared) =
-                (t.entries.len(), t.len, t.next.as_ptr(), t.next.len());
-            t.insert_new(tag(k), k);
-            if t.entries.len() != cap && cap != 0 {
-                growths.push((cap, len));
-                if cap >= PREPARE_MIN {
-                    assert_eq!(prepared, 2 * cap, "next array incomplete at growth");
-                    assert!(
-                        std::ptr::eq(next, t.entries.as_ptr()),
-                        "next array not used"
-                    );
-                }
-            }
+            growths.extend(insert_checking_growth(&mut t, k));
         }
         t.check();
         assert!(growths.len() >= 6, "{growths:?}");
