@@ -832,7 +832,8 @@ const USAGE: &str = "indexer scale bench
   --workers 16,1000          simulated workers (default 16)
   --rounds 3                 repetitions; figures are medians (ratios: median of per-round ratios)
   --only scale|rw            run one pass (default both)
-  --cands ours,ref           candidates to run (default all built in)
+  --cands ours,ref           candidates to run, in this order (default: all built in but
+                             the spike's `runs` and `runs-check`, see runs.rs)
   --readers 1,2,4            reader threads of the reader/writer pass
   --rw-live 1m               live blocks before the reader/writer pass
   --rw-secs 3                duration of each reader/writer run
@@ -887,8 +888,19 @@ fn parse() -> Opts {
 pub(crate) fn main_with(cands: Vec<Candidate>) {
     let opts = parse();
     let mut cands = cands;
-    if let Some(keep) = &opts.cands {
-        cands.retain(|c| keep.iter().any(|k| k == c.name));
+    match &opts.cands {
+        // In the order given: ratios are the first named over the second.
+        Some(keep) => {
+            let mut named = Vec::new();
+            for k in keep {
+                if let Some(i) = cands.iter().position(|c| c.name == k) {
+                    named.push(cands.remove(i));
+                }
+            }
+            cands = named;
+        }
+        // The spike's candidates (`runs.rs`) run only when named.
+        None => cands.retain(|c| !c.name.starts_with("runs")),
     }
     let (trace, span) = match load_trace() {
         Ok(t) => t,

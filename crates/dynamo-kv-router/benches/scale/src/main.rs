@@ -4,6 +4,7 @@
 mod harness;
 #[cfg(feature = "bench-reference")]
 mod reference;
+mod runs;
 
 #[global_allocator]
 static ALLOC: harness::Counting = harness::Counting;
@@ -13,5 +14,7 @@ fn main() {
     let mut cands = vec![harness::ours()];
     #[cfg(feature = "bench-reference")]
     cands.push(reference::reference());
+    cands.push(runs::runs());
+    cands.push(runs::runs_checked());
     harness::main_with(cands);
 }
