@@ -891,11 +891,18 @@ pub(crate) fn main_with(cands: Vec<Candidate>) {
     match &opts.cands {
         // In the order given: ratios are the first named over the second.
         Some(keep) => {
+            let built: Vec<&str> = cands.iter().map(|c| c.name).collect();
             let mut named = Vec::new();
             for k in keep {
-                if let Some(i) = cands.iter().position(|c| c.name == k) {
-                    named.push(cands.remove(i));
-                }
+                let Some(i) = cands.iter().position(|c| c.name == k) else {
+                    eprintln!(
+                        "indexer scale bench: no candidate {k:?}, or named twice (built: {}; \
+                         `ref` needs the bench-reference feature)",
+                        built.join(", ")
+                    );
+                    std::process::exit(2);
+                };
+                named.push(cands.remove(i));
             }
             cands = named;
         }

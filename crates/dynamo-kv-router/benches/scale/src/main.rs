@@ -1,5 +1,6 @@
 //! `dynamo-kv-router-scale-bench`: the indexer scale harness (see `harness.rs`), with the
-//! published reference crate beside ours under the `bench-reference` feature.
+//! published reference crate beside ours under the `bench-reference` feature, and the
+//! run-node spike (`runs.rs`) when named with `--cands`.
 
 mod harness;
 #[cfg(feature = "bench-reference")]
@@ -10,7 +11,6 @@ mod runs;
 static ALLOC: harness::Counting = harness::Counting;
 
 fn main() {
-    #[allow(unused_mut)]
     let mut cands = vec![harness::ours()];
     #[cfg(feature = "bench-reference")]
     cands.push(reference::reference());
