@@ -24,7 +24,8 @@
 //!
 //! Checked against the library's tree: on every query of the bench's stream by the
 //! `runs-check` candidate (full score lists equal), and on random event sequences with
-//! holes by this file's test (`cargo test --release` in `benches/scale`).
+//! holes by this file's test (`cargo test --release` in `benches/scale`, which
+//! `scripts/test.sh` runs).
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
