@@ -354,7 +354,7 @@ impl RunTree {
         };
         let mut run = start;
         let mut scratch = self.scratch.borrow_mut();
-        // Ranks that held every block so far: `(slot, score)`.
+        // Ranks that held every block so far (their score is `base`).
         let mut active: Vec<u32> = Vec::new();
         let mut q = 0usize;
         let mut base = 0u32;
