@@ -109,13 +109,18 @@ impl RunTree {
         r.held = r.held.max(len);
     }
 
-    /// How many blocks of `run` from its start `slot` holds (`None`: none).
-    fn held_len(&self, run: u32, slot: u32) -> Option<u32> {
+    /// Where `slot` is in `run`'s holder list.
+    fn holder_at(&self, run: u32, slot: u32) -> Option<usize> {
         self.runs[run as usize]
             .holders
             .iter()
-            .find(|h| h.0 == slot)
-            .map(|h| h.1)
+            .position(|h| h.0 == slot)
+    }
+
+    /// How many blocks of `run` from its start `slot` holds (`None`: none).
+    fn held_len(&self, run: u32, slot: u32) -> Option<u32> {
+        self.holder_at(run, slot)
+            .map(|i| self.runs[run as usize].holders[i].1)
     }
 
     /// Split `run` before offset `at` (0 < at < len): the tail becomes its only child.
@@ -132,8 +137,7 @@ impl RunTree {
                     h.1 = at;
                 }
             }
-            let held = r.held;
-            r.held = held.min(at);
+            r.held = r.held.min(at);
             (locals, exts, holders, std::mem::take(&mut r.kids))
         };
         for &k in &kids {
@@ -209,7 +213,8 @@ impl RunTree {
                         i += 1;
                         continue;
                     }
-                    self.hold(run, slot, pos);
+                    // The chain leaves the run here (the rank's length in it is raised
+                    // to `pos` below, at the end of what is now the run).
                     self.split(run, pos);
                 }
             }
@@ -280,23 +285,23 @@ impl RunTree {
                 self.rejected += 1;
                 continue;
             };
-            let Some(len) = self.held_len(run, slot).filter(|&len| len > off) else {
+            let Some(i) = self
+                .holder_at(run, slot)
+                .filter(|&i| self.runs[run as usize].holders[i].1 > off)
+            else {
                 self.rejected += 1;
                 continue;
             };
-            if len > off + 1 {
+            if self.runs[run as usize].holders[i].1 > off + 1 {
                 // A hole: the rank keeps deeper blocks of the run. The run splits after the
                 // block, so that the rank's blocks beyond it are a run of their own (which
                 // it holds without its parent's last block, and which a query therefore
                 // never reaches for it).
                 self.split(run, off + 1);
             }
+            // A split changes lengths in place, never the list's order: `i` still names
+            // the rank, whose length is now at most `off + 1`.
             let r = &mut self.runs[run as usize];
-            let i = r
-                .holders
-                .iter()
-                .position(|h| h.0 == slot)
-                .expect("holder found above");
             let len = r.holders[i].1;
             if off == 0 {
                 r.holders.swap_remove(i);
