@@ -375,6 +375,46 @@ async def test_cancelling_serve_endpoint_stops_only_that_endpoint() -> None:
         ]
 
 
+async def test_cancelling_serve_endpoint_at_once_still_stops_it() -> None:
+    # Cancelled right after its first step, the serving future may be aborted before
+    # tokio ever polled it; the endpoint must leave discovery all the same (CI once saw
+    # it stay). Repeated because the window is a race; each round fails for good (the
+    # instance stays forever) when the stop is lost.
+    async with local_runtime() as rt:
+        ns = unique_ns()
+        for i in range(20):
+            ep = rt.endpoint(f"{ns}.c{i}.generate")
+            client = await ep.client()
+            task = asyncio.ensure_future(ep.serve_endpoint(counting))
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.05)
+            await wait_until(lambda c=client: c.instance_ids() == [])
+
+
+async def test_a_serve_task_cancelled_before_it_starts_stops_the_endpoint() -> None:
+    # Serving starts when serve_endpoint() is called, as in the reference; a task
+    # cancelled before its first step never runs the coroutine, and a coroutine closed
+    # unstarted is the same case. Both must stop the endpoint, not leave it serving.
+    async with local_runtime() as rt:
+        ns = unique_ns()
+        a, b = rt.endpoint(f"{ns}.a.generate"), rt.endpoint(f"{ns}.b.generate")
+        ca, cb = await a.client(), await b.client()
+        coro_a = a.serve_endpoint(counting)
+        coro_b = b.serve_endpoint(counting)
+        await ca.wait_for_instances()
+        await cb.wait_for_instances()
+        task = asyncio.ensure_future(coro_a)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: ca.instance_ids() == [])
+        coro_b.close()
+        await wait_until(lambda: cb.instance_ids() == [])
+
+
 async def test_streams_ended_by_a_dead_handler_are_incomplete() -> None:
     # A sink dropped without a final frame (the pump could not run the handler to the
     # end) ends the stream with the typed StreamIncomplete; modelled here by a generator

@@ -38,7 +38,30 @@ def start_pump(loop, inbox, handler, pass_context):
     return loop.create_task(_pump(loop, inbox, handler, pass_context, accepts_sender(handler)))
 
 
-async def serve(serving, pump):
+class _StopIfDropped:
+    """Cancels the serving future when the coroutine holding it is dropped unfinished.
+
+    A task cancelled before its first step never runs its coroutine, so ``await serving``
+    below is never reached and cancelling it would not stop the endpoint; the coroutine's
+    frame (and this guard) is released instead, and the guard cancels ``serving`` then.
+    """
+
+    __slots__ = ("serving",)
+
+    def __init__(self, serving):
+        self.serving = serving
+
+    def __del__(self):
+        serving = self.serving
+        try:
+            if not serving.done():
+                # The last reference may go on another thread: cancel on the loop's own.
+                serving.get_loop().call_soon_threadsafe(serving.cancel)
+        except Exception:  # noqa: BLE001, S110 - the loop is closed: nothing serves any more
+            pass
+
+
+async def serve(serving, pump, _guard=None):
     """Await the Rust serving future, then the pump (which ends once serving stopped).
 
     Returning only after the pump has finished means no request-plane callback is pending

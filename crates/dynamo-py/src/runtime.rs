@@ -257,10 +257,14 @@ impl Endpoint {
                 result
             }
         });
+        // The guard is made here and moved into the future, not made inside it: an
+        // asyncio cancellation that aborts the future before tokio first polls it still
+        // drops the guard, so the endpoint always stops (CI once saw it keep serving).
+        let stop_on_cancel = stop.drop_guard();
         let serving = py_future(
             py,
             async move {
-                let _stop_on_cancel = stop.drop_guard();
+                let _stop_on_cancel = stop_on_cancel;
                 match task.await {
                     Ok(r) => r.map_err(runtime_error),
                     Err(e) => Err(PyRuntimeError::new_err(format!("serving task failed: {e}"))),
@@ -268,7 +272,8 @@ impl Endpoint {
             },
             true,
         )?;
-        b.call_method1("serve", (serving, pump))
+        let guard = b.call_method1("_StopIfDropped", (&serving,))?;
+        b.call_method1("serve", (serving, pump, guard))
     }
 }
 
