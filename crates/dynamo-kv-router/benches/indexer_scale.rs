@@ -10,5 +10,6 @@ mod harness;
 static ALLOC: harness::Counting = harness::Counting;
 
 fn main() {
-    harness::main_with(vec![harness::ours()]);
+    // The run tree runs only when named (`--cands runtree,ours`).
+    harness::main_with(vec![harness::ours(), harness::run_tree()]);
 }

@@ -156,6 +156,7 @@
 //! # Ok::<(), dynamo_kv_router::Error>(())
 //! ```
 
+mod runs;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -164,6 +165,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
+pub use runs::RunTree;
 pub use tree::{EventCounters, RadixTree};
 
 use crate::error::Result;

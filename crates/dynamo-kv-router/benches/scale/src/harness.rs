@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::hashing::{LocalBlockHash, compute_seq_hash_for_block};
-use dynamo_kv_router::indexer::{RadixTree, SharedRadixTree};
+use dynamo_kv_router::indexer::{RadixTree, RunTree, SharedRadixTree};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData,
@@ -158,6 +158,32 @@ pub(crate) fn ours() -> Candidate {
         name: "ours",
         single: || Box::new(Ours(RadixTree::default())),
         shared: Some(|| Arc::new(OursShared(SharedRadixTree::new(None)))),
+    }
+}
+
+struct OursRuns(RunTree);
+
+impl Index for OursRuns {
+    fn apply(&mut self, worker: u64, event: &KvCacheEvent) -> Duration {
+        let t = Instant::now();
+        let _ = black_box(self.0.apply_event(worker, event));
+        t.elapsed()
+    }
+    fn find(&self, query: &[LocalBlockHash]) -> (Duration, u32) {
+        let t = Instant::now();
+        let r = self.0.find_matches(query, false);
+        let e = t.elapsed();
+        (e, r.scores.iter().map(|&(_, s)| s).max().unwrap_or(0))
+    }
+}
+
+/// The library's run tree (`indexer::RunTree`), before it replaces [`ours`]; run only when
+/// named.
+pub(crate) fn run_tree() -> Candidate {
+    Candidate {
+        name: "runtree",
+        single: || Box::new(OursRuns(RunTree::default())),
+        shared: None,
     }
 }
 
@@ -906,8 +932,8 @@ pub(crate) fn main_with(cands: Vec<Candidate>) {
             }
             cands = named;
         }
-        // The spike's candidates (`runs.rs`) run only when named.
-        None => cands.retain(|c| !c.name.starts_with("runs")),
+        // The spike's candidates (`runs.rs`) and the run tree run only when named.
+        None => cands.retain(|c| !c.name.starts_with("run")),
     }
     let (trace, span) = match load_trace() {
         Ok(t) => t,

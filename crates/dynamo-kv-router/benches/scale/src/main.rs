@@ -14,6 +14,7 @@ fn main() {
     let mut cands = vec![harness::ours()];
     #[cfg(feature = "bench-reference")]
     cands.push(reference::reference());
+    cands.push(harness::run_tree());
     cands.push(runs::runs());
     cands.push(runs::runs_checked());
     harness::main_with(cands);

@@ -1,0 +1,187 @@
+//! Structural invariant checks of the run tree (used by the tests).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::{NIL, RunTree};
+
+impl RunTree {
+    /// Check every structural invariant (tests and debugging).
+    ///
+    /// # Panics
+    /// When an invariant is violated.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) {
+        let n = self.local.len();
+        assert_eq!(self.run_of.len(), n);
+        assert_eq!(self.key.len(), n);
+        // Free ranges: maximal, disjoint, not at the end, indexed both ways, ids unused.
+        let mut free = 0usize;
+        let mut last_end = None;
+        for (&s, &l) in &self.free_at {
+            assert!(l > 0);
+            assert!(
+                self.free_by_len.contains(&(l, s)),
+                "free range {s}+{l} by length"
+            );
+            assert!(((s + l) as usize) < n, "free range {s}+{l} reaches the end");
+            if let Some(e) = last_end {
+                assert!(s > e, "free ranges touch or overlap at {s}");
+            }
+            last_end = Some(s + l);
+            for b in s..s + l {
+                assert_eq!(self.run_of[b as usize], NIL, "free id {b} in a run");
+            }
+            free += l as usize;
+        }
+        assert_eq!(self.free_by_len.len(), self.free_at.len());
+        let slack: usize = self.runs.iter().map(|r| (r.cap - r.len) as usize).sum();
+        assert_eq!(
+            self.live_blocks + free + slack,
+            n,
+            "ids: live + free + reserved"
+        );
+        let free_runs: FxHashSet<u32> = self.free_runs.iter().copied().collect();
+        assert_eq!(free_runs.len(), self.free_runs.len());
+        let mut blocks = 0usize;
+        let mut residencies = 0usize;
+        let mut per_slot: FxHashMap<u32, usize> = FxHashMap::default();
+        for (id, r) in self.runs.iter().enumerate() {
+            let id = id as u32;
+            if r.len == 0 {
+                assert_eq!(r.cap, 0, "freed run {id} keeps ids");
+                assert!(free_runs.contains(&id), "run {id} empty but not free");
+                continue;
+            }
+            assert!(!free_runs.contains(&id), "run {id} live and free");
+            blocks += r.len as usize;
+            for b in r.start..r.start + r.len {
+                assert_eq!(self.run_of[b as usize], id, "block {b} of run {id}");
+            }
+            assert!(r.cap >= r.len, "run {id}: capacity below length");
+            for b in r.start + r.len..r.start + r.cap {
+                assert_eq!(
+                    self.run_of[b as usize], NIL,
+                    "reserved id {b} of run {id} in use"
+                );
+                assert!(
+                    !self.free_at.contains_key(&b),
+                    "reserved id {b} of run {id} free"
+                );
+            }
+            assert_eq!(
+                self.children.get(&(r.parent, self.local[r.start as usize])),
+                Some(&id),
+                "run {id} in the child map"
+            );
+            if r.parent != NIL {
+                let p = &self.runs[r.parent as usize];
+                assert!(p.len > 0, "run {id} under a freed run");
+                assert_eq!(
+                    p.kids.iter().filter(|&&k| k == id).count(),
+                    1,
+                    "run {id} listed once by its parent"
+                );
+            }
+            for &k in &r.kids {
+                assert_eq!(self.runs[k as usize].parent, id, "kid {k} of run {id}");
+            }
+            let slots: FxHashSet<u32> = r.holders.iter().map(|h| h.0).collect();
+            assert_eq!(slots.len(), r.holders.len(), "run {id} lists a rank twice");
+            for &(s, len) in &r.holders {
+                assert!(
+                    len >= 1 && len <= r.len,
+                    "run {id}: length {len} of slot {s}"
+                );
+                assert!(self.slots[s as usize].is_some(), "run {id}: free slot {s}");
+            }
+            assert_eq!(
+                r.held,
+                r.holders.iter().map(|h| h.1).max().unwrap_or(0),
+                "run {id}: longest holder"
+            );
+            // A childless run is trimmed to what its ranks hold; a run without holders has
+            // children.
+            if r.kids.is_empty() {
+                assert_eq!(r.held, r.len, "run {id} has an unheld tail");
+            }
+            for b in r.start..r.start + r.len {
+                let o = b - r.start;
+                let canonical: Vec<u32> = r
+                    .holders
+                    .iter()
+                    .filter(|&&(s, len)| len > o && !self.no_canon.contains(&(s, b)))
+                    .map(|h| h.0)
+                    .collect();
+                match self.key[b as usize] {
+                    Some(k) => {
+                        assert!(!canonical.is_empty(), "block {b} keyed without holders");
+                        assert_eq!(self.hashes.get(&k), Some(&b), "block {b} key in hashes");
+                    }
+                    None => assert!(canonical.is_empty(), "block {b} held without a key"),
+                }
+                residencies += canonical.len();
+                for s in canonical {
+                    *per_slot.entry(s).or_default() += 1;
+                }
+            }
+        }
+        assert_eq!(blocks, self.live_blocks, "live blocks");
+        for (&k, &b) in &self.hashes {
+            assert_eq!(self.key[b as usize], Some(k), "hashes entry {k}");
+        }
+        // The children map names live runs only.
+        for (&(p, local), &c) in &self.children {
+            let r = &self.runs[c as usize];
+            assert!(r.len > 0, "child map names freed run {c}");
+            assert_eq!((r.parent, self.local[r.start as usize]), (p, local));
+        }
+        // Own residencies: their rank holds the block; counted per (slot, block).
+        let mut counted: FxHashMap<(u32, u32), u32> = FxHashMap::default();
+        for (&(s, h), &b) in &self.own {
+            assert!(
+                self.covers(s, b),
+                "own residency ({s}, {h}) at unheld block {b}"
+            );
+            // (An own hash may since have become the block's key, when the block lost its
+            // key and another rank brought that hash: the rank still holds it as its own.)
+            *counted.entry((s, b)).or_default() += 1;
+            *per_slot.entry(s).or_default() += 1;
+        }
+        residencies += self.own.len();
+        assert_eq!(counted, self.own_count, "own counts");
+        for &(s, b) in &self.no_canon {
+            assert!(
+                counted.contains_key(&(s, b)),
+                "no_canon ({s}, {b}) without own hashes"
+            );
+        }
+        // Every block a rank holds is held under some hash.
+        for r in self.runs.iter().filter(|r| r.len > 0) {
+            for &(s, len) in &r.holders {
+                for b in r.start..r.start + len {
+                    let canonical = !self.no_canon.contains(&(s, b));
+                    assert!(
+                        canonical || counted.contains_key(&(s, b)),
+                        "slot {s} holds block {b} under no hash"
+                    );
+                }
+            }
+        }
+        assert_eq!(residencies, self.residencies, "residency count");
+        for (slot, s) in self.slots.iter().enumerate() {
+            let want = per_slot.get(&(slot as u32)).copied().unwrap_or(0);
+            match s {
+                Some(s) => {
+                    assert_eq!(s.count, want, "slot {slot} count");
+                    assert!(s.count > 0, "slot {slot} kept without residencies");
+                }
+                None => assert_eq!(want, 0, "free slot {slot} holds blocks"),
+            }
+        }
+        assert_eq!(
+            self.slot_of.len(),
+            self.slots.iter().filter(|s| s.is_some()).count()
+        );
+        assert!(self.pending.is_empty(), "trims left pending");
+    }
+}

@@ -1,0 +1,1268 @@
+//! The run tree: the indexer's tree with **one node per unshared run** of blocks, the
+//! layout issue 19 item 1 needs (`docs/benchmarks/kv_indexer.md`, rounds 17-19).
+//!
+//! Same semantics as [`super::RadixTree`] (see the module docs of [`crate::indexer`]), and
+//! checked against the same naive model by the same property tests; what differs is the
+//! unit of the tree's bookkeeping:
+//!
+//! * **Runs.** A run is a chain of blocks with no branch inside it: its blocks are
+//!   consecutive ids `start..start + len` of the block arrays (`local`, `run_of`, `key`),
+//!   children hang off its *last* block, and a store that diverges inside a run splits it
+//!   there (the tail keeps its ids and becomes the head's only child). Children are found
+//!   in one map keyed by `(parent run, first tokens_hash)`; the root's children are keyed
+//!   by `(NIL, tokens_hash)`. A store that walks blocks already in the tree compares their
+//!   `tokens_hash` in the run's slice and touches no table for them.
+//! * **Holders as prefix lengths.** A rank holds a *prefix* of each run it holds: the run
+//!   keeps `(slot, length)` per holding rank, so the common store (a rank adding the
+//!   blocks after the ones it holds) and the common eviction (a rank dropping its deepest
+//!   block) each change one length. A removal that leaves a hole (the rank keeps deeper
+//!   blocks of the run) splits the run after the removed block, so that what the rank keeps
+//!   below it is a run of its own, which no query reaches for that rank; holding a block
+//!   without its predecessor in the run splits the run before the block.
+//! * **External hashes.** As in the radix tree, one table (`hashes`) serves all ranks: a
+//!   block's *canonical key* is the first external hash a residency brings to it while it
+//!   has none (and no other block has that key), and every rank holding the block under
+//!   that hash is found through it. A residency under another hash is its rank's own
+//!   (`own`, empty in the common case); `no_canon` lists the `(slot, block)` pairs whose
+//!   rank holds the block only under hashes of its own. Block ids never change while the
+//!   block lives (a split moves no block), so these tables name blocks, not runs.
+//! * **Freeing.** A childless run is cut back to its longest holder's prefix at the end of
+//!   every event that may have shortened it, and freed (with its empty ancestors) once no
+//!   rank holds any of it; freed ids return to a free list of id ranges, and a store
+//!   appends to a childless run in place when the ids after it are free. Once the last
+//!   block is gone every table returns to its empty size.
+//!
+//! This first version keeps std containers throughout, to settle the semantics; the
+//! compact layout (chunked arenas, the tag table without rehash under the lock, holder
+//! pools) follows before it replaces [`super::RadixTree`].
+
+mod dump;
+mod invariants;
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::{EventCounters, IndexSlots, OverlapScores};
+use crate::error::{Error, Result};
+use crate::hashing::LocalBlockHash;
+use crate::protocols::{
+    ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
+    KvCacheStoredBlockData, WorkerWithDpRank,
+};
+
+/// "No run / no block / the root".
+const NIL: u32 = u32::MAX;
+
+/// Queries whose first run has fewer holders list no index slots (as in the radix tree;
+/// tests list them always, so the model checks see them).
+const INDEX_SLOTS_MIN: usize = if cfg!(test) { 1 } else { 32 };
+
+/// A chain of blocks without a branch inside it (see the module docs).
+#[derive(Clone, Debug, Default)]
+struct Run {
+    /// First block id; the run's blocks are `start..start + len`.
+    start: u32,
+    /// Number of blocks; 0 for a freed run.
+    len: u32,
+    /// Ids reserved for the run: `start..start + cap` (`cap >= len`). A run cut back
+    /// keeps its ids (free again in the block arrays, but not in the free ranges) until
+    /// it is less than half full, so that evicting a run's blocks one at a time and
+    /// storing them again costs no free-range work.
+    cap: u32,
+    /// The run whose last block this one follows (`NIL`: the root).
+    parent: u32,
+    /// The longest holder's length (0: no rank holds any block of the run).
+    held: u32,
+    /// `(worker slot, blocks held from the run's start)`, each length `1..=len`.
+    holders: Vec<(u32, u32)>,
+    /// Child runs.
+    kids: Vec<u32>,
+}
+
+impl Run {
+    fn holder(&self, slot: u32) -> Option<usize> {
+        self.holders.iter().position(|h| h.0 == slot)
+    }
+
+    fn length_of(&self, slot: u32) -> u32 {
+        self.holder(slot).map_or(0, |i| self.holders[i].1)
+    }
+
+    fn recount(&mut self) {
+        self.held = self.holders.iter().map(|h| h.1).max().unwrap_or(0);
+    }
+}
+
+/// How a rank holds a block (see [`RunTree::find_residency`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    /// Under the block's canonical key.
+    Canonical(u32),
+    /// Under a hash of its own (listed in `own`).
+    Own(u32),
+}
+
+impl Held {
+    const fn block(self) -> u32 {
+        match self {
+            Self::Canonical(b) | Self::Own(b) => b,
+        }
+    }
+}
+
+/// Per-worker-rank bookkeeping.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    /// Its residencies.
+    count: usize,
+}
+
+/// Per-block access timestamps for `OverlapScores::frequencies`.
+#[derive(Debug)]
+struct RecentUses {
+    window: Duration,
+    uses: Mutex<FxHashMap<u32, VecDeque<Instant>>>,
+}
+
+/// Per-thread query scratch: the score per worker slot while a result is assembled (all
+/// zero between queries), and the first run's holders.
+#[derive(Default)]
+struct Scratch {
+    score: Vec<u32>,
+    first: Vec<u32>,
+    path: Vec<(u32, u32)>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// The run tree (not synchronized). See the module docs.
+#[derive(Debug)]
+pub struct RunTree {
+    /// `tokens_hash` of each block id.
+    local: Vec<u64>,
+    /// The run of each block id (`NIL`: the id is free).
+    run_of: Vec<u32>,
+    /// The canonical key of each block, while some rank holds it under that key.
+    key: Vec<Option<u64>>,
+    /// Free block ids as maximal ranges `start -> len` (none reaches the arrays' end: a
+    /// range freed there shortens the arrays), and the same ranges by `(len, start)`.
+    free_at: BTreeMap<u32, u32>,
+    free_by_len: BTreeSet<(u32, u32)>,
+    live_blocks: usize,
+    runs: Vec<Run>,
+    free_runs: Vec<u32>,
+    /// `(parent run or NIL, first tokens_hash)` -> run.
+    children: FxHashMap<(u32, u64), u32>,
+    /// Canonical key -> block.
+    hashes: FxHashMap<u64, u32>,
+    /// `(slot, hash)` -> block, for residencies under another hash than the block's
+    /// canonical key.
+    own: FxHashMap<(u32, u64), u32>,
+    /// `(slot, block)` -> how many of the slot's residencies at the block are in `own`.
+    own_count: FxHashMap<(u32, u32), u32>,
+    /// `(slot, block)` pairs held only under hashes of the slot's own.
+    no_canon: FxHashSet<(u32, u32)>,
+    slots: Vec<Option<Slot>>,
+    slot_worker: Vec<WorkerWithDpRank>,
+    free_slots: Vec<u32>,
+    slot_of: FxHashMap<WorkerWithDpRank, u32>,
+    /// Names the current assignment of slots to ranks (see [`IndexSlots::epoch`]).
+    slot_epoch: u64,
+    /// Live residencies (`(worker rank, external hash)` pairs).
+    residencies: usize,
+    /// Runs an event may have left with an unheld tail, trimmed at its end.
+    pending: Vec<u32>,
+    /// Where the last holder looked up was in its run's list: an event's blocks are one
+    /// rank's, mostly in the same few runs, so this saves most scans of wide lists.
+    hint: AtomicU32,
+    recent: Option<RecentUses>,
+    counters: EventCounters,
+}
+
+impl Default for RunTree {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl RunTree {
+    /// An empty tree. With `expiration`, `find_matches` also reports how often each matched
+    /// block was looked up within that window (`OverlapScores::frequencies`).
+    pub fn new(expiration: Option<Duration>) -> Self {
+        Self {
+            local: Vec::new(),
+            run_of: Vec::new(),
+            key: Vec::new(),
+            free_at: BTreeMap::new(),
+            free_by_len: BTreeSet::new(),
+            live_blocks: 0,
+            runs: Vec::new(),
+            free_runs: Vec::new(),
+            children: FxHashMap::default(),
+            hashes: FxHashMap::default(),
+            own: FxHashMap::default(),
+            own_count: FxHashMap::default(),
+            no_canon: FxHashSet::default(),
+            slots: Vec::new(),
+            slot_worker: Vec::new(),
+            free_slots: Vec::new(),
+            slot_of: FxHashMap::default(),
+            slot_epoch: IndexSlots::next_epoch(),
+            residencies: 0,
+            pending: Vec::new(),
+            hint: AtomicU32::new(0),
+            recent: expiration.map(|window| RecentUses {
+                window,
+                uses: Mutex::new(FxHashMap::default()),
+            }),
+            counters: EventCounters::default(),
+        }
+    }
+
+    /// Number of blocks (distinct cached prefixes).
+    pub const fn node_count(&self) -> usize {
+        self.live_blocks
+    }
+
+    /// Number of live runs.
+    pub fn run_count(&self) -> usize {
+        self.runs.len() - self.free_runs.len()
+    }
+
+    /// Number of stored `(worker rank, external hash)` pairs.
+    pub const fn len(&self) -> usize {
+        self.residencies
+    }
+
+    /// Whether no worker rank holds any block.
+    pub const fn is_empty(&self) -> bool {
+        self.residencies == 0
+    }
+
+    /// Number of worker ranks that hold at least one block.
+    pub fn worker_count(&self) -> usize {
+        self.slot_of.len()
+    }
+
+    /// Event outcome counters since creation.
+    pub const fn counters(&self) -> EventCounters {
+        self.counters
+    }
+
+    /// Heap bytes reserved by the tree's own structures. Returns to the empty tree's value
+    /// once every block is removed.
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        // A hashbrown table: a control byte per bucket besides the entry.
+        fn map<K, V>(capacity: usize) -> usize {
+            capacity * (size_of::<(K, V)>() + 1)
+        }
+        // A B-tree: about the entries, plus node overhead that depends on the fill.
+        fn btree<T>(len: usize) -> usize {
+            len * size_of::<T>() * 3 / 2
+        }
+        self.local.capacity() * 8
+            + self.run_of.capacity() * 4
+            + self.key.capacity() * size_of::<Option<u64>>()
+            + btree::<(u32, u32)>(self.free_at.len())
+            + btree::<(u32, u32)>(self.free_by_len.len())
+            + self.runs.capacity() * size_of::<Run>()
+            + self
+                .runs
+                .iter()
+                .map(|r| r.holders.capacity() * 8 + r.kids.capacity() * 4)
+                .sum::<usize>()
+            + self.free_runs.capacity() * 4
+            + map::<(u32, u64), u32>(self.children.capacity())
+            + map::<u64, u32>(self.hashes.capacity())
+            + map::<(u32, u64), u32>(self.own.capacity())
+            + map::<(u32, u32), u32>(self.own_count.capacity())
+            + map::<(u32, u32), ()>(self.no_canon.capacity())
+            + self.slots.capacity() * size_of::<Option<Slot>>()
+            + self.slot_worker.capacity() * size_of::<WorkerWithDpRank>()
+            + self.free_slots.capacity() * 4
+            + map::<WorkerWithDpRank, u32>(self.slot_of.capacity())
+            + self.pending.capacity() * 4
+    }
+
+    /// Apply one event of `worker_id` (the rank is the event's `dp_rank`).
+    ///
+    /// # Errors
+    /// * [`Error::ParentBlockNotFound`] / [`Error::InvalidBlockSequence`]: a rejected store;
+    ///   the tree is unchanged.
+    /// * [`Error::BlockNotFound`]: a remove named unknown hashes; they were skipped and the
+    ///   known ones removed.
+    pub fn apply_event(&mut self, worker_id: u64, event: &KvCacheEvent) -> Result<()> {
+        let worker = WorkerWithDpRank::new(worker_id, event.dp_rank);
+        let result = match &event.data {
+            KvCacheEventData::Stored(data) => self.store(worker, data),
+            KvCacheEventData::Removed(data) => self.remove(
+                worker,
+                data.block_hashes
+                    .iter()
+                    .map(|h| h.0)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+            ),
+            KvCacheEventData::Cleared => {
+                self.clear_rank(worker);
+                Ok(())
+            }
+        };
+        match &result {
+            Ok(()) => self.counters.applied += 1,
+            Err(Error::ParentBlockNotFound { .. }) => self.counters.parent_not_found += 1,
+            Err(Error::InvalidBlockSequence) => self.counters.invalid_sequence += 1,
+            Err(Error::BlockNotFound { missing }) => {
+                self.counters.block_not_found += missing.len() as u64;
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Store a chain of blocks for `worker` under `data.parent_hash`.
+    ///
+    /// # Errors
+    /// [`Error::ParentBlockNotFound`], [`Error::InvalidBlockSequence`]; the tree is unchanged.
+    pub fn store(&mut self, worker: WorkerWithDpRank, data: &KvCacheStoreData) -> Result<()> {
+        self.store_blocks(worker, data.parent_hash, &data.blocks)
+    }
+
+    /// [`Self::store`] with the parts of the event passed separately.
+    ///
+    /// # Errors
+    /// See [`Self::store`].
+    pub fn store_blocks(
+        &mut self,
+        worker: WorkerWithDpRank,
+        parent_hash: Option<ExternalSequenceBlockHash>,
+        blocks: &[KvCacheStoredBlockData],
+    ) -> Result<()> {
+        if let Some(p) = parent_hash
+            && blocks.iter().any(|b| b.block_hash == p)
+        {
+            return Err(Error::InvalidBlockSequence);
+        }
+        let slot = self.slot_of.get(&worker).copied();
+        // The block the next one hangs under (`NIL`: the root).
+        let mut cursor = match parent_hash {
+            None => NIL,
+            Some(p) => match slot.and_then(|s| self.find_residency(s, p.0)) {
+                Some(held) => held.block(),
+                None => {
+                    return Err(Error::ParentBlockNotFound { parent_hash: p.0 });
+                }
+            },
+        };
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let slot = slot.unwrap_or_else(|| self.slot_for(worker));
+        let mut i = 0;
+        while i < blocks.len() {
+            let b = self.descend(cursor, &blocks[i..]);
+            match self.store_along(slot, b, &blocks[i..]) {
+                0 => {
+                    self.add_residency(slot, blocks[i].block_hash.0, b);
+                    cursor = b;
+                    i += 1;
+                }
+                k => {
+                    cursor = b + k as u32 - 1;
+                    i += k;
+                }
+            }
+        }
+        self.trim_pending();
+        Ok(())
+    }
+
+    /// Remove `hashes` from `worker`'s blocks (a `removed` event).
+    ///
+    /// # Errors
+    /// [`Error::BlockNotFound`] naming the hashes the rank did not hold (skipped; the rest
+    /// are removed).
+    pub fn remove(&mut self, worker: WorkerWithDpRank, hashes: &[u64]) -> Result<()> {
+        let Some(&slot) = self.slot_of.get(&worker) else {
+            return if hashes.is_empty() {
+                Ok(())
+            } else {
+                Err(Error::BlockNotFound {
+                    missing: hashes.to_vec(),
+                })
+            };
+        };
+        let mut missing = Vec::new();
+        for &h in hashes {
+            if self.own.is_empty() && self.no_canon.is_empty() {
+                if !self.remove_canonical(slot, h) {
+                    missing.push(h);
+                }
+                continue;
+            }
+            match self.find_residency(slot, h) {
+                Some(held) => self.release(slot, h, held),
+                None => missing.push(h),
+            }
+        }
+        self.trim_pending();
+        self.free_slot_if_empty(slot);
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::BlockNotFound { missing })
+        }
+    }
+
+    /// Drop every block of one worker rank (a `cleared` event): a pass over the runs.
+    pub fn clear_rank(&mut self, worker: WorkerWithDpRank) {
+        if let Some(&slot) = self.slot_of.get(&worker) {
+            self.clear_slots(&[slot]);
+        }
+    }
+
+    /// Drop every block of every dp rank of `worker_id`, all ranks in one pass.
+    pub fn remove_worker(&mut self, worker_id: u64) {
+        let slots: Vec<u32> = self
+            .slot_of
+            .iter()
+            .filter(|(w, _)| w.worker_id == worker_id)
+            .map(|(_, &slot)| slot)
+            .collect();
+        self.clear_slots(&slots);
+    }
+
+    /// Drop everything.
+    pub fn clear(&mut self) {
+        let recent = self.recent.take();
+        let counters = self.counters;
+        *self = Self::new(recent.map(|r| r.window));
+        self.counters = counters;
+    }
+
+    /// Per-worker-rank length of the longest prefix of `query` it holds; with
+    /// `early_exit`, the walk stops after the first depth at which exactly one rank is still
+    /// matching (that rank then scores the depth reached). See
+    /// [`super::RadixTree::find_matches`].
+    pub fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
+        let now = self.recent.as_ref().map(|_| Instant::now());
+        self.walk(query, early_exit, now)
+    }
+
+    /// [`Self::find_matches`] with an explicit clock (for frequencies).
+    pub fn find_matches_at(
+        &self,
+        query: &[LocalBlockHash],
+        early_exit: bool,
+        now: Instant,
+    ) -> OverlapScores {
+        self.walk(query, early_exit, Some(now))
+    }
+
+    // ----- the query walk ----------------------------------------------------------------
+
+    fn walk(
+        &self,
+        query: &[LocalBlockHash],
+        early_exit: bool,
+        now: Option<Instant>,
+    ) -> OverlapScores {
+        let mut out = OverlapScores::default();
+        let Some(&run0) = query.first().and_then(|q| self.children.get(&(NIL, q.0))) else {
+            return out;
+        };
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let Scratch { score, first, path } = &mut *scratch;
+            if score.len() < self.slots.len() {
+                score.resize(self.slots.len(), 0);
+            }
+            first.clear();
+            path.clear();
+            // Ranks with `score == depth` hold every block so far (a rank that left scored
+            // less: it stopped inside a run it did not hold whole).
+            let mut depth = 0u32;
+            let mut run = run0;
+            let mut i = 0usize;
+            loop {
+                let r = &self.runs[run as usize];
+                let blocks = &self.local[r.start as usize..(r.start + r.len) as usize];
+                let m = blocks
+                    .iter()
+                    .zip(&query[i..])
+                    .take_while(|(b, q)| **b == q.0)
+                    .count() as u32;
+                let mut going_on = 0usize;
+                if depth == 0 {
+                    for &(slot, len) in &r.holders {
+                        first.push(slot);
+                        score[slot as usize] = len.min(m);
+                        going_on += usize::from(len == r.len);
+                    }
+                } else {
+                    for &(slot, len) in &r.holders {
+                        let s = &mut score[slot as usize];
+                        if *s == depth {
+                            *s = depth + len.min(m);
+                            going_on += usize::from(len == r.len);
+                        }
+                    }
+                }
+                path.push((r.start, m));
+                depth += m;
+                i += m as usize;
+                if m < r.len || going_on == 0 || (early_exit && going_on == 1) {
+                    break;
+                }
+                let Some(&next) = query.get(i).and_then(|q| self.children.get(&(run, q.0))) else {
+                    break;
+                };
+                run = next;
+            }
+            if early_exit {
+                // The first depth at which one rank alone still matches ends the walk: the
+                // best rank scores one more than the second best, when it leads alone.
+                let (mut top, mut second) = (0u32, 0u32);
+                for &slot in first.iter() {
+                    let s = score[slot as usize];
+                    if s > top {
+                        second = top;
+                        top = s;
+                    } else if s > second {
+                        second = s;
+                    }
+                }
+                if top > second {
+                    for &slot in first.iter() {
+                        let s = &mut score[slot as usize];
+                        *s = (*s).min(second + 1);
+                    }
+                }
+            }
+            let reached = first
+                .iter()
+                .map(|&slot| score[slot as usize])
+                .max()
+                .unwrap_or(0);
+            if let (Some(recent), Some(now)) = (self.recent.as_ref(), now) {
+                let mut uses = recent.uses.lock();
+                let mut left = reached;
+                for &(start, m) in path.iter() {
+                    for b in start..start + m.min(left) {
+                        let q = uses.entry(b).or_default();
+                        while q
+                            .front()
+                            .is_some_and(|&t| now.duration_since(t) > recent.window)
+                        {
+                            q.pop_front();
+                        }
+                        if !q.is_empty() {
+                            out.frequencies.push(q.len());
+                        }
+                        q.push_back(now);
+                    }
+                    left = left.saturating_sub(m);
+                }
+            }
+            let list_slots = first.len() >= INDEX_SLOTS_MIN;
+            out.scores.reserve(first.len());
+            if list_slots {
+                out.index_slots.slots.reserve(first.len());
+                out.index_slots.epoch = self.slot_epoch;
+            }
+            for &slot in first.iter() {
+                let d = std::mem::take(&mut score[slot as usize]);
+                out.scores.push((self.slot_worker[slot as usize], d));
+                if list_slots {
+                    out.index_slots.slots.push(slot);
+                }
+            }
+        });
+        out
+    }
+
+    // ----- residencies -------------------------------------------------------------------
+
+    /// The common case of a store, a run at a time: the blocks of `rest` from block `b` on
+    /// along `b`'s run, for as long as each is the next block of the chain and already
+    /// keyed by its hash (the rank then holds it under that hash or not at all) or unkeyed
+    /// with its hash free (the rank holds that hash nowhere, and it becomes the block's
+    /// key). The rank's length in the run is raised once. Returns how many blocks it
+    /// stored; 0 leaves `rest[0]` to [`Self::add_residency`] (own hashes exist, or the
+    /// rank would hold `b` without the block before it).
+    fn store_along(&mut self, slot: u32, b: u32, rest: &[KvCacheStoredBlockData]) -> usize {
+        if !self.own.is_empty() || !self.no_canon.is_empty() {
+            return 0;
+        }
+        let run = self.run_of[b as usize];
+        let r = &self.runs[run as usize];
+        let (start, end) = (r.start, r.start + r.len);
+        let o = b - start;
+        let at = self.holder_index(r, slot);
+        let have = at.map_or(0, |i| r.holders[i].1);
+        if have < o {
+            return 0;
+        }
+        let mut k = 0usize;
+        for (id, blk) in (b..end).zip(rest) {
+            if self.local[id as usize] != blk.tokens_hash.0 {
+                break;
+            }
+            let h = blk.block_hash.0;
+            match self.key[id as usize] {
+                Some(key) if key == h => {}
+                Some(_) => break,
+                None => {
+                    // Unkeyed: no rank holds it (with no own hashes, every holder is
+                    // canonical).
+                    match self.hashes.entry(h) {
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(id);
+                            self.key[id as usize] = Some(h);
+                        }
+                        std::collections::hash_map::Entry::Occupied(_) => break,
+                    }
+                }
+            }
+            k += 1;
+        }
+        if k == 0 {
+            return 0;
+        }
+        let reach = o + k as u32;
+        if reach > have {
+            let r = &mut self.runs[run as usize];
+            match at {
+                Some(i) => r.holders[i].1 = reach,
+                None => r.holders.push((slot, reach)),
+            }
+            r.held = r.held.max(reach);
+            let added = (reach - have) as usize;
+            self.residencies += added;
+            if let Some(s) = self.slots[slot as usize].as_mut() {
+                s.count += added;
+            }
+        }
+        k
+    }
+
+    /// Where `slot` is in `run`'s holder list (the hint first).
+    #[inline]
+    fn holder_index(&self, run: &Run, slot: u32) -> Option<usize> {
+        let hint = self.hint.load(Ordering::Relaxed) as usize;
+        if run.holders.get(hint).is_some_and(|h| h.0 == slot) {
+            return Some(hint);
+        }
+        let i = run.holder(slot)?;
+        self.hint.store(i as u32, Ordering::Relaxed);
+        Some(i)
+    }
+
+    /// Whether `slot` holds block `b` (under any hash).
+    fn covers(&self, slot: u32, b: u32) -> bool {
+        let r = &self.runs[self.run_of[b as usize] as usize];
+        self.holder_index(r, slot)
+            .is_some_and(|i| r.holders[i].1 > b - r.start)
+    }
+
+    /// The residency of `slot` under external hash `h`.
+    fn find_residency(&self, slot: u32, h: u64) -> Option<Held> {
+        if let Some(&b) = self.hashes.get(&h)
+            && self.covers(slot, b)
+            && (self.no_canon.is_empty() || !self.no_canon.contains(&(slot, b)))
+        {
+            return Some(Held::Canonical(b));
+        }
+        if self.own.is_empty() {
+            return None;
+        }
+        self.own.get(&(slot, h)).map(|&b| Held::Own(b))
+    }
+
+    /// Whether a rank other than `except` holds block `b` under its canonical key.
+    /// (Called where `except` no longer holds `b` canonically: without `no_canon` entries
+    /// that is whether the run's longest holder reaches `b`.)
+    fn other_canonical(&self, b: u32, except: u32) -> bool {
+        let r = &self.runs[self.run_of[b as usize] as usize];
+        let o = b - r.start;
+        if self.no_canon.is_empty() {
+            debug_assert!(except == NIL || r.length_of(except) <= o);
+            return r.held > o;
+        }
+        r.holders.iter().any(|&(s, len)| {
+            s != except && len > o && (self.no_canon.is_empty() || !self.no_canon.contains(&(s, b)))
+        })
+    }
+
+    /// Give `slot` a residency under `h` at block `b` (the newest store of a hash wins:
+    /// the rank's residency under `h` elsewhere goes first).
+    fn add_residency(&mut self, slot: u32, h: u64, b: u32) {
+        if self.key[b as usize] == Some(h) {
+            // The common case of a block already in the tree: `hashes` maps `h` here, so
+            // the rank's residency under `h` is here or in `own`, known without a probe.
+            let covered = self.covers(slot, b);
+            if covered && (self.no_canon.is_empty() || !self.no_canon.contains(&(slot, b))) {
+                return;
+            }
+            if !self.own.is_empty()
+                && let Some(&elsewhere) = self.own.get(&(slot, h))
+            {
+                if elsewhere == b {
+                    return;
+                }
+                self.release(slot, h, Held::Own(elsewhere));
+            }
+            if self.key[b as usize] == Some(h) {
+                if self.covers(slot, b) {
+                    self.no_canon.remove(&(slot, b));
+                } else {
+                    self.cover(slot, b);
+                }
+                self.count_residency(slot);
+                return;
+            }
+            // (The release took the block's key: on as for any other block.)
+        }
+        match self.find_residency(slot, h) {
+            Some(held) if held.block() == b => return,
+            Some(held) => self.release(slot, h, held),
+            None => {}
+        }
+        let covered = self.covers(slot, b);
+        let canonical = match self.key[b as usize] {
+            Some(k) => k == h,
+            None => match self.hashes.entry(h) {
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(b);
+                    self.key[b as usize] = Some(h);
+                    true
+                }
+                std::collections::hash_map::Entry::Occupied(_) => false,
+            },
+        };
+        if canonical {
+            if covered {
+                // It held the block under hashes of its own only.
+                self.no_canon.remove(&(slot, b));
+            } else {
+                self.cover(slot, b);
+            }
+        } else {
+            self.own.insert((slot, h), b);
+            *self.own_count.entry((slot, b)).or_default() += 1;
+            if !covered {
+                self.cover(slot, b);
+                self.no_canon.insert((slot, b));
+            }
+        }
+        self.count_residency(slot);
+    }
+
+    fn count_residency(&mut self, slot: u32) {
+        self.residencies += 1;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.count += 1;
+        }
+    }
+
+    /// [`Self::remove`]'s common case, without own hashes: `slot`'s residency under `h`
+    /// is the canonical one of `h`'s block or none. Returns whether it had one.
+    fn remove_canonical(&mut self, slot: u32, h: u64) -> bool {
+        let Some(&b) = self.hashes.get(&h) else {
+            return false;
+        };
+        let run = self.run_of[b as usize];
+        let r = &self.runs[run as usize];
+        let o = b - r.start;
+        let Some(i) = self.holder_index(r, slot).filter(|&i| r.holders[i].1 > o) else {
+            return false;
+        };
+        if r.holders[i].1 > o + 1 {
+            // A hole: the rank keeps deeper blocks of the run (see `uncover`).
+            self.split(run, o + 1);
+        }
+        let r = &mut self.runs[run as usize];
+        if o == 0 {
+            r.holders.swap_remove(i);
+        } else {
+            r.holders[i].1 = o;
+        }
+        if r.held == o + 1 {
+            r.recount();
+        }
+        // Every holder is canonical: the block keeps its key while one reaches it.
+        if r.held <= o {
+            self.hashes.remove(&h);
+            self.key[b as usize] = None;
+        }
+        if self.pending.last() != Some(&run) {
+            self.pending.push(run);
+        }
+        self.residencies -= 1;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.count -= 1;
+        }
+        true
+    }
+
+    /// Drop `slot`'s residency `held` under `h`.
+    fn release(&mut self, slot: u32, h: u64, held: Held) {
+        match held {
+            Held::Canonical(b) => {
+                if self.own_count.contains_key(&(slot, b)) {
+                    self.no_canon.insert((slot, b));
+                } else {
+                    self.uncover(slot, b);
+                }
+                if !self.other_canonical(b, slot) {
+                    self.hashes.remove(&h);
+                    self.key[b as usize] = None;
+                }
+            }
+            Held::Own(b) => {
+                self.own.remove(&(slot, h));
+                let n = self
+                    .own_count
+                    .get_mut(&(slot, b))
+                    .expect("own residency counted");
+                *n -= 1;
+                if *n == 0 {
+                    self.own_count.remove(&(slot, b));
+                    if self.no_canon.remove(&(slot, b)) {
+                        self.uncover(slot, b);
+                    }
+                }
+            }
+        }
+        self.residencies -= 1;
+        if let Some(s) = self.slots[slot as usize].as_mut() {
+            s.count -= 1;
+        }
+    }
+
+    /// Make `slot` hold block `b`, which it does not, while holding its predecessor.
+    fn cover(&mut self, slot: u32, b: u32) {
+        let mut run = self.run_of[b as usize];
+        let r = &self.runs[run as usize];
+        let o = b - r.start;
+        let have = self.holder_index(r, slot).map_or(0, |i| r.holders[i].1);
+        debug_assert!(have <= o);
+        if have < o {
+            // A hole before `b` (the rank let go of an earlier block of the run): `b`
+            // starts a run of its own.
+            run = self.split(run, o);
+        }
+        let i = self.holder_index(&self.runs[run as usize], slot);
+        let r = &mut self.runs[run as usize];
+        let o = b - r.start;
+        match i {
+            Some(i) => r.holders[i].1 = o + 1,
+            None => r.holders.push((slot, o + 1)),
+        }
+        r.held = r.held.max(o + 1);
+    }
+
+    /// Make `slot` stop holding block `b`.
+    fn uncover(&mut self, slot: u32, b: u32) {
+        let run = self.run_of[b as usize];
+        let r = &self.runs[run as usize];
+        let o = b - r.start;
+        let i = self
+            .holder_index(r, slot)
+            .expect("the rank holds the block");
+        if r.holders[i].1 > o + 1 {
+            // The rank keeps deeper blocks of the run: they become a run of their own (a
+            // split changes lengths in place, never the list's order: `i` stays).
+            self.split(run, o + 1);
+        }
+        let r = &mut self.runs[run as usize];
+        if o == 0 {
+            r.holders.swap_remove(i);
+        } else {
+            r.holders[i].1 = o;
+        }
+        if r.held == o + 1 {
+            r.recount();
+        }
+        if self.pending.last() != Some(&run) {
+            self.pending.push(run);
+        }
+    }
+
+    // ----- structure ---------------------------------------------------------------------
+
+    /// The block for the first of `rest` under block `cursor` (`NIL`: the root), made if
+    /// missing (with the rest of the chain after it, consecutive ids where possible).
+    fn descend(&mut self, cursor: u32, rest: &[KvCacheStoredBlockData]) -> u32 {
+        let local = rest[0].tokens_hash.0;
+        if cursor == NIL {
+            if let Some(&c) = self.children.get(&(NIL, local)) {
+                return self.runs[c as usize].start;
+            }
+            return self.new_run(NIL, rest);
+        }
+        let run = self.run_of[cursor as usize];
+        let r = &self.runs[run as usize];
+        let end = r.start + r.len;
+        if cursor + 1 < end {
+            if self.local[cursor as usize + 1] == local {
+                return cursor + 1;
+            }
+            // The chain diverges inside the run.
+            self.split(run, cursor + 1 - r.start);
+            return self.new_run(run, rest);
+        }
+        if let Some(&c) = self.children.get(&(run, local)) {
+            return self.runs[c as usize].start;
+        }
+        let n = rest.len() as u32;
+        let (len, cap) = (r.len, r.cap);
+        if r.kids.is_empty() && (len + n <= cap || self.take_ids_at(r.start + cap, len + n - cap)) {
+            // A childless run grows in place.
+            for (k, b) in rest.iter().enumerate() {
+                let id = (end as usize) + k;
+                self.local[id] = b.tokens_hash.0;
+                self.run_of[id] = run;
+            }
+            let r = &mut self.runs[run as usize];
+            r.len += n;
+            r.cap = r.cap.max(r.len);
+            self.live_blocks += n as usize;
+            self.pending.push(run);
+            return end;
+        }
+        self.new_run(run, rest)
+    }
+
+    /// A new run under `parent` with the blocks of `rest`; returns its first block.
+    fn new_run(&mut self, parent: u32, rest: &[KvCacheStoredBlockData]) -> u32 {
+        let n = rest.len() as u32;
+        let start = self.alloc_ids(n);
+        let run = match self.free_runs.pop() {
+            Some(id) => id,
+            None => {
+                self.runs.push(Run::default());
+                (self.runs.len() - 1) as u32
+            }
+        };
+        for (k, b) in rest.iter().enumerate() {
+            let id = start as usize + k;
+            self.local[id] = b.tokens_hash.0;
+            self.run_of[id] = run;
+        }
+        self.runs[run as usize] = Run {
+            start,
+            len: n,
+            cap: n,
+            parent,
+            held: 0,
+            holders: Vec::new(),
+            kids: Vec::new(),
+        };
+        self.children.insert((parent, rest[0].tokens_hash.0), run);
+        if parent != NIL {
+            self.runs[parent as usize].kids.push(run);
+        }
+        self.live_blocks += n as usize;
+        self.pending.push(run);
+        start
+    }
+
+    /// Split `run` before its offset `at` (`0 < at < len`): the tail keeps its block ids,
+    /// the holders' lengths past `at` and the run's children, and becomes the head's only
+    /// child. Returns the tail.
+    fn split(&mut self, run: u32, at: u32) -> u32 {
+        let tail = match self.free_runs.pop() {
+            Some(id) => id,
+            None => {
+                self.runs.push(Run::default());
+                (self.runs.len() - 1) as u32
+            }
+        };
+        let head = &mut self.runs[run as usize];
+        debug_assert!(0 < at && at < head.len);
+        let (start, len, cap) = (head.start + at, head.len - at, head.cap - at);
+        let mut holders = Vec::new();
+        for h in &mut head.holders {
+            if h.1 > at {
+                holders.push((h.0, h.1 - at));
+                h.1 = at;
+            }
+        }
+        head.len = at;
+        head.cap = at;
+        head.held = head.held.min(at);
+        let kids = std::mem::replace(&mut head.kids, vec![tail]);
+        for &k in &kids {
+            let first = self.local[self.runs[k as usize].start as usize];
+            self.children.remove(&(run, first));
+            self.children.insert((tail, first), k);
+            self.runs[k as usize].parent = tail;
+        }
+        for b in start..start + len {
+            self.run_of[b as usize] = tail;
+        }
+        let held = holders.iter().map(|h| h.1).max().unwrap_or(0);
+        self.runs[tail as usize] = Run {
+            start,
+            len,
+            cap,
+            parent: run,
+            held,
+            holders,
+            kids,
+        };
+        self.children
+            .insert((run, self.local[start as usize]), tail);
+        // The head may have had an unheld tail waiting for the event's end: it is the
+        // tail's now.
+        self.pending.push(tail);
+        tail
+    }
+
+    /// Cut back or free the runs the event touched (see [`Self::trim`]).
+    fn trim_pending(&mut self) {
+        while let Some(run) = self.pending.pop() {
+            self.trim(run);
+        }
+        if self.live_blocks == 0 {
+            self.reset_blocks();
+        }
+    }
+
+    /// Cut a childless run back to its longest holder's prefix; free it when no rank holds
+    /// any of it, and its ancestors in turn.
+    fn trim(&mut self, mut run: u32) {
+        while run != NIL {
+            let r = &self.runs[run as usize];
+            if r.len == 0 || !r.kids.is_empty() || r.held == r.len {
+                return;
+            }
+            if r.held > 0 {
+                let (start, held, len, cap) = (r.start, r.held, r.len, r.cap);
+                self.clear_ids(start + held, len - held);
+                self.live_blocks -= (len - held) as usize;
+                let r = &mut self.runs[run as usize];
+                r.len = held;
+                if held < cap / 2 {
+                    r.cap = held;
+                    self.free_ids(start + held, cap - held);
+                }
+                return;
+            }
+            let r = std::mem::take(&mut self.runs[run as usize]);
+            self.children
+                .remove(&(r.parent, self.local[r.start as usize]));
+            if r.parent != NIL {
+                let kids = &mut self.runs[r.parent as usize].kids;
+                let i = kids.iter().position(|&k| k == run).expect("listed child");
+                kids.swap_remove(i);
+            }
+            self.clear_ids(r.start, r.len);
+            self.live_blocks -= r.len as usize;
+            self.free_ids(r.start, r.cap);
+            self.free_runs.push(run);
+            run = r.parent;
+        }
+    }
+
+    /// Every table back to its empty size (no block is left).
+    fn reset_blocks(&mut self) {
+        self.local = Vec::new();
+        self.run_of = Vec::new();
+        self.key = Vec::new();
+        self.free_at = BTreeMap::new();
+        self.free_by_len = BTreeSet::new();
+        self.runs = Vec::new();
+        self.free_runs = Vec::new();
+        self.children = FxHashMap::default();
+        self.hashes = FxHashMap::default();
+        self.own = FxHashMap::default();
+        self.own_count = FxHashMap::default();
+        self.no_canon = FxHashSet::default();
+        self.pending = Vec::new();
+    }
+
+    // ----- block ids ---------------------------------------------------------------------
+
+    /// `n` consecutive free ids: the shortest free range that fits, else new ones.
+    fn alloc_ids(&mut self, n: u32) -> u32 {
+        if let Some(&(len, start)) = self.free_by_len.range((n, 0)..).next() {
+            self.free_by_len.remove(&(len, start));
+            self.free_at.remove(&start);
+            if len > n {
+                self.free_at.insert(start + n, len - n);
+                self.free_by_len.insert((len - n, start + n));
+            }
+            return start;
+        }
+        let start = self.local.len();
+        assert!(
+            start + (n as usize) < NIL as usize,
+            "run tree block capacity exceeded"
+        );
+        self.grow(n);
+        start as u32
+    }
+
+    /// Take the `n` ids from `at` on when they are free (or past the end).
+    fn take_ids_at(&mut self, at: u32, n: u32) -> bool {
+        if at as usize == self.local.len() {
+            self.grow(n);
+            return true;
+        }
+        match self.free_at.get(&at) {
+            Some(&len) if len >= n => {
+                self.free_at.remove(&at);
+                self.free_by_len.remove(&(len, at));
+                if len > n {
+                    self.free_at.insert(at + n, len - n);
+                    self.free_by_len.insert((len - n, at + n));
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn grow(&mut self, n: u32) {
+        let len = self.local.len() + n as usize;
+        self.local.resize(len, 0);
+        self.run_of.resize(len, NIL);
+        self.key.resize(len, None);
+    }
+
+    /// Mark ids `start..start + n` (no residency left on them) unused.
+    fn clear_ids(&mut self, start: u32, n: u32) {
+        for b in start..start + n {
+            debug_assert!(self.key[b as usize].is_none());
+            self.run_of[b as usize] = NIL;
+            self.local[b as usize] = 0;
+        }
+    }
+
+    /// Return ids `start..start + n` (unused) to the free ranges.
+    fn free_ids(&mut self, start: u32, n: u32) {
+        let (mut start, mut n) = (start, n);
+        if let Some((&s, &l)) = self.free_at.range(..start).next_back()
+            && s + l == start
+        {
+            self.free_at.remove(&s);
+            self.free_by_len.remove(&(l, s));
+            start = s;
+            n += l;
+        }
+        if let Some(&l) = self.free_at.get(&(start + n)) {
+            self.free_at.remove(&(start + n));
+            self.free_by_len.remove(&(l, start + n));
+            n += l;
+        }
+        if (start + n) as usize == self.local.len() {
+            self.local.truncate(start as usize);
+            self.run_of.truncate(start as usize);
+            self.key.truncate(start as usize);
+        } else {
+            self.free_at.insert(start, n);
+            self.free_by_len.insert((n, start));
+        }
+    }
+
+    // ----- ranks -------------------------------------------------------------------------
+
+    fn slot_for(&mut self, worker: WorkerWithDpRank) -> u32 {
+        if let Some(&s) = self.slot_of.get(&worker) {
+            return s;
+        }
+        let slot = Slot { count: 0 };
+        let id = if let Some(id) = self.free_slots.pop() {
+            self.slots[id as usize] = Some(slot);
+            self.slot_worker[id as usize] = worker;
+            id
+        } else {
+            let id = self.slots.len() as u32;
+            assert!(id < NIL - 1, "run tree worker-rank capacity exceeded");
+            self.slots.push(Some(slot));
+            self.slot_worker.push(worker);
+            id
+        };
+        self.slot_of.insert(worker, id);
+        self.slot_epoch = IndexSlots::next_epoch();
+        id
+    }
+
+    fn free_slot_if_empty(&mut self, slot: u32) {
+        let empty = self.slots[slot as usize]
+            .as_ref()
+            .is_some_and(|s| s.count == 0);
+        if empty {
+            self.slots[slot as usize] = None;
+            let worker = std::mem::take(&mut self.slot_worker[slot as usize]);
+            self.slot_of.remove(&worker);
+            self.free_slots.push(slot);
+            if self.slot_of.is_empty() {
+                self.slots = Vec::new();
+                self.slot_worker = Vec::new();
+                self.free_slots = Vec::new();
+                self.slot_of = FxHashMap::default();
+            }
+        }
+    }
+
+    /// Drop every residency of the worker slots `slots` (distinct, each known): one pass
+    /// over the runs, then the slots' own hashes.
+    fn clear_slots(&mut self, slots: &[u32]) {
+        if slots.is_empty() {
+            return;
+        }
+        let wanted: FxHashSet<u32> = slots.iter().copied().collect();
+        for run in 0..self.runs.len() as u32 {
+            let r = &mut self.runs[run as usize];
+            if r.len == 0 || !r.holders.iter().any(|h| wanted.contains(&h.0)) {
+                continue;
+            }
+            let mut longest = 0;
+            r.holders.retain(|&(s, len)| {
+                let go = wanted.contains(&s);
+                if go {
+                    longest = longest.max(len);
+                }
+                !go
+            });
+            r.recount();
+            let start = r.start;
+            // Blocks whose canonical residencies were all the slots' leave `hashes`.
+            for b in start..start + longest {
+                if let Some(k) = self.key[b as usize]
+                    && !self.other_canonical(b, NIL)
+                {
+                    self.hashes.remove(&k);
+                    self.key[b as usize] = None;
+                }
+            }
+            self.pending.push(run);
+        }
+        if !self.own.is_empty() {
+            self.own.retain(|&(s, _), _| !wanted.contains(&s));
+            self.own_count.retain(|&(s, _), _| !wanted.contains(&s));
+            self.no_canon.retain(|&(s, _)| !wanted.contains(&s));
+        }
+        for &s in slots {
+            if let Some(slot) = self.slots[s as usize].as_mut() {
+                self.residencies -= slot.count;
+                slot.count = 0;
+            }
+        }
+        self.trim_pending();
+        for &s in slots {
+            self.free_slot_if_empty(s);
+        }
+    }
+}
