@@ -85,7 +85,7 @@ impl RunTree {
                     if self.no_canon.contains(&(slot, b)) {
                         continue;
                     }
-                    let k = self.key[b as usize].expect("a canonical residency has a key");
+                    let k = self.key_at(b).expect("a canonical residency has a key");
                     out.entry(slot).or_default().push((b, k));
                 }
             }

@@ -2,9 +2,17 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{NIL, RunTree};
+use super::{NIL, RunTree, mix, tag_of};
 
 impl RunTree {
+    /// The children of `run`.
+    fn kids(&self, run: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(
+            Some(self.runs[run as usize].kid).filter(|&k| k != NIL),
+            |&k| Some(self.runs[k as usize].next).filter(|&k| k != NIL),
+        )
+    }
+
     /// Check every structural invariant (tests and debugging).
     ///
     /// # Panics
@@ -14,14 +22,18 @@ impl RunTree {
         let n = self.local.len();
         assert_eq!(self.run_of.len(), n);
         assert_eq!(self.key.len(), n);
+        assert_eq!(self.keyed.len(), n.div_ceil(64));
         // Free ranges: maximal, disjoint, not at the end, indexed both ways, ids unused.
         let mut free = 0usize;
+        let mut ranges: Vec<(u32, u32)> = self.free.ranges().collect();
+        ranges.sort_unstable();
         let mut last_end = None;
-        for (&s, &l) in &self.free_at {
+        for &(s, l) in &ranges {
             assert!(l > 0);
-            assert!(
-                self.free_by_len.contains(&(l, s)),
-                "free range {s}+{l} by length"
+            assert_eq!(
+                self.free.ending_at(s + l),
+                Some(s),
+                "free range {s}+{l} by end"
             );
             assert!(((s + l) as usize) < n, "free range {s}+{l} reaches the end");
             if let Some(e) = last_end {
@@ -33,7 +45,7 @@ impl RunTree {
             }
             free += l as usize;
         }
-        assert_eq!(self.free_by_len.len(), self.free_at.len());
+        assert_eq!(ranges.len(), self.free.len());
         let slack: usize = self.runs.iter().map(|r| (r.cap - r.len) as usize).sum();
         assert_eq!(
             self.live_blocks + free + slack,
@@ -64,7 +76,7 @@ impl RunTree {
                     "reserved id {b} of run {id} in use"
                 );
                 assert!(
-                    !self.free_at.contains_key(&b),
+                    self.free.starting_at(b).is_none(),
                     "reserved id {b} of run {id} free"
                 );
             }
@@ -77,12 +89,12 @@ impl RunTree {
                 let p = &self.runs[r.parent as usize];
                 assert!(p.len > 0, "run {id} under a freed run");
                 assert_eq!(
-                    p.kids.iter().filter(|&&k| k == id).count(),
+                    self.kids(r.parent).filter(|&k| k == id).count(),
                     1,
                     "run {id} listed once by its parent"
                 );
             }
-            for &k in &r.kids {
+            for k in self.kids(id) {
                 assert_eq!(self.runs[k as usize].parent, id, "kid {k} of run {id}");
             }
             let slots: FxHashSet<u32> = r.holders.iter().map(|h| h.0).collect();
@@ -101,7 +113,7 @@ impl RunTree {
             );
             // A childless run is trimmed to what its ranks hold; a run without holders has
             // children.
-            if r.kids.is_empty() {
+            if !r.has_kids() {
                 assert_eq!(r.held, r.len, "run {id} has an unheld tail");
             }
             for b in r.start..r.start + r.len {
@@ -112,10 +124,10 @@ impl RunTree {
                     .filter(|&&(s, len)| len > o && !self.no_canon.contains(&(s, b)))
                     .map(|h| h.0)
                     .collect();
-                match self.key[b as usize] {
+                match self.key_at(b) {
                     Some(k) => {
                         assert!(!canonical.is_empty(), "block {b} keyed without holders");
-                        assert_eq!(self.hashes.get(&k), Some(&b), "block {b} key in hashes");
+                        assert_eq!(self.block_of_key(k), Some(b), "block {b} key in hashes");
                     }
                     None => assert!(canonical.is_empty(), "block {b} held without a key"),
                 }
@@ -126,9 +138,13 @@ impl RunTree {
             }
         }
         assert_eq!(blocks, self.live_blocks, "live blocks");
-        for (&k, &b) in &self.hashes {
-            assert_eq!(self.key[b as usize], Some(k), "hashes entry {k}");
+        let mut entries = 0;
+        for (tag, b) in self.hashes.entries() {
+            let k = self.key_at(b).expect("hashes names a keyed block");
+            assert_eq!(tag_of(mix(k)), tag, "hashes entry of block {b}");
+            entries += 1;
         }
+        assert_eq!(entries, self.hashes.len());
         // The children map names live runs only.
         for (&(p, local), &c) in &self.children {
             let r = &self.runs[c as usize];

@@ -37,16 +37,20 @@
 //! pools) follows before it replaces [`super::RadixTree`].
 
 mod dump;
+mod free_ids;
 mod invariants;
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use self::free_ids::FreeIds;
+use super::tree::ext_table::{ExtTable, tag_of};
+use super::tree::mix;
 use super::{EventCounters, IndexSlots, OverlapScores};
 use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
@@ -62,8 +66,13 @@ const NIL: u32 = u32::MAX;
 /// tests list them always, so the model checks see them).
 const INDEX_SLOTS_MIN: usize = if cfg!(test) { 1 } else { 32 };
 
+/// From this many keyed blocks up, an event's table buckets are prefetched before its
+/// probes (as in the radix tree): below it the table mostly stays in cache and the extra
+/// pass costs more than it saves.
+const WARM_MIN: usize = 1 << 18;
+
 /// A chain of blocks without a branch inside it (see the module docs).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct Run {
     /// First block id; the run's blocks are `start..start + len`.
     start: u32,
@@ -80,11 +89,29 @@ struct Run {
     held: u32,
     /// `(worker slot, blocks held from the run's start)`, each length `1..=len`.
     holders: Vec<(u32, u32)>,
-    /// Child runs.
-    kids: Vec<u32>,
+    /// The first child run (`NIL`: none); the others follow through `next`.
+    kid: u32,
+    /// The next child of the same parent (`NIL`: the last).
+    next: u32,
 }
 
+/// A freed run.
+const FREED: Run = Run {
+    start: 0,
+    len: 0,
+    cap: 0,
+    parent: NIL,
+    held: 0,
+    holders: Vec::new(),
+    kid: NIL,
+    next: NIL,
+};
+
 impl Run {
+    const fn has_kids(&self) -> bool {
+        self.kid != NIL
+    }
+
     fn holder(&self, slot: u32) -> Option<usize> {
         self.holders.iter().position(|h| h.0 == slot)
     }
@@ -149,19 +176,22 @@ pub struct RunTree {
     local: Vec<u64>,
     /// The run of each block id (`NIL`: the id is free).
     run_of: Vec<u32>,
-    /// The canonical key of each block, while some rank holds it under that key.
-    key: Vec<Option<u64>>,
+    /// The canonical key of each block, while some rank holds it under that key (valid
+    /// where its bit in `keyed` is set).
+    key: Vec<u64>,
+    keyed: Vec<u64>,
     /// Free block ids as maximal ranges `start -> len` (none reaches the arrays' end: a
     /// range freed there shortens the arrays), and the same ranges by `(len, start)`.
-    free_at: BTreeMap<u32, u32>,
-    free_by_len: BTreeSet<(u32, u32)>,
+    free: FreeIds,
     live_blocks: usize,
     runs: Vec<Run>,
     free_runs: Vec<u32>,
     /// `(parent run or NIL, first tokens_hash)` -> run.
     children: FxHashMap<(u32, u64), u32>,
-    /// Canonical key -> block.
-    hashes: FxHashMap<u64, u32>,
+    /// Canonical key -> block: the radix tree's tag table (8-byte buckets of block id and
+    /// the key's mixed high half, grown incrementally, never rehashed in one event); the
+    /// key itself is the block's `key`.
+    hashes: ExtTable,
     /// `(slot, hash)` -> block, for residencies under another hash than the block's
     /// canonical key.
     own: FxHashMap<(u32, u64), u32>,
@@ -200,13 +230,13 @@ impl RunTree {
             local: Vec::new(),
             run_of: Vec::new(),
             key: Vec::new(),
-            free_at: BTreeMap::new(),
-            free_by_len: BTreeSet::new(),
+            keyed: Vec::new(),
+            free: FreeIds::default(),
             live_blocks: 0,
             runs: Vec::new(),
             free_runs: Vec::new(),
             children: FxHashMap::default(),
-            hashes: FxHashMap::default(),
+            hashes: ExtTable::default(),
             own: FxHashMap::default(),
             own_count: FxHashMap::default(),
             no_canon: FxHashSet::default(),
@@ -264,24 +294,20 @@ impl RunTree {
         fn map<K, V>(capacity: usize) -> usize {
             capacity * (size_of::<(K, V)>() + 1)
         }
-        // A B-tree: about the entries, plus node overhead that depends on the fill.
-        fn btree<T>(len: usize) -> usize {
-            len * size_of::<T>() * 3 / 2
-        }
         self.local.capacity() * 8
             + self.run_of.capacity() * 4
-            + self.key.capacity() * size_of::<Option<u64>>()
-            + btree::<(u32, u32)>(self.free_at.len())
-            + btree::<(u32, u32)>(self.free_by_len.len())
+            + self.key.capacity() * 8
+            + self.keyed.capacity() * 8
+            + self.free.heap_bytes()
             + self.runs.capacity() * size_of::<Run>()
             + self
                 .runs
                 .iter()
-                .map(|r| r.holders.capacity() * 8 + r.kids.capacity() * 4)
+                .map(|r| r.holders.capacity() * 8)
                 .sum::<usize>()
             + self.free_runs.capacity() * 4
             + map::<(u32, u64), u32>(self.children.capacity())
-            + map::<u64, u32>(self.hashes.capacity())
+            + self.hashes.heap_bytes()
             + map::<(u32, u64), u32>(self.own.capacity())
             + map::<(u32, u32), u32>(self.own_count.capacity())
             + map::<(u32, u32), ()>(self.no_canon.capacity())
@@ -366,6 +392,12 @@ impl RunTree {
             return Ok(());
         }
         let slot = slot.unwrap_or_else(|| self.slot_for(worker));
+        if self.hashes.len() >= WARM_MIN {
+            // Only blocks new to the tree probe, but which ones is known only on the way.
+            for b in blocks {
+                self.hashes.prefetch(tag_of(mix(b.block_hash.0)));
+            }
+        }
         let mut i = 0;
         while i < blocks.len() {
             let b = self.descend(cursor, &blocks[i..]);
@@ -400,6 +432,11 @@ impl RunTree {
                 })
             };
         };
+        if self.hashes.len() >= WARM_MIN {
+            for &h in hashes {
+                self.hashes.prefetch(tag_of(mix(h)));
+            }
+        }
         let mut missing = Vec::new();
         for &h in hashes {
             if self.own.is_empty() && self.no_canon.is_empty() {
@@ -617,20 +654,13 @@ impl RunTree {
                 break;
             }
             let h = blk.block_hash.0;
-            match self.key[id as usize] {
+            match self.key_at(id) {
                 Some(key) if key == h => {}
                 Some(_) => break,
-                None => {
-                    // Unkeyed: no rank holds it (with no own hashes, every holder is
-                    // canonical).
-                    match self.hashes.entry(h) {
-                        std::collections::hash_map::Entry::Vacant(e) => {
-                            e.insert(id);
-                            self.key[id as usize] = Some(h);
-                        }
-                        std::collections::hash_map::Entry::Occupied(_) => break,
-                    }
-                }
+                // Unkeyed: no rank holds it (with no own hashes, every holder is
+                // canonical).
+                None if self.key_if_free(id, h) => {}
+                None => break,
             }
             k += 1;
         }
@@ -654,6 +684,50 @@ impl RunTree {
         k
     }
 
+    /// The canonical key of block `b`, if it has one.
+    #[inline]
+    fn key_at(&self, b: u32) -> Option<u64> {
+        let keyed = self.keyed[b as usize / 64] >> (b % 64) & 1 != 0;
+        keyed.then(|| self.key[b as usize])
+    }
+
+    /// The block whose canonical key is `h`.
+    #[inline]
+    fn block_of_key(&self, h: u64) -> Option<u32> {
+        self.hashes
+            .find(tag_of(mix(h)), |b| self.key[b as usize] == h)
+            .map(|i| self.hashes.get(i))
+    }
+
+    /// Make `h` the key of unkeyed block `b` when no block has that key; returns whether
+    /// it did (one probe either way).
+    fn key_if_free(&mut self, b: u32, h: u64) -> bool {
+        let tag = tag_of(mix(h));
+        match self
+            .hashes
+            .find_or_vacant(tag, |x| self.key[x as usize] == h)
+        {
+            Ok(_) => false,
+            Err(vacant) => {
+                self.hashes.insert_vacant(vacant, tag, b);
+                self.key[b as usize] = h;
+                self.keyed[b as usize / 64] |= 1 << (b % 64);
+                true
+            }
+        }
+    }
+
+    /// Drop block `b`'s key (its last canonical residency went).
+    fn unkey(&mut self, b: u32) {
+        let h = self.key[b as usize];
+        let i = self
+            .hashes
+            .find(tag_of(mix(h)), |x| x == b)
+            .expect("a keyed block is in the table");
+        self.hashes.remove_at(i);
+        self.keyed[b as usize / 64] &= !(1 << (b % 64));
+    }
+
     /// Where `slot` is in `run`'s holder list (the hint first).
     #[inline]
     fn holder_index(&self, run: &Run, slot: u32) -> Option<usize> {
@@ -675,7 +749,7 @@ impl RunTree {
 
     /// The residency of `slot` under external hash `h`.
     fn find_residency(&self, slot: u32, h: u64) -> Option<Held> {
-        if let Some(&b) = self.hashes.get(&h)
+        if let Some(b) = self.block_of_key(h)
             && self.covers(slot, b)
             && (self.no_canon.is_empty() || !self.no_canon.contains(&(slot, b)))
         {
@@ -705,7 +779,7 @@ impl RunTree {
     /// Give `slot` a residency under `h` at block `b` (the newest store of a hash wins:
     /// the rank's residency under `h` elsewhere goes first).
     fn add_residency(&mut self, slot: u32, h: u64, b: u32) {
-        if self.key[b as usize] == Some(h) {
+        if self.key_at(b) == Some(h) {
             // The common case of a block already in the tree: `hashes` maps `h` here, so
             // the rank's residency under `h` is here or in `own`, known without a probe.
             let covered = self.covers(slot, b);
@@ -720,7 +794,7 @@ impl RunTree {
                 }
                 self.release(slot, h, Held::Own(elsewhere));
             }
-            if self.key[b as usize] == Some(h) {
+            if self.key_at(b) == Some(h) {
                 if self.covers(slot, b) {
                     self.no_canon.remove(&(slot, b));
                 } else {
@@ -737,16 +811,9 @@ impl RunTree {
             None => {}
         }
         let covered = self.covers(slot, b);
-        let canonical = match self.key[b as usize] {
+        let canonical = match self.key_at(b) {
             Some(k) => k == h,
-            None => match self.hashes.entry(h) {
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(b);
-                    self.key[b as usize] = Some(h);
-                    true
-                }
-                std::collections::hash_map::Entry::Occupied(_) => false,
-            },
+            None => self.key_if_free(b, h),
         };
         if canonical {
             if covered {
@@ -776,9 +843,11 @@ impl RunTree {
     /// [`Self::remove`]'s common case, without own hashes: `slot`'s residency under `h`
     /// is the canonical one of `h`'s block or none. Returns whether it had one.
     fn remove_canonical(&mut self, slot: u32, h: u64) -> bool {
-        let Some(&b) = self.hashes.get(&h) else {
+        let tag = tag_of(mix(h));
+        let Some(at) = self.hashes.find(tag, |b| self.key[b as usize] == h) else {
             return false;
         };
+        let b = self.hashes.get(at);
         let run = self.run_of[b as usize];
         let r = &self.runs[run as usize];
         let o = b - r.start;
@@ -798,10 +867,11 @@ impl RunTree {
         if r.held == o + 1 {
             r.recount();
         }
-        // Every holder is canonical: the block keeps its key while one reaches it.
+        // Every holder is canonical: the block keeps its key while one reaches it. (A
+        // split leaves `hashes` alone: `at` still names the entry.)
         if r.held <= o {
-            self.hashes.remove(&h);
-            self.key[b as usize] = None;
+            self.hashes.remove_at(at);
+            self.keyed[b as usize / 64] &= !(1 << (b % 64));
         }
         if self.pending.last() != Some(&run) {
             self.pending.push(run);
@@ -823,8 +893,7 @@ impl RunTree {
                     self.uncover(slot, b);
                 }
                 if !self.other_canonical(b, slot) {
-                    self.hashes.remove(&h);
-                    self.key[b as usize] = None;
+                    self.unkey(b);
                 }
             }
             Held::Own(b) => {
@@ -925,7 +994,7 @@ impl RunTree {
         }
         let n = rest.len() as u32;
         let (len, cap) = (r.len, r.cap);
-        if r.kids.is_empty() && (len + n <= cap || self.take_ids_at(r.start + cap, len + n - cap)) {
+        if !r.has_kids() && (len + n <= cap || self.take_ids_at(r.start + cap, len + n - cap)) {
             // A childless run grows in place.
             for (k, b) in rest.iter().enumerate() {
                 let id = (end as usize) + k;
@@ -949,7 +1018,7 @@ impl RunTree {
         let run = match self.free_runs.pop() {
             Some(id) => id,
             None => {
-                self.runs.push(Run::default());
+                self.runs.push(FREED);
                 (self.runs.len() - 1) as u32
             }
         };
@@ -965,11 +1034,13 @@ impl RunTree {
             parent,
             held: 0,
             holders: Vec::new(),
-            kids: Vec::new(),
+            kid: NIL,
+            next: NIL,
         };
         self.children.insert((parent, rest[0].tokens_hash.0), run);
         if parent != NIL {
-            self.runs[parent as usize].kids.push(run);
+            let p = &mut self.runs[parent as usize];
+            self.runs[run as usize].next = std::mem::replace(&mut p.kid, run);
         }
         self.live_blocks += n as usize;
         self.pending.push(run);
@@ -983,7 +1054,7 @@ impl RunTree {
         let tail = match self.free_runs.pop() {
             Some(id) => id,
             None => {
-                self.runs.push(Run::default());
+                self.runs.push(FREED);
                 (self.runs.len() - 1) as u32
             }
         };
@@ -1000,12 +1071,14 @@ impl RunTree {
         head.len = at;
         head.cap = at;
         head.held = head.held.min(at);
-        let kids = std::mem::replace(&mut head.kids, vec![tail]);
-        for &k in &kids {
+        let kids = std::mem::replace(&mut head.kid, tail);
+        let mut k = kids;
+        while k != NIL {
             let first = self.local[self.runs[k as usize].start as usize];
             self.children.remove(&(run, first));
             self.children.insert((tail, first), k);
             self.runs[k as usize].parent = tail;
+            k = self.runs[k as usize].next;
         }
         for b in start..start + len {
             self.run_of[b as usize] = tail;
@@ -1018,7 +1091,8 @@ impl RunTree {
             parent: run,
             held,
             holders,
-            kids,
+            kid: kids,
+            next: NIL,
         };
         self.children
             .insert((run, self.local[start as usize]), tail);
@@ -1043,7 +1117,7 @@ impl RunTree {
     fn trim(&mut self, mut run: u32) {
         while run != NIL {
             let r = &self.runs[run as usize];
-            if r.len == 0 || !r.kids.is_empty() || r.held == r.len {
+            if r.len == 0 || r.has_kids() || r.held == r.len {
                 return;
             }
             if r.held > 0 {
@@ -1058,13 +1132,11 @@ impl RunTree {
                 }
                 return;
             }
-            let r = std::mem::take(&mut self.runs[run as usize]);
+            let r = std::mem::replace(&mut self.runs[run as usize], FREED);
             self.children
                 .remove(&(r.parent, self.local[r.start as usize]));
             if r.parent != NIL {
-                let kids = &mut self.runs[r.parent as usize].kids;
-                let i = kids.iter().position(|&k| k == run).expect("listed child");
-                kids.swap_remove(i);
+                self.unlink(r.parent, run, r.next);
             }
             self.clear_ids(r.start, r.len);
             self.live_blocks -= r.len as usize;
@@ -1074,17 +1146,36 @@ impl RunTree {
         }
     }
 
+    /// Take `run` (whose `next` is `next`) off `parent`'s list of children.
+    fn unlink(&mut self, parent: u32, run: u32, next: u32) {
+        let p = &mut self.runs[parent as usize];
+        if p.kid == run {
+            p.kid = next;
+            return;
+        }
+        let mut k = p.kid;
+        loop {
+            let r = &mut self.runs[k as usize];
+            if r.next == run {
+                r.next = next;
+                return;
+            }
+            assert_ne!(r.next, NIL, "run {run} not listed by its parent");
+            k = r.next;
+        }
+    }
+
     /// Every table back to its empty size (no block is left).
     fn reset_blocks(&mut self) {
         self.local = Vec::new();
         self.run_of = Vec::new();
         self.key = Vec::new();
-        self.free_at = BTreeMap::new();
-        self.free_by_len = BTreeSet::new();
+        self.keyed = Vec::new();
+        self.free = FreeIds::default();
         self.runs = Vec::new();
         self.free_runs = Vec::new();
         self.children = FxHashMap::default();
-        self.hashes = FxHashMap::default();
+        self.hashes = ExtTable::default();
         self.own = FxHashMap::default();
         self.own_count = FxHashMap::default();
         self.no_canon = FxHashSet::default();
@@ -1095,13 +1186,7 @@ impl RunTree {
 
     /// `n` consecutive free ids: the shortest free range that fits, else new ones.
     fn alloc_ids(&mut self, n: u32) -> u32 {
-        if let Some(&(len, start)) = self.free_by_len.range((n, 0)..).next() {
-            self.free_by_len.remove(&(len, start));
-            self.free_at.remove(&start);
-            if len > n {
-                self.free_at.insert(start + n, len - n);
-                self.free_by_len.insert((len - n, start + n));
-            }
+        if let Some(start) = self.free.alloc(n) {
             return start;
         }
         let start = self.local.len();
@@ -1119,31 +1204,21 @@ impl RunTree {
             self.grow(n);
             return true;
         }
-        match self.free_at.get(&at) {
-            Some(&len) if len >= n => {
-                self.free_at.remove(&at);
-                self.free_by_len.remove(&(len, at));
-                if len > n {
-                    self.free_at.insert(at + n, len - n);
-                    self.free_by_len.insert((len - n, at + n));
-                }
-                true
-            }
-            _ => false,
-        }
+        self.free.take_at(at, n)
     }
 
     fn grow(&mut self, n: u32) {
         let len = self.local.len() + n as usize;
         self.local.resize(len, 0);
         self.run_of.resize(len, NIL);
-        self.key.resize(len, None);
+        self.key.resize(len, 0);
+        self.keyed.resize(len.div_ceil(64), 0);
     }
 
     /// Mark ids `start..start + n` (no residency left on them) unused.
     fn clear_ids(&mut self, start: u32, n: u32) {
         for b in start..start + n {
-            debug_assert!(self.key[b as usize].is_none());
+            debug_assert!(self.key_at(b).is_none());
             self.run_of[b as usize] = NIL;
             self.local[b as usize] = 0;
         }
@@ -1151,27 +1226,14 @@ impl RunTree {
 
     /// Return ids `start..start + n` (unused) to the free ranges.
     fn free_ids(&mut self, start: u32, n: u32) {
-        let (mut start, mut n) = (start, n);
-        if let Some((&s, &l)) = self.free_at.range(..start).next_back()
-            && s + l == start
-        {
-            self.free_at.remove(&s);
-            self.free_by_len.remove(&(l, s));
-            start = s;
-            n += l;
-        }
-        if let Some(&l) = self.free_at.get(&(start + n)) {
-            self.free_at.remove(&(start + n));
-            self.free_by_len.remove(&(l, start + n));
-            n += l;
-        }
+        let (start, n) = self.free.merge(start, n);
         if (start + n) as usize == self.local.len() {
             self.local.truncate(start as usize);
             self.run_of.truncate(start as usize);
             self.key.truncate(start as usize);
+            self.keyed.truncate((start as usize).div_ceil(64));
         } else {
-            self.free_at.insert(start, n);
-            self.free_by_len.insert((n, start));
+            self.free.put(start, n);
         }
     }
 
@@ -1240,11 +1302,8 @@ impl RunTree {
             let start = r.start;
             // Blocks whose canonical residencies were all the slots' leave `hashes`.
             for b in start..start + longest {
-                if let Some(k) = self.key[b as usize]
-                    && !self.other_canonical(b, NIL)
-                {
-                    self.hashes.remove(&k);
-                    self.key[b as usize] = None;
+                if self.key_at(b).is_some() && !self.other_canonical(b, NIL) {
+                    self.unkey(b);
                 }
             }
             self.pending.push(run);

@@ -3,10 +3,10 @@
 
 mod arena;
 mod dump;
-mod ext_table;
+pub(super) mod ext_table;
 mod free_runs;
 mod holders;
-mod id_set;
+pub(super) mod id_set;
 mod invariants;
 mod wide;
 
@@ -167,7 +167,7 @@ pub struct EventCounters {
 /// Finalizer of MurmurHash3: a full-avalanche mix of a 64-bit key. Keys are engine hashes
 /// (often already random) but tests and some engines use small integers, so they are mixed.
 #[inline]
-fn mix(mut x: u64) -> u64 {
+pub(super) fn mix(mut x: u64) -> u64 {
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
     x ^= x >> 33;
