@@ -27,9 +27,6 @@ cargo fmt --all --check
 echo "==> cargo test (release profile, shares dependency builds with the extension)"
 cargo test --workspace --release
 
-echo "==> the indexer's run-node spike against the library's tree (bench crate, own workspace; ~30 s)"
-cargo test --release --manifest-path crates/dynamo-kv-router/benches/scale/Cargo.toml
-
 echo "==> stub check (mypy.stubtest)"
 "$PY" -m mypy.stubtest dynamo._core --allowlist tests/stubtest_allowlist.txt
 

@@ -10,6 +10,5 @@ mod harness;
 static ALLOC: harness::Counting = harness::Counting;
 
 fn main() {
-    // The run tree runs only when named (`--cands runtree,ours`).
-    harness::main_with(vec![harness::ours(), harness::run_tree()]);
+    harness::main_with(vec![harness::ours()]);
 }

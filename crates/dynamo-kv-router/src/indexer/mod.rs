@@ -2,7 +2,7 @@
 //!
 //! Engines report `stored` / `removed` / `cleared` events ([`crate::protocols`]); the
 //! indexer keeps a radix tree of block *contents* (`tokens_hash`, the router's local hash)
-//! and, for every `(worker_id, dp_rank)`, which tree nodes it holds under which *external*
+//! and, for every `(worker_id, dp_rank)`, which blocks of it it holds under which *external*
 //! hash (`block_hash`, the engine's opaque key). [`RadixTree::find_matches`] walks a query
 //! of local hashes from the root and reports, per rank, the length of the prefix it holds.
 //!
@@ -12,7 +12,7 @@
 //!   emitting rank's own blocks (`None` = the root). An unknown parent rejects the whole
 //!   event ([`crate::Error::ParentBlockNotFound`]) and leaves the tree unchanged; so does a
 //!   chain that contains its own parent ([`crate::Error::InvalidBlockSequence`]).
-//! * The same content under the same prefix is **one node**, whichever ranks store it and
+//! * The same content under the same prefix is **one block**, whichever ranks store it and
 //!   whatever external hashes they use.
 //! * A `removed` hash the rank does not hold is a counted no-op
 //!   ([`crate::Error::BlockNotFound`] reports them after the known hashes were removed).
@@ -30,102 +30,71 @@
 //!
 //! # Layout and memory
 //!
-//! * `nodes` / `cold`: two arenas indexed by the same node id, 28 bytes a node, in chunks of
-//!   2^14 nodes (`tree/arena.rs`: growing an arena allocates a chunk and never copies it).
-//!   `nodes` holds what a query's walk reads at every block (16 bytes: `tokens_hash`,
-//!   parent id, `meta` below), four blocks a cache line; `cold` the rest (12 bytes: the
-//!   first holding rank inline, since most blocks have one holder, the low half of the
-//!   node's canonical key, below, and the node's holder block), read by a walk only where
-//!   the holders change. Further holders of a node live in one block of `holders`
-//!   (`tree/holders.rs`: 4 bytes an entry, the worker slot; blocks of `2^c` entries from a
-//!   pool per size class), so that a node's holders are one or a few cache lines read in
-//!   order (where the node is `WIDE`, below, its holder set keeps a position hint per
-//!   slot, checked before use: scanning hundreds of holders at every store and remove of a
-//!   fleet-wide prefix made those events the longest holds of the write lock).
-//! * `hashes`: one tag table for all ranks, one entry per node, finding blocks by external
-//!   hash. An engine's block hash is a hash of the block's token sequence, so the ranks
-//!   that hold a block hold it under the same hash: the node's *canonical key* (the hash
-//!   mixed by a bijection into 64 bits; the entry's tag is its high half, the node keeps
-//!   the low half, and together they name the hash exactly). "Does this rank hold this
-//!   hash?" is a probe for the key and a look at the node's holders. The first key a
-//!   residency brings to a node that has none becomes canonical; a residency under another
-//!   key (another salt, a collision) is its rank's *own*, kept whole in `own`
-//!   (`(slot, key) -> node`, empty in the common case, when lookups never reach it). A
-//!   store of a block its node already has under that hash adds a holder and touches no
-//!   table; a node leaves `hashes` with its last canonical residency. (Per-rank tables held
-//!   an entry per rank and block: at 16 workers 2.4 entries a block, 13 of the 32 bytes a
-//!   block of the index at 10M blocks.) The tree keeps no index by rank, so a `cleared`
-//!   rank (or a removed worker) is a pass over the arena.
-//!   Child counts are not stored per node: the implicit child
-//!   (below) is detected from the arena, and the nodes that have explicit children (branch
-//!   points, a few percent) are flagged `BRANCH` in `meta` and counted in `kids`, a map of
-//!   their own.
-//! * `children`: a tag table (see `tree/ext_table.rs`: open addressing, 8-byte buckets of
-//!   node id + 32-bit hash tag, read through the arena only on a tag match, grown without
-//!   reading the arena) of node ids keyed by `(parent id, tokens_hash)`. A node allocated
-//!   right after its parent (`id == parent + 1`, which is every block of a stored chain but
-//!   the first, since chains are allocated consecutively) is an *implicit* child: it is
-//!   found by checking the next arena slot and has no table entry. A chain stored by a
-//!   later event (a worker's continuation, a branch) starts with an explicit child. A
-//!   parent without `BRANCH` has none, so a walk that leaves a chain where no branch is
-//!   stops on the node's own line, without a table probe. The root's children (all explicit) have a
-//!   table of their own, `roots`, keyed by `tokens_hash`: far smaller than `children`, so
-//!   the first probe of every query stays in cache.
-//! * Before an event's probes, the `hashes` buckets of all its hashes (and for removes,
-//!   the nodes they name) are loaded in one loop, so that their cache misses overlap.
-//! * `meta` (in the node): the node's residency count and the flags `BROKEN` (a rank
-//!   released the node while it may still hold a child: children's holders may not all
-//!   hold it) and `DUPS` (a rank may hold the node under two external hashes). Without
-//!   them, a child whose count equals its parent's has exactly the parent's holders, so a
-//!   query walks a chain checking counts and reads holder blocks only where the set of
-//!   holders changes. Flags are set
-//!   conservatively (a flag only costs a scan) and cleared when the node is freed; `DUPS`
-//!   also when at most one holder is left.
-//! * `wide`: a node held by more than 64 ranks (a system prompt cached across a large
-//!   fleet) also keeps a holder set, one bit per worker slot plus the rare ranks that hold
-//!   it twice (`tree/wide.rs`), flagged `WIDE` in `meta`. "Does this rank hold it?" is then
-//!   a bit test, so such a node's `DUPS` and `BROKEN` are exact rather than conservative
-//!   (a conservative flag on a prefix shared by 1,000 workers made every query scan 1,000
-//!   holders per block), and a query enumerates or filters its holders with bit
-//!   operations instead of scanning its block. It goes back to the block alone below 32
-//!   holders.
-//! * free node ids are kept as maximal runs of consecutive ids (merged as they are freed,
-//!   or by stretches at the end of a `removed` / `cleared` event; the bookkeeping lives in
-//!   the freed nodes), and a chain of `n` new blocks starts in a
-//!   run of at least `n` ids when one exists (or at the end of the arena while fewer than
-//!   1/4 of the ids are free), so that its blocks stay implicit children and a query walks
-//!   them in address order; a chain split over runs costs every later query a branch step
-//!   at each split.
+//! The tree has **one node per run**: a chain of blocks with no branch inside it (a
+//! conversation's turns, a shared prompt up to where the prompts diverge). Until round 18
+//! of `docs/benchmarks/kv_indexer.md` it had one node per block, and executed 2.7x the
+//! reference's instructions per block applied; per run, it executes ~0.7x.
 //!
-//! **Exact reclamation.** Every residency is found by its key (through its node's entry in
-//! `hashes`, or its entry in `own`), and a node is freed the moment it has no residency
-//! and no children (its ancestors are checked in turn). Removing a block therefore frees
-//! its residency, the node's `hashes` entry with its last canonical residency, and every
-//! node that only existed for it; a rank with no blocks left is forgotten; once the
-//! last node is gone every arena and table returns to its initial (empty) size. Memory is
-//! bounded by the peak number of live `(rank, block)` pairs, not by history.
+//! * Blocks are ids into three arrays: `local` (`tokens_hash`), `run_of` (the block's run)
+//!   and `key` (the block's canonical external hash, below; valid where the block's bit in
+//!   `keyed` is set): 20 bytes and a bit a block. A run's blocks are the consecutive ids
+//!   `start..start + len`, so a query compares a run's contents with the prompt as one
+//!   slice, and a store that walks blocks already in the tree reads their `tokens_hash`
+//!   and key in address order. A run reserves `cap >= len` ids: cut back (its deepest
+//!   blocks evicted), it keeps them until it is less than half full, so that a
+//!   conversation's blocks evicted and stored again cost no id bookkeeping; it grows in
+//!   place while the ids after it are free. Free ids are kept as maximal ranges, found by
+//!   start, end and size class (`tree/free_ids.rs`: O(1) to take or return a range).
+//! * `runs`: per run its first id, length, reservation, parent run, its children (a
+//!   sibling list) and its **holders as prefix lengths**: `(worker slot, n)` for each rank
+//!   that holds the run's first `n` blocks, and the longest, `held`. A store that extends a
+//!   rank's blocks along a run raises one length; evicting a rank's deepest block lowers
+//!   one. A rank that releases an inner block of a run but keeps deeper ones (a hole)
+//!   splits the run after the block: the blocks it keeps are then a run of their own,
+//!   which it holds without its parent's last block and which a query therefore never
+//!   reaches for it. A chain that diverges inside a run splits it there. A split moves no
+//!   block: the tail's ids are renamed to the new run.
+//! * `children`: the runs by `(parent run, first tokens_hash)` (`NIL` for the root's).
+//! * `hashes`: one tag table for all ranks (`tree/ext_table.rs`: open addressing, 8-byte
+//!   buckets of block id and the high half of the mixed key; grown incrementally, so no
+//!   event rehashes it), finding blocks by external hash. An engine's block hash is a hash
+//!   of the block's token sequence, so the ranks that hold a block hold it under the same
+//!   hash: the block's *canonical key*, the first hash a residency brings to it while it
+//!   has none (and no other block has that key). "Does this rank hold this hash?" is a
+//!   probe for the key and a look at the rank's length in the block's run, and a store
+//!   that walks a block already keyed by its hash needs no probe at all. A residency under
+//!   another hash (another salt, a collision) is its rank's *own*, kept whole in `own`
+//!   (`(slot, hash) -> block`, with `no_canon`: the `(slot, block)` pairs held under own
+//!   hashes only); both are empty in the common case, where stores and removes take a
+//!   path that never looks at them. A block leaves `hashes` with its last canonical
+//!   residency. The tree keeps no index by rank, so a `cleared` rank (or a removed worker)
+//!   is a pass over the runs.
+//! * Before an event's probes, from 2^18 keys up, the `hashes` buckets of all its hashes
+//!   are prefetched, so that their cache misses overlap.
+//!
+//! **Exact reclamation.** At the end of every event the runs it shortened are cut back to
+//! their longest holder when nothing hangs off them, and freed (with their childless,
+//! unheld ancestors) when no rank holds any of their blocks; a rank with no blocks left
+//! is forgotten; once the last block is gone every array and table returns to its initial
+//! (empty) size. Memory is bounded by the peak number of live blocks, not by history.
 //!
 //! Invariants (checked by [`RadixTree::check_invariants`] in the tests):
-//! 1. every live node except the root and implicit children is in `children` under
-//!    `(parent, tokens_hash)`, its parent's child count (`kids`, `BRANCH`) includes it,
-//!    and freed nodes have no parent;
-//! 2. a live node has a residency or a child; a node with further holders has a primary
-//!    residency, and one holder block of exactly `count - 1` entries (more than a quarter
-//!    of its capacity unless that is 4, the smallest);
-//! 3. `hashes` has one entry for each node with residencies under its canonical key and
-//!    none for any other; `own` names live nodes held under its keys, each listed once in
-//!    `own_slots`; every residency's hash, rebuilt from them, is found again;
+//! 1. every live run is in `children` under `(parent, first tokens_hash)` and listed once
+//!    by its parent; its blocks name it in `run_of`; its reserved ids are unused; every
+//!    free id is in exactly one maximal free range;
+//! 2. a run lists each holding rank once, with a length in `1..=len`, and `held` is the
+//!    longest; a childless run is cut back to `held` (so a live run has a holder or a
+//!    child);
+//! 3. a block is keyed exactly when some rank holds it under its canonical key, and
+//!    `hashes` has one entry per keyed block; `own` names blocks its ranks hold, counted
+//!    per `(slot, block)`; every block a rank holds, it holds under some hash;
 //! 4. `len()` equals the number of residencies, and each rank's count its own.
-//! 5. `meta` counts each live node's residencies; without `DUPS` no rank holds the node
-//!    twice; without `BROKEN` every rank holding a child holds the node.
 //!
 //! # Limits
 //!
 //! Ids are 32-bit, so the tree has fixed limits; past one it panics with a message naming
-//! it. In the order a growing index meets them: 2^27 holder blocks of one size class (at
-//! least 270M indexed blocks, over 7 GiB of index), 2^32 - 2 nodes (112 GiB of nodes), 2^31 - 2
-//! worker ranks at once, 2^28 - 1 holders of one block, 2^32 buckets in one tag table (2^32
-//! nodes with canonical keys).
+//! it: 2^32 - 2 block ids (160 GiB of blocks), 2^32 - 2 runs, 2^32 - 2 worker ranks at
+//! once, 2^32 buckets in the tag table.
 //!
 //! # Concurrency
 //!
@@ -156,7 +125,6 @@
 //! # Ok::<(), dynamo_kv_router::Error>(())
 //! ```
 
-mod runs;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -165,7 +133,6 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{RwLock, RwLockReadGuard};
 
-pub use runs::RunTree;
 pub use tree::{EventCounters, RadixTree};
 
 use crate::error::Result;

@@ -35,119 +35,9 @@ fn sorted(s: &OverlapScores) -> BTreeMap<WorkerWithDpRank, u32> {
     s.scores.iter().copied().collect()
 }
 
-/// What the tests use of a tree, so that every check runs on both [`RadixTree`] and
-/// [`RunTree`] (inherent methods, called through the trait).
-trait Tree: Default {
-    fn new(expiration: Option<Duration>) -> Self;
-    fn counters(&self) -> EventCounters;
-    fn find_matches_at(
-        &self,
-        query: &[LocalBlockHash],
-        early_exit: bool,
-        now: Instant,
-    ) -> OverlapScores;
-    fn apply_event(&mut self, worker_id: u64, event: &KvCacheEvent) -> crate::Result<()>;
-    fn store(&mut self, worker: WorkerWithDpRank, data: &KvCacheStoreData) -> crate::Result<()>;
-    fn remove(&mut self, worker: WorkerWithDpRank, hashes: &[u64]) -> crate::Result<()>;
-    fn clear_rank(&mut self, worker: WorkerWithDpRank);
-    fn remove_worker(&mut self, worker_id: u64);
-    fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores;
-    fn dump_events(&self) -> Vec<RouterEvent>;
-    fn check_invariants(&self);
-    fn node_count(&self) -> usize;
-    fn len(&self) -> usize;
-    fn worker_count(&self) -> usize;
-    fn heap_bytes(&self) -> usize;
-}
-
-macro_rules! impl_tree {
-    ($t:ty) => {
-        impl Tree for $t {
-            fn new(expiration: Option<Duration>) -> Self {
-                <$t>::new(expiration)
-            }
-            fn counters(&self) -> EventCounters {
-                <$t>::counters(self)
-            }
-            fn find_matches_at(
-                &self,
-                query: &[LocalBlockHash],
-                early_exit: bool,
-                now: Instant,
-            ) -> OverlapScores {
-                <$t>::find_matches_at(self, query, early_exit, now)
-            }
-            fn apply_event(&mut self, worker_id: u64, event: &KvCacheEvent) -> crate::Result<()> {
-                <$t>::apply_event(self, worker_id, event)
-            }
-            fn store(
-                &mut self,
-                worker: WorkerWithDpRank,
-                data: &KvCacheStoreData,
-            ) -> crate::Result<()> {
-                <$t>::store(self, worker, data)
-            }
-            fn remove(&mut self, worker: WorkerWithDpRank, hashes: &[u64]) -> crate::Result<()> {
-                <$t>::remove(self, worker, hashes)
-            }
-            fn clear_rank(&mut self, worker: WorkerWithDpRank) {
-                <$t>::clear_rank(self, worker)
-            }
-            fn remove_worker(&mut self, worker_id: u64) {
-                <$t>::remove_worker(self, worker_id)
-            }
-            fn find_matches(&self, query: &[LocalBlockHash], early_exit: bool) -> OverlapScores {
-                <$t>::find_matches(self, query, early_exit)
-            }
-            fn dump_events(&self) -> Vec<RouterEvent> {
-                <$t>::dump_events(self)
-            }
-            fn check_invariants(&self) {
-                <$t>::check_invariants(self)
-            }
-            fn node_count(&self) -> usize {
-                <$t>::node_count(self)
-            }
-            fn len(&self) -> usize {
-                <$t>::len(self)
-            }
-            fn worker_count(&self) -> usize {
-                <$t>::worker_count(self)
-            }
-            fn heap_bytes(&self) -> usize {
-                <$t>::heap_bytes(self)
-            }
-        }
-    };
-}
-
-impl_tree!(RadixTree);
-impl_tree!(RunTree);
-
-/// Each named generic test, once on each tree (`radix_tree::name`, `run_tree::name`).
-macro_rules! on_both_trees {
-    ($($name:ident),* $(,)?) => {
-        mod radix_tree {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name::<super::RadixTree>();
-                }
-            )*
-        }
-        mod run_tree {
-            $(
-                #[test]
-                fn $name() {
-                    super::$name::<super::RunTree>();
-                }
-            )*
-        }
-    };
-}
-
-fn shared_prefix_is_one_node_and_scores_are_prefix_depths<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn shared_prefix_is_one_node_and_scores_are_prefix_depths() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
         .expect("store");
     t.store(w(1), &stored(None, &[(20, 100), (21, 101)]))
@@ -163,8 +53,9 @@ fn shared_prefix_is_one_node_and_scores_are_prefix_depths<T: Tree>() {
 /// The query walk checks a chain four nodes at a time: a four-node group that runs past a
 /// chain's last block into the next chain in the arena (same contents as the query asks
 /// next, same holder count, another parent) must stop at the chain's end.
-fn the_walk_stops_where_a_chain_ends_inside_a_four_node_group<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn the_walk_stops_where_a_chain_ends_inside_a_four_node_group() {
+    let mut t = RadixTree::default();
     // Ids 1..=3, then ids 4..=7 (a root child, not a child of 3).
     t.store(w(0), &stored(None, &[(1, 10), (2, 11), (3, 12)]))
         .expect("store");
@@ -177,8 +68,9 @@ fn the_walk_stops_where_a_chain_ends_inside_a_four_node_group<T: Tree>() {
 
 /// A `BROKEN` node inside a four-node group of equal holder counts: the ranks below it
 /// are not its ranks, so the walk must look at the holders there.
-fn the_walk_checks_holders_below_a_broken_node_inside_a_four_node_group<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn the_walk_checks_holders_below_a_broken_node_inside_a_four_node_group() {
+    let mut t = RadixTree::default();
     let chain = |base: u64| -> Vec<(u64, u64)> { (0..7).map(|k| (base + k, 30 + k)).collect() };
     t.store(w(0), &stored(None, &chain(100))).expect("store");
     t.store(w(1), &stored(None, &chain(200))).expect("store");
@@ -192,8 +84,9 @@ fn the_walk_checks_holders_below_a_broken_node_inside_a_four_node_group<T: Tree>
     assert_eq!(sorted(&s), BTreeMap::from([(w(0), 7), (w(2), 3)]));
 }
 
-fn unknown_parent_rejects_without_change<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn unknown_parent_rejects_without_change() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100)])).expect("store");
     let err = t
         .store(w(0), &stored(Some(99), &[(11, 101)]))
@@ -217,8 +110,9 @@ fn unknown_parent_rejects_without_change<T: Tree>() {
     assert_eq!(t.counters().applied, 0);
 }
 
-fn removing_unknown_hash_is_a_reported_no_op<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn removing_unknown_hash_is_a_reported_no_op() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
         .expect("store");
     let err = t.remove(w(0), &[11, 99]).expect_err("99 unknown");
@@ -229,9 +123,10 @@ fn removing_unknown_hash_is_a_reported_no_op<T: Tree>() {
     t.check_invariants();
 }
 
-fn removing_everything_frees_every_node_and_returns_memory<T: Tree>() {
-    let empty = T::default().heap_bytes();
-    let mut t = T::default();
+#[test]
+fn removing_everything_frees_every_node_and_returns_memory() {
+    let empty = RadixTree::default().heap_bytes();
+    let mut t = RadixTree::default();
     for wk in 0..4 {
         for s in 0..50u64 {
             let blocks: Vec<(u64, u64)> = (0..20)
@@ -261,8 +156,9 @@ fn removing_everything_frees_every_node_and_returns_memory<T: Tree>() {
     assert_eq!(t.heap_bytes(), empty);
 }
 
-fn inner_removal_keeps_deeper_blocks_until_parent_returns<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn inner_removal_keeps_deeper_blocks_until_parent_returns() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
         .expect("store");
     t.remove(w(0), &[10]).expect("remove");
@@ -277,8 +173,9 @@ fn inner_removal_keeps_deeper_blocks_until_parent_returns<T: Tree>() {
     t.check_invariants();
 }
 
-fn dp_ranks_are_separate_and_cleared_drops_one_rank<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn dp_ranks_are_separate_and_cleared_drops_one_rank() {
+    let mut t = RadixTree::default();
     let a = WorkerWithDpRank::new(0, 0);
     let b = WorkerWithDpRank::new(0, 1);
     t.store(a, &stored(None, &[(10, 100)])).expect("store");
@@ -301,8 +198,9 @@ fn dp_ranks_are_separate_and_cleared_drops_one_rank<T: Tree>() {
 
 /// A worker's dp ranks go in one pass: nodes they all hold (canonical entries whose every
 /// holder goes), a rank's own hash, a wide prefix, and another worker's blocks that stay.
-fn removing_a_worker_drops_all_its_ranks_at_once<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn removing_a_worker_drops_all_its_ranks_at_once() {
+    let mut t = RadixTree::default();
     let empty = t.heap_bytes();
     let ranks: Vec<WorkerWithDpRank> = (0..70).map(|r| WorkerWithDpRank::new(7, r)).collect();
     // Every rank holds the prefix (a wide node: more than `WIDE_MIN` holders) and a
@@ -335,8 +233,9 @@ fn removing_a_worker_drops_all_its_ranks_at_once<T: Tree>() {
     assert_eq!(t.heap_bytes(), empty);
 }
 
-fn early_exit_stops_when_one_worker_remains<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn early_exit_stops_when_one_worker_remains() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100), (11, 101), (12, 102)]))
         .expect("store");
     t.store(w(1), &stored(None, &[(20, 100)])).expect("store");
@@ -346,8 +245,9 @@ fn early_exit_stops_when_one_worker_remains<T: Tree>() {
     assert_eq!(s.get(w(0)), Some(3));
 }
 
-fn frequencies_count_recent_lookups_within_the_window<T: Tree>() {
-    let t = T::new(Some(Duration::from_secs(10)));
+#[test]
+fn frequencies_count_recent_lookups_within_the_window() {
+    let t = RadixTree::new(Some(Duration::from_secs(10)));
     let mut t = t;
     t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
         .expect("store");
@@ -361,15 +261,16 @@ fn frequencies_count_recent_lookups_within_the_window<T: Tree>() {
     let s = t.find_matches_at(&q(&[100, 101]), false, t0 + Duration::from_secs(30));
     assert!(s.frequencies.is_empty(), "all older than the window");
     assert!(
-        T::default()
+        RadixTree::default()
             .find_matches(&q(&[1]), false)
             .frequencies
             .is_empty()
     );
 }
 
-fn moving_an_external_hash_releases_the_old_position<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn moving_an_external_hash_releases_the_old_position() {
+    let mut t = RadixTree::default();
     t.store(w(0), &stored(None, &[(10, 100), (11, 101)]))
         .expect("store");
     t.store(w(0), &stored(None, &[(11, 105)])).expect("store");
@@ -381,8 +282,9 @@ fn moving_an_external_hash_releases_the_old_position<T: Tree>() {
     assert_eq!(t.node_count(), 0);
 }
 
-fn many_workers_share_nodes_and_promotion_keeps_lookups_valid<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn many_workers_share_nodes_and_promotion_keeps_lookups_valid() {
+    let mut t = RadixTree::default();
     for wk in 0..20 {
         t.store(w(wk), &stored(None, &[(wk, 1), (100 + wk, 2)]))
             .expect("store");
@@ -402,8 +304,9 @@ fn many_workers_share_nodes_and_promotion_keeps_lookups_valid<T: Tree>() {
     assert_eq!((t.node_count(), t.len()), (0, 0));
 }
 
-fn a_freed_explicit_child_never_matches_a_reused_node<T: Tree>() {
-    let mut t = T::default();
+#[test]
+fn a_freed_explicit_child_never_matches_a_reused_node() {
+    let mut t = RadixTree::default();
     // Two chains under block 100: the second one's first block is an explicit child of the
     // first block, which is flagged `BRANCH` while it has one.
     t.store(w(0), &stored(None, &[(1, 100), (2, 101)]))
@@ -429,10 +332,11 @@ fn a_freed_explicit_child_never_matches_a_reused_node<T: Tree>() {
     t.check_invariants();
 }
 
-fn large_tree_with_warmed_lookups_and_grown_tables<T: Tree>() {
+#[test]
+fn large_tree_with_warmed_lookups_and_grown_tables() {
     // Beyond the size from which lookups are warmed before each event (2^18 pairs), with
     // tables grown many times; every query checked against the expected depth.
-    let mut t = T::default();
+    let mut t = RadixTree::default();
     let chains = 5_000u64;
     let len = 64u64;
     for c in 0..chains {
@@ -479,26 +383,8 @@ fn large_tree_with_warmed_lookups_and_grown_tables<T: Tree>() {
     }
     t.check_invariants();
     assert_eq!((t.node_count(), t.len()), (0, 0));
-    assert_eq!(t.heap_bytes(), T::default().heap_bytes());
+    assert_eq!(t.heap_bytes(), RadixTree::default().heap_bytes());
 }
-
-on_both_trees!(
-    shared_prefix_is_one_node_and_scores_are_prefix_depths,
-    the_walk_stops_where_a_chain_ends_inside_a_four_node_group,
-    the_walk_checks_holders_below_a_broken_node_inside_a_four_node_group,
-    unknown_parent_rejects_without_change,
-    removing_unknown_hash_is_a_reported_no_op,
-    removing_everything_frees_every_node_and_returns_memory,
-    inner_removal_keeps_deeper_blocks_until_parent_returns,
-    dp_ranks_are_separate_and_cleared_drops_one_rank,
-    removing_a_worker_drops_all_its_ranks_at_once,
-    early_exit_stops_when_one_worker_remains,
-    frequencies_count_recent_lookups_within_the_window,
-    moving_an_external_hash_releases_the_old_position,
-    many_workers_share_nodes_and_promotion_keeps_lookups_valid,
-    a_freed_explicit_child_never_matches_a_reused_node,
-    large_tree_with_warmed_lookups_and_grown_tables,
-);
 
 // ----- model-based property test -------------------------------------------------------
 
@@ -650,8 +536,8 @@ fn all_queries() -> Vec<Vec<u64>> {
 
 /// Apply `ops` to the tree and to the naive model; every query, the dump and the final
 /// cleanup must agree.
-fn check_against_model<T: Tree>(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
-    let mut tree = T::default();
+fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
+    let mut tree = RadixTree::default();
     let mut model = Model::default();
     // Every (epoch, index slot) seen, with its rank: an epoch names one assignment.
     let mut named: HashMap<(u64, u32), WorkerWithDpRank> = HashMap::new();
@@ -689,7 +575,7 @@ fn check_against_model<T: Tree>(ops: &[Op]) -> std::result::Result<(), TestCaseE
     }
     // Every query agrees with the model, and a dump replayed on an empty tree
     // reproduces every score.
-    let mut replay = T::default();
+    let mut replay = RadixTree::default();
     for ev in tree.dump_events() {
         replay
             .apply_event(ev.worker_id, &ev.event)
@@ -710,7 +596,7 @@ fn check_against_model<T: Tree>(ops: &[Op]) -> std::result::Result<(), TestCaseE
         (tree.node_count(), tree.len(), tree.worker_count()),
         (0, 0, 0)
     );
-    prop_assert_eq!(tree.heap_bytes(), T::default().heap_bytes());
+    prop_assert_eq!(tree.heap_bytes(), RadixTree::default().heap_bytes());
     Ok(())
 }
 
@@ -751,24 +637,14 @@ proptest! {
 
     #[test]
     fn tree_matches_naive_model(ops in proptest::collection::vec(op_strategy(), 1..80)) {
-        check_against_model::<RadixTree>(&ops)?;
-    }
-
-    #[test]
-    fn run_tree_matches_naive_model(ops in proptest::collection::vec(op_strategy(), 1..80)) {
-        check_against_model::<RunTree>(&ops)?;
+        check_against_model(&ops)?;
     }
 
     /// Wider alphabets and longer runs: longer chains, more explicit children (and child
     /// hints left stale by frees and id reuse), tag tables grown several times.
     #[test]
     fn tree_matches_naive_model_wide(ops in proptest::collection::vec(ops_over(160, 12, 12), 1..300)) {
-        check_against_model::<RadixTree>(&ops)?;
-    }
-
-    #[test]
-    fn run_tree_matches_naive_model_wide(ops in proptest::collection::vec(ops_over(160, 12, 12), 1..300)) {
-        check_against_model::<RunTree>(&ops)?;
+        check_against_model(&ops)?;
     }
 }
 
@@ -803,9 +679,10 @@ fn a_query_behind_an_event_sees_it_applied() {
 /// Found by `tree_matches_naive_model_wide`: a chain whose hashes repeat (each store of
 /// the hash moves it deeper, freeing the node it left), on a tree where another rank's
 /// `cleared` left free runs behind, must not corrupt the free runs.
-fn a_chain_repeating_its_hash_over_freed_runs<T: Tree>() {
+#[test]
+fn a_chain_repeating_its_hash_over_freed_runs() {
     let r = |dp| WorkerWithDpRank::new(3, dp);
-    let mut t = T::default();
+    let mut t = RadixTree::default();
     t.store(r(1), &stored(None, &[(0, 6), (0, 0), (0, 0)]))
         .expect("store");
     t.check_invariants();
@@ -816,14 +693,4 @@ fn a_chain_repeating_its_hash_over_freed_runs<T: Tree>() {
     t.store(r(0), &stored(None, &[(40, 1), (0, 0), (0, 0)]))
         .expect("store");
     t.check_invariants();
-}
-
-#[test]
-fn a_chain_repeating_its_hash_over_freed_runs_radix_tree() {
-    a_chain_repeating_its_hash_over_freed_runs::<RadixTree>();
-}
-
-#[test]
-fn a_chain_repeating_its_hash_over_freed_runs_run_tree() {
-    a_chain_repeating_its_hash_over_freed_runs::<RunTree>();
 }

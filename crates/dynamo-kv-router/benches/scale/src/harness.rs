@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::hashing::{LocalBlockHash, compute_seq_hash_for_block};
-use dynamo_kv_router::indexer::{RadixTree, RunTree, SharedRadixTree};
+use dynamo_kv_router::indexer::{RadixTree, SharedRadixTree};
 use dynamo_kv_router::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData,
@@ -158,32 +158,6 @@ pub(crate) fn ours() -> Candidate {
         name: "ours",
         single: || Box::new(Ours(RadixTree::default())),
         shared: Some(|| Arc::new(OursShared(SharedRadixTree::new(None)))),
-    }
-}
-
-struct OursRuns(RunTree);
-
-impl Index for OursRuns {
-    fn apply(&mut self, worker: u64, event: &KvCacheEvent) -> Duration {
-        let t = Instant::now();
-        let _ = black_box(self.0.apply_event(worker, event));
-        t.elapsed()
-    }
-    fn find(&self, query: &[LocalBlockHash]) -> (Duration, u32) {
-        let t = Instant::now();
-        let r = self.0.find_matches(query, false);
-        let e = t.elapsed();
-        (e, r.scores.iter().map(|&(_, s)| s).max().unwrap_or(0))
-    }
-}
-
-/// The library's run tree (`indexer::RunTree`), before it replaces [`ours`]; run only when
-/// named.
-pub(crate) fn run_tree() -> Candidate {
-    Candidate {
-        name: "runtree",
-        single: || Box::new(OursRuns(RunTree::default())),
-        shared: None,
     }
 }
 
@@ -858,8 +832,7 @@ const USAGE: &str = "indexer scale bench
   --workers 16,1000          simulated workers (default 16)
   --rounds 3                 repetitions; figures are medians (ratios: median of per-round ratios)
   --only scale|rw            run one pass (default both)
-  --cands ours,ref           candidates to run, in this order (default: all built in but
-                             the spike's `runs` and `runs-check`, see runs.rs)
+  --cands ours,ref           candidates to run, in this order (default: all built in)
   --readers 1,2,4            reader threads of the reader/writer pass
   --rw-live 1m               live blocks before the reader/writer pass
   --rw-secs 3                duration of each reader/writer run
@@ -914,26 +887,22 @@ fn parse() -> Opts {
 pub(crate) fn main_with(cands: Vec<Candidate>) {
     let opts = parse();
     let mut cands = cands;
-    match &opts.cands {
-        // In the order given: ratios are the first named over the second.
-        Some(keep) => {
-            let built: Vec<&str> = cands.iter().map(|c| c.name).collect();
-            let mut named = Vec::new();
-            for k in keep {
-                let Some(i) = cands.iter().position(|c| c.name == k) else {
-                    eprintln!(
-                        "indexer scale bench: no candidate {k:?}, or named twice (built: {}; \
+    // In the order given: ratios are the first named over the second.
+    if let Some(keep) = &opts.cands {
+        let built: Vec<&str> = cands.iter().map(|c| c.name).collect();
+        let mut named = Vec::new();
+        for k in keep {
+            let Some(i) = cands.iter().position(|c| c.name == k) else {
+                eprintln!(
+                    "indexer scale bench: no candidate {k:?}, or named twice (built: {}; \
                          `ref` needs the bench-reference feature)",
-                        built.join(", ")
-                    );
-                    std::process::exit(2);
-                };
-                named.push(cands.remove(i));
-            }
-            cands = named;
+                    built.join(", ")
+                );
+                std::process::exit(2);
+            };
+            named.push(cands.remove(i));
         }
-        // The spike's candidates (`runs.rs`) and the run tree run only when named.
-        None => cands.retain(|c| !c.name.starts_with("run")),
+        cands = named;
     }
     let (trace, span) = match load_trace() {
         Ok(t) => t,

@@ -66,7 +66,7 @@ impl<T> Arena<T> {
     }
 
     /// Element `i`, if `i < len()`.
-    #[inline]
+    #[cfg(test)]
     pub(super) fn get(&self, i: usize) -> Option<&T> {
         self.chunks.get(i >> CHUNK_BITS)?.get(i & MASK)
     }
@@ -240,7 +240,7 @@ mod tree_tests {
     fn a_chain_across_chunks_scores_its_full_length() {
         let mut t = RadixTree::default();
         let (a, b) = (WorkerWithDpRank::new(1, 0), WorkerWithDpRank::new(2, 0));
-        // The root is id 0, so this chain (ids 1..) crosses four chunk boundaries.
+        // This chain (ids 0..) crosses four chunk boundaries.
         let n = CHUNK as u64 * 4 + 3;
         t.store_blocks(a, None, &blocks(0..n, 1000)).expect("store");
         // A second rank holds exactly the first chunk and a half (same contents).
@@ -262,8 +262,8 @@ mod tree_tests {
             query.push(LocalBlockHash(7));
             let s = t.find_matches(&query, false);
             assert_eq!(s.get(a), Some(stop as u32), "stop at {stop}");
-            // With early exit the walk takes the slow path (one child lookup a block);
-            // `b` leaves at depth `half` at the latest, then `a` is alone and stops there.
+            // With early exit `b` leaves at depth `half` at the latest, then `a` is alone
+            // and stops there.
             let e = t.find_matches(&query, true);
             assert_eq!(
                 e.get(a),
@@ -271,8 +271,8 @@ mod tree_tests {
                 "early exit at {stop}"
             );
         }
-        // Evicting the chain's tail frees the last chunks' nodes, and a new chain reuses
-        // them from the same ids on, across the same boundaries.
+        // Evicting the chain's tail frees the last chunks' ids, and a new chain reuses
+        // them, across the same boundaries.
         let tail: Vec<u64> = (CHUNK as u64 * 2..n).rev().collect();
         t.remove(a, &tail).expect("remove");
         t.check_invariants();

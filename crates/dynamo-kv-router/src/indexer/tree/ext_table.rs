@@ -92,7 +92,7 @@ const LARGE_LIMIT: usize = 22;
 
 /// The 32-bit tag of a key's (already mixed) hash.
 #[inline]
-pub(in crate::indexer) const fn tag_of(hash: u64) -> u32 {
+pub(super) const fn tag_of(hash: u64) -> u32 {
     (hash >> 32) as u32
 }
 
@@ -223,12 +223,12 @@ fn remove_marked_in(a: &mut [u64], bits: u32, marked: &IdSet) -> usize {
 
 /// Where a missed key goes (from [`ExtTable::find_or_vacant`]).
 #[derive(Clone, Copy, Debug)]
-pub(in crate::indexer) struct Vacant(usize);
+pub(super) struct Vacant(usize);
 
 /// `tag -> u32 handle` (several handles may share a tag; the caller's `eq` tells them
 /// apart); handles are never `u32::MAX`.
 #[derive(Debug, Default)]
-pub(in crate::indexer) struct ExtTable {
+pub(super) struct ExtTable {
     entries: Vec<u64>,
     /// log2 of `entries.len()` (0 when unallocated).
     bits: u32,
@@ -253,12 +253,12 @@ pub(in crate::indexer) struct ExtTable {
 
 impl ExtTable {
     /// Number of entries.
-    pub(in crate::indexer) const fn len(&self) -> usize {
+    pub(super) const fn len(&self) -> usize {
         self.len
     }
 
     /// Bytes reserved.
-    pub(in crate::indexer) fn heap_bytes(&self) -> usize {
+    pub(super) fn heap_bytes(&self) -> usize {
         (self.entries.capacity()
             + self.old.capacity()
             + self.next.capacity()
@@ -268,7 +268,7 @@ impl ExtTable {
 
     /// Index of the entry whose key has tag `tag` and satisfies `eq(handle)`.
     #[inline]
-    pub(in crate::indexer) fn find(&self, tag: u32, eq: impl FnMut(u32) -> bool) -> Option<usize> {
+    pub(super) fn find(&self, tag: u32, eq: impl FnMut(u32) -> bool) -> Option<usize> {
         self.find_or_vacant(tag, eq).ok()
     }
 
@@ -276,7 +276,7 @@ impl ExtTable {
     /// the probe stopped at, so that inserting the missing key does not walk the cluster a
     /// second time (a lookup at 13/16 load walks ~15 buckets to an empty one).
     #[inline]
-    pub(in crate::indexer) fn find_or_vacant(
+    pub(super) fn find_or_vacant(
         &self,
         tag: u32,
         mut eq: impl FnMut(u32) -> bool,
@@ -299,7 +299,7 @@ impl ExtTable {
     /// [`Self::insert_new`] for the key that [`Self::find_or_vacant`] just missed (no
     /// change to the table in between): straight into the vacant bucket unless this insert
     /// migrates or grows the table, which moves entries.
-    pub(in crate::indexer) fn insert_vacant(&mut self, vacant: Vacant, tag: u32, handle: u32) {
+    pub(super) fn insert_vacant(&mut self, vacant: Vacant, tag: u32, handle: u32) {
         let Vacant(i) = vacant;
         if i == usize::MAX
             || self.old_len != 0
@@ -324,7 +324,7 @@ impl ExtTable {
     /// loop instead, as this was until round 15, stalled the apply behind the first one
     /// and were slower than nothing in tables that mostly fit in cache).
     #[inline]
-    pub(in crate::indexer) fn prefetch(&self, tag: u32) {
+    pub(super) fn prefetch(&self, tag: u32) {
         if self.bits == 0 {
             return;
         }
@@ -345,12 +345,12 @@ impl ExtTable {
 
     /// The handle at `index` (from [`Self::find`]).
     #[inline]
-    pub(in crate::indexer) fn get(&self, index: usize) -> u32 {
+    pub(super) fn get(&self, index: usize) -> u32 {
         handle_of(self.at(index))
     }
 
     /// Add an entry whose key is not in the table. (Invalidates indices from `find`.)
-    pub(in crate::indexer) fn insert_new(&mut self, tag: u32, handle: u32) {
+    pub(super) fn insert_new(&mut self, tag: u32, handle: u32) {
         debug_assert_ne!(handle, u32::MAX);
         if !self.retired.is_empty() {
             self.release_retired();
@@ -526,7 +526,7 @@ impl ExtTable {
     }
 
     /// Remove the entry at `index`; returns its handle.
-    pub(in crate::indexer) fn remove_at(&mut self, index: usize) -> u32 {
+    pub(super) fn remove_at(&mut self, index: usize) -> u32 {
         let handle = self.get(index);
         if index & IN_OLD == 0 {
             remove_from(&mut self.entries, self.bits, index);
@@ -550,7 +550,7 @@ impl ExtTable {
     /// Remove every entry whose handle is in `marked`, in one pass over the table (the
     /// entries of a bulk removal, e.g. a cleared rank's, without a probe each: a probe at
     /// 10M blocks is a cache miss).
-    pub(in crate::indexer) fn remove_marked(&mut self, marked: &IdSet) {
+    pub(super) fn remove_marked(&mut self, marked: &IdSet) {
         if self.len == 0 {
             return;
         }
@@ -570,7 +570,7 @@ impl ExtTable {
     }
 
     /// Every entry as `(tag, handle)` (in table order).
-    pub(in crate::indexer) fn entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+    pub(super) fn entries(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.entries
             .iter()
             .chain(self.old.iter())

@@ -9,27 +9,27 @@
 
 /// A set of ids below the limit given to [`IdSet::new`].
 #[derive(Debug)]
-pub(in crate::indexer) struct IdSet {
+pub(super) struct IdSet {
     words: Vec<u64>,
 }
 
 impl IdSet {
     /// An empty set of ids below `limit`.
-    pub(in crate::indexer) fn new(limit: usize) -> Self {
+    pub(super) fn new(limit: usize) -> Self {
         Self {
             words: vec![0; (limit + 1).div_ceil(64)],
         }
     }
 
     /// Add `id` (below the set's limit).
-    pub(in crate::indexer) fn insert(&mut self, id: u32) {
+    pub(super) fn insert(&mut self, id: u32) {
         let bit = id as usize + 1;
         self.words[bit / 64] |= 1 << (bit % 64);
     }
 
     /// Whether `id` is in the set (never for `NIL` or ids past the limit).
     #[inline]
-    pub(in crate::indexer) fn contains(&self, id: u32) -> bool {
+    pub(super) fn contains(&self, id: u32) -> bool {
         let bit = id.wrapping_add(1) as usize;
         self.words
             .get(bit / 64)

@@ -1,290 +1,206 @@
-//! Structural invariant checks (used by the tests and the fuzz target).
+//! Structural invariant checks of the run tree (used by the tests).
 
-use super::{BRANCH, BROKEN, COUNT_MASK, DUPS, NIL, ROOT, RadixTree, WIDE, WIDE_DROP, WIDE_MIN};
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::free_runs::TAKEN;
-use super::holders::Holders;
+use super::{NIL, RadixTree, child_tag, mix, tag_of};
 
 impl RadixTree {
+    /// The children of `run`.
+    fn kids(&self, run: u32) -> impl Iterator<Item = u32> + '_ {
+        std::iter::successors(
+            Some(self.runs[run as usize].kid).filter(|&k| k != NIL),
+            |&k| Some(self.runs[k as usize].next).filter(|&k| k != NIL),
+        )
+    }
+
     /// Check every structural invariant (tests and debugging).
     ///
     /// # Panics
     /// When an invariant is violated.
     #[doc(hidden)]
     pub fn check_invariants(&self) {
-        let mut live = vec![true; self.nodes.len()];
-        let free = self.free_nodes.checked_ids(&self.nodes, &self.cold);
-        for &f in &free {
-            live[f as usize] = false;
-        }
-        let mut children = vec![0u32; self.nodes.len()];
-        let mut count = 0;
-        for (id, n) in self.nodes.iter().enumerate().skip(1) {
-            if !live[id] {
-                continue;
+        let n = self.local.len();
+        assert_eq!(self.run_of.len(), n);
+        assert_eq!(self.key.len(), n);
+        assert_eq!(self.keyed.len(), n.div_ceil(64));
+        // Free ranges: maximal, disjoint, not at the end, indexed both ways, ids unused.
+        let mut free = 0usize;
+        let mut ranges: Vec<(u32, u32)> = self.free.ranges().collect();
+        ranges.sort_unstable();
+        let mut last_end = None;
+        for &(s, l) in &ranges {
+            assert!(l > 0);
+            assert_eq!(
+                self.free.ending_at(s + l),
+                Some(s),
+                "free range {s}+{l} by end"
+            );
+            assert!(((s + l) as usize) <= n, "free range {s}+{l} past the end");
+            if let Some(e) = last_end {
+                assert!(s > e, "free ranges touch or overlap at {s}");
             }
-            assert_ne!(
-                n.parent, TAKEN,
-                "node {id} taken for a chain but never written"
-            );
-            assert!(live[n.parent as usize], "node {id} has a freed parent");
-            children[n.parent as usize] += 1;
-            assert_eq!(
-                self.child(n.parent, n.local),
-                Some(id as u32),
-                "child index"
-            );
-            let c = &self.cold[id];
-            assert!(!c.has_extras() || c.link != NIL, "extras flag of {id}");
-            assert!(
-                c.slot != NIL || self.has_children(id as u32),
-                "node {id} is empty and childless"
-            );
-            self.for_each_residency(id as u32, |_| count += 1);
-        }
-        for id in 1..self.nodes.len() {
-            if !live[id] {
-                continue;
+            last_end = Some(s + l);
+            for b in s..s + l {
+                assert_eq!(self.run_of[b as usize], NIL, "free id {b} in a run");
             }
-            let implicit = self
-                .nodes
-                .get(id + 1)
-                .is_some_and(|c| c.parent == id as u32);
-            let explicit = self.kids.get(&(id as u32)).copied().unwrap_or(0);
-            assert_eq!(
-                self.nodes[id].meta & BRANCH != 0,
-                explicit != 0,
-                "BRANCH flag of {id}"
-            );
-            assert_eq!(
-                u32::from(implicit) + explicit,
-                children[id],
-                "child count of {id}"
-            );
+            free += l as usize;
         }
-        for (&id, &k) in &self.kids {
-            assert!(
-                id != ROOT && live[id as usize] && k > 0,
-                "explicit count of {id}"
-            );
-        }
+        assert_eq!(ranges.len(), self.free.len());
+        let slack: usize = self.runs.iter().map(|r| (r.cap - r.len) as usize).sum();
         assert_eq!(
-            self.nodes[ROOT as usize].meta & BRANCH,
-            0,
-            "root flagged BRANCH"
+            self.live_blocks + free + slack,
+            n,
+            "ids: live + free + reserved"
         );
-        assert_eq!(count, self.residencies, "residency count");
-        // Holder counts and flags: the count is exact; without `DUPS` no rank holds a node
-        // twice; without `BROKEN` every holder of a child holds its parent.
-        for (id, &is_live) in live.iter().enumerate().skip(1) {
-            if !is_live {
-                assert_eq!(self.nodes[id].meta, 0, "freed node keeps meta");
+        let free_runs: FxHashSet<u32> = self.free_runs.iter().copied().collect();
+        assert_eq!(free_runs.len(), self.free_runs.len());
+        let mut blocks = 0usize;
+        let mut residencies = 0usize;
+        let mut per_slot: FxHashMap<u32, usize> = FxHashMap::default();
+        for (id, r) in self.runs.iter().enumerate() {
+            let id = id as u32;
+            if r.len == 0 {
+                assert_eq!(r.cap, 0, "freed run {id} keeps ids");
+                assert!(free_runs.contains(&id), "run {id} empty but not free");
                 continue;
             }
-            let mut holders = Vec::new();
-            self.for_each_residency(id as u32, |s| holders.push(s));
-            let m = self.nodes[id].meta;
-            assert_eq!(
-                (m & COUNT_MASK) as usize,
-                holders.len(),
-                "holder count of {id}"
-            );
-            let mut distinct = holders.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            if m & DUPS == 0 {
+            assert!(!free_runs.contains(&id), "run {id} live and free");
+            blocks += r.len as usize;
+            for b in r.start..r.start + r.len {
+                assert_eq!(self.run_of[b as usize], id, "block {b} of run {id}");
+            }
+            assert!(r.cap >= r.len, "run {id}: capacity below length");
+            for b in r.start + r.len..r.start + r.cap {
                 assert_eq!(
-                    distinct.len(),
-                    holders.len(),
-                    "{id} has duplicates unflagged"
+                    self.run_of[b as usize], NIL,
+                    "reserved id {b} of run {id} in use"
+                );
+                assert!(
+                    self.free.starting_at(b).is_none(),
+                    "reserved id {b} of run {id} free"
                 );
             }
-            // A wide node's holder set is exact (so is its `DUPS`); the others are narrow.
-            if m & WIDE != 0 {
-                let set = self
-                    .wide
-                    .get(&(id as u32))
-                    .expect("wide node without a set");
-                assert_eq!(set.residencies(), holders.len(), "holder set count of {id}");
-                for &h in &distinct {
-                    let n = holders.iter().filter(|&&x| x == h).count();
-                    assert_eq!(set.multiplicity(h) as usize, n, "multiplicity in {id}");
+            assert_eq!(
+                self.child(r.parent, self.local[r.start as usize]),
+                Some(id),
+                "run {id} in the child table"
+            );
+            if r.parent != NIL {
+                let p = &self.runs[r.parent as usize];
+                assert!(p.len > 0, "run {id} under a freed run");
+                assert_eq!(
+                    self.kids(r.parent).filter(|&k| k == id).count(),
+                    1,
+                    "run {id} listed once by its parent"
+                );
+            }
+            for k in self.kids(id) {
+                assert_eq!(self.runs[k as usize].parent, id, "kid {k} of run {id}");
+            }
+            let slots: FxHashSet<u32> = r.holders.iter().map(|h| h.0).collect();
+            assert_eq!(slots.len(), r.holders.len(), "run {id} lists a rank twice");
+            for &(s, len) in &r.holders {
+                assert!(
+                    len >= 1 && len <= r.len,
+                    "run {id}: length {len} of slot {s}"
+                );
+                assert!(self.slots[s as usize].is_some(), "run {id}: free slot {s}");
+            }
+            assert_eq!(
+                r.held,
+                r.holders.iter().map(|h| h.1).max().unwrap_or(0),
+                "run {id}: longest holder"
+            );
+            // A childless run is trimmed to what its ranks hold; a run without holders has
+            // children.
+            if !r.has_kids() {
+                assert_eq!(r.held, r.len, "run {id} has an unheld tail");
+            }
+            for b in r.start..r.start + r.len {
+                let o = b - r.start;
+                let canonical: Vec<u32> = r
+                    .holders
+                    .iter()
+                    .filter(|&&(s, len)| len > o && !self.no_canon.contains(&(s, b)))
+                    .map(|h| h.0)
+                    .collect();
+                match self.key_at(b) {
+                    Some(k) => {
+                        assert!(!canonical.is_empty(), "block {b} keyed without holders");
+                        assert_eq!(self.block_of_key(k), Some(b), "block {b} key in hashes");
+                    }
+                    None => assert!(canonical.is_empty(), "block {b} held without a key"),
                 }
-                assert_eq!(m & DUPS != 0, set.has_dups(), "DUPS of wide {id}");
-                assert!(
-                    m & COUNT_MASK >= WIDE_DROP,
-                    "wide {id} below the drop limit"
-                );
-            } else {
-                assert!(
-                    !self.wide.contains_key(&(id as u32)),
-                    "narrow {id} has a set"
-                );
-                assert!(m & COUNT_MASK <= WIDE_MIN, "narrow {id} above the limit");
+                residencies += canonical.len();
+                for s in canonical {
+                    *per_slot.entry(s).or_default() += 1;
+                }
             }
-            let parent = self.nodes[id].parent;
-            if parent != ROOT && self.nodes[parent as usize].meta & BROKEN == 0 {
-                let mut up = Vec::new();
-                self.for_each_residency(parent, |s| up.push(s));
-                for h in &distinct {
+        }
+        assert_eq!(blocks, self.live_blocks, "live blocks");
+        let mut entries = 0;
+        for (tag, b) in self.hashes.entries() {
+            let k = self.key_at(b).expect("hashes names a keyed block");
+            assert_eq!(tag_of(mix(k)), tag, "hashes entry of block {b}");
+            entries += 1;
+        }
+        assert_eq!(entries, self.hashes.len());
+        // The children map names live runs only.
+        let mut children = 0;
+        for (tag, c) in self.children.entries() {
+            let r = &self.runs[c as usize];
+            assert!(r.len > 0, "child table names freed run {c}");
+            assert_eq!(tag, child_tag(r.parent, self.local[r.start as usize]));
+            children += 1;
+        }
+        assert_eq!(children, self.children.len(), "child table entries");
+        // Own residencies: their rank holds the block; counted per (slot, block).
+        let mut counted: FxHashMap<(u32, u32), u32> = FxHashMap::default();
+        for (&(s, h), &b) in &self.own {
+            assert!(
+                self.covers(s, b),
+                "own residency ({s}, {h}) at unheld block {b}"
+            );
+            // (An own hash may since have become the block's key, when the block lost its
+            // key and another rank brought that hash: the rank still holds it as its own.)
+            *counted.entry((s, b)).or_default() += 1;
+            *per_slot.entry(s).or_default() += 1;
+        }
+        residencies += self.own.len();
+        assert_eq!(counted, self.own_count, "own counts");
+        for &(s, b) in &self.no_canon {
+            assert!(
+                counted.contains_key(&(s, b)),
+                "no_canon ({s}, {b}) without own hashes"
+            );
+        }
+        // Every block a rank holds is held under some hash.
+        for r in self.runs.iter().filter(|r| r.len > 0) {
+            for &(s, len) in &r.holders {
+                for b in r.start..r.start + len {
+                    let canonical = !self.no_canon.contains(&(s, b));
                     assert!(
-                        up.contains(h),
-                        "holder {h} of {id} misses parent {parent} unflagged"
+                        canonical || counted.contains_key(&(s, b)),
+                        "slot {s} holds block {b} under no hash"
                     );
                 }
             }
         }
-        let wide_nodes = live
-            .iter()
-            .enumerate()
-            .filter(|&(id, &l)| l && self.nodes[id].meta & WIDE != 0)
-            .count();
-        assert_eq!(self.wide.len(), wide_nodes, "holder sets of freed nodes");
-        // A wide node's position hint of every slot in its block names one of the slot's
-        // entries (a stale one would only cost a scan, but would mean the upkeep is wrong).
-        for (&node, set) in &self.wide {
-            let c = &self.cold[node as usize];
-            if !c.has_extras() {
-                continue;
-            }
-            let len = (self.nodes[node as usize].meta & COUNT_MASK) - 1;
-            self.holders.scan(c.link, |h| {
-                let named = set
-                    .hint(h.slot)
-                    .filter(|&j| j < len)
-                    .map(|j| self.holders.get(c.link, j).slot);
-                assert_eq!(named, Some(h.slot), "position hint of {node}");
-                true
-            });
-        }
-        let explicit = |root: bool| {
-            (1..self.nodes.len())
-                .filter(|&id| {
-                    let parent = self.nodes[id].parent;
-                    live[id] && !Self::is_implicit(id as u32, parent) && (parent == ROOT) == root
-                })
-                .count()
-        };
-        assert_eq!(self.children.len(), explicit(false), "child table size");
-        assert_eq!(self.roots.len(), explicit(true), "root table size");
-        for &f in &free {
-            assert_eq!(
-                self.nodes[f as usize].parent, NIL,
-                "freed node keeps a parent"
-            );
-        }
-        assert_eq!(self.slot_worker.len(), self.slots.len());
+        assert_eq!(residencies, self.residencies, "residency count");
         for (slot, s) in self.slots.iter().enumerate() {
-            let Some(s) = s else { continue };
-            assert_eq!(
-                self.slot_of.get(&self.slot_worker[slot]),
-                Some(&(slot as u32))
-            );
-            assert!(s.count > 0, "empty slot kept");
-        }
-        // Each rank's count is its residencies.
-        let mut counts: FxHashMap<u32, usize> = FxHashMap::default();
-        for (id, &is_live) in live.iter().enumerate().skip(1) {
-            if is_live {
-                self.for_each_residency(id as u32, |s| *counts.entry(s).or_default() += 1);
+            let want = per_slot.get(&(slot as u32)).copied().unwrap_or(0);
+            match s {
+                Some(s) => {
+                    assert_eq!(s.count, want, "slot {slot} count");
+                    assert!(s.count > 0, "slot {slot} kept without residencies");
+                }
+                None => assert_eq!(want, 0, "free slot {slot} holds blocks"),
             }
-        }
-        for (slot, s) in self.slots.iter().enumerate() {
-            if let Some(s) = s {
-                assert_eq!(
-                    counts.get(&(slot as u32)).copied(),
-                    Some(s.count),
-                    "count of slot {slot}"
-                );
-            }
-        }
-        // `hashes`: one entry per node with residencies under its canonical key, none for
-        // any other node.
-        let mut entries: FxHashMap<u32, usize> = FxHashMap::default();
-        for (_, node) in self.hashes.entries() {
-            assert!(live[node as usize], "hash entry of freed node {node}");
-            *entries.entry(node).or_default() += 1;
-        }
-        for (id, &is_live) in live.iter().enumerate().skip(1) {
-            if is_live {
-                let want = usize::from(self.canonical_count(id as u32) > 0);
-                assert_eq!(
-                    entries.get(&(id as u32)).copied().unwrap_or(0),
-                    want,
-                    "hash entries of {id}"
-                );
-            }
-        }
-        // `own`: each key names a live node its rank holds under it (it may have become the
-        // node's canonical key since, after the node had none); `own_slots` lists each once.
-        let mut listed: FxHashMap<u32, usize> = FxHashMap::default();
-        for (&(slot, key), &node) in &self.own {
-            assert!(live[node as usize], "own key {key:x} of freed node {node}");
-            assert!(
-                self.own_count(node, slot) > 0,
-                "own key {key:x} of slot {slot} unlisted"
-            );
-            *listed.entry(node).or_default() += 1;
-        }
-        for (&node, list) in &self.own_slots {
-            assert!(
-                !list.is_empty() && live[node as usize],
-                "own slots of {node}"
-            );
-            assert_eq!(
-                listed.get(&node).copied(),
-                Some(list.len()),
-                "own slots of {node}"
-            );
-            for &slot in list {
-                assert!(
-                    self.multiplicity(node, slot) >= self.own_count(node, slot),
-                    "own residencies of slot {slot} at {node}"
-                );
-            }
-        }
-        // Every residency's hash, rebuilt from the tables, finds its node again.
-        let all = self.all_residencies();
-        assert_eq!(all.len(), self.residencies, "rebuilt hashes");
-        for (slot, node, ext) in all {
-            assert_eq!(
-                self.find_residency(slot, super::key_of(ext))
-                    .map(super::Held::node),
-                Some(node),
-                "hash {ext:x} of slot {slot} rebuilt"
-            );
-        }
-        // Holder blocks: one per node with further holders, exactly `count - 1` entries in
-        // use, none left on freed nodes.
-        let mut blocks = 0;
-        for (id, &is_live) in live.iter().enumerate().skip(1) {
-            let c = &self.cold[id];
-            if !is_live || !c.has_extras() {
-                continue;
-            }
-            blocks += 1;
-            let mut entries = 0;
-            self.holders.scan(c.link, |_| {
-                entries += 1;
-                true
-            });
-            assert_eq!(
-                entries + 1,
-                self.nodes[id].meta & COUNT_MASK,
-                "holder block of {id}"
-            );
-            // Full at most, and over a quarter full unless it is of the smallest class.
-            let cap = Holders::capacity(c.link);
-            assert!(
-                entries <= cap && (Holders::is_smallest(cap) || entries * 4 > cap),
-                "holder block of {id}: {entries} in {cap}"
-            );
         }
         assert_eq!(
-            self.holders.checked_blocks(),
-            blocks,
-            "holder blocks in use"
+            self.slot_of.len(),
+            self.slots.iter().filter(|s| s.is_some()).count()
         );
+        assert!(self.pending.is_empty(), "trims left pending");
     }
 }

@@ -71,7 +71,7 @@ impl FreeIds {
     }
 
     /// Take the range starting at `start` out; returns its length.
-    fn take(&mut self, start: u32) -> u32 {
+    pub(super) fn take(&mut self, start: u32) -> u32 {
         let len = self.at.remove(&start).expect("a free range");
         self.end.remove(&(start + len));
         len
