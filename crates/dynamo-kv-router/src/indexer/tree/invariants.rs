@@ -97,8 +97,10 @@ impl RadixTree {
             for k in self.kids(id) {
                 assert_eq!(self.runs[k as usize].parent, id, "kid {k} of run {id}");
             }
-            let slots: FxHashSet<u32> = r.holders.iter().map(|h| h.0).collect();
-            assert_eq!(slots.len(), r.holders.len(), "run {id} lists a rank twice");
+            assert!(
+                r.holders.windows(2).all(|w| w[0].0 < w[1].0),
+                "run {id}: holders not sorted by slot, or a rank listed twice"
+            );
             for &(s, len) in &r.holders {
                 assert!(
                     len >= 1 && len <= r.len,

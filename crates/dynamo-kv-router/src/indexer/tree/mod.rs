@@ -94,7 +94,8 @@ struct Run {
     parent: u32,
     /// The longest holder's length (0: no rank holds any block of the run).
     held: u32,
-    /// `(worker slot, blocks held from the run's start)`, each length `1..=len`.
+    /// `(worker slot, blocks held from the run's start)`, each length `1..=len`, sorted
+    /// by slot.
     holders: Vec<(u32, u32)>,
     /// The first child run (`NIL`: none); the others follow through `next`.
     kid: u32,
@@ -119,12 +120,34 @@ impl Run {
         self.kid != NIL
     }
 
+    /// Where `slot` is in the holder list (sorted by slot: a run shared by a fleet has
+    /// a thousand holders, and a scan of them at every store and removal on it was most
+    /// of the apply with 1,000 workers).
     fn holder(&self, slot: u32) -> Option<usize> {
-        self.holders.iter().position(|h| h.0 == slot)
+        if self.holders.len() <= 8 {
+            self.holders.iter().position(|h| h.0 == slot)
+        } else {
+            self.holders.binary_search_by_key(&slot, |h| h.0).ok()
+        }
+    }
+
+    /// Add `slot`, which does not hold the run, with length `len`.
+    fn add_holder(&mut self, slot: u32, len: u32) {
+        let at = self.holders.partition_point(|h| h.0 < slot);
+        self.holders.insert(at, (slot, len));
     }
 
     fn length_of(&self, slot: u32) -> u32 {
         self.holder(slot).map_or(0, |i| self.holders[i].1)
+    }
+
+    /// After a holder's length fell from `o + 1` (the longest) to `o`: another holder at
+    /// `o + 1` keeps `held` (found at once where many ranks hold the whole run: a
+    /// recount at every eviction was quadratic in the holders of a fleet-wide run).
+    fn shortened(&mut self, o: u32) {
+        if !self.holders.iter().any(|h| h.1 > o) {
+            self.recount();
+        }
     }
 
     fn recount(&mut self) {
@@ -679,7 +702,7 @@ impl RadixTree {
             let r = &mut self.runs[run as usize];
             match at {
                 Some(i) => r.holders[i].1 = reach,
-                None => r.holders.push((slot, reach)),
+                None => r.add_holder(slot, reach),
             }
             r.held = r.held.max(reach);
             let added = (reach - have) as usize;
@@ -909,12 +932,12 @@ impl RadixTree {
         }
         let r = &mut self.runs[run as usize];
         if o == 0 {
-            r.holders.swap_remove(i);
+            r.holders.remove(i);
         } else {
             r.holders[i].1 = o;
         }
         if r.held == o + 1 {
-            r.recount();
+            r.shortened(o);
         }
         // Every holder is canonical: the block keeps its key while one reaches it. (A
         // split leaves `hashes` alone: `at` still names the entry.)
@@ -983,7 +1006,7 @@ impl RadixTree {
         let o = b - r.start;
         match i {
             Some(i) => r.holders[i].1 = o + 1,
-            None => r.holders.push((slot, o + 1)),
+            None => r.add_holder(slot, o + 1),
         }
         r.held = r.held.max(o + 1);
     }
@@ -1003,12 +1026,12 @@ impl RadixTree {
         }
         let r = &mut self.runs[run as usize];
         if o == 0 {
-            r.holders.swap_remove(i);
+            r.holders.remove(i);
         } else {
             r.holders[i].1 = o;
         }
         if r.held == o + 1 {
-            r.recount();
+            r.shortened(o);
         }
         if self.pending.last() != Some(&run) {
             self.pending.push(run);
