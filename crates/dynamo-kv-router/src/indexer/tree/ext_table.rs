@@ -73,20 +73,20 @@ const IN_OLD: usize = 1 << 63;
 /// Load (in 32nds) at which a table grows: 26 (13/16), or [`LARGE_LIMIT`] in tables of at
 /// least 2^`LARGE_BITS` buckets.
 const SMALL_LIMIT: usize = 26;
-/// From 2^19 buckets (4 MiB, four times a core's L2 here; the table of all ranks' hashes is
-/// that large from ~500k indexed blocks up in the 16-worker stream) a table grows at 22/32
-/// load instead. A store of a new block probes for its hash and misses, walking to the
-/// first empty bucket: at 25/32 load ~15 buckets, in two cache lines two times in three
-/// (only the first is prefetched); ~6.5 on average over the loads a table passes through
-/// between 13/32 and 26/32, ~4.5 between 11/32 and 22/32 (counted in the scale bench, round
-/// 16 of `docs/benchmarks/kv_indexer.md`). The cost is heap in a quarter of the sizes
-/// (log2(26/22) of each doubling), where the table has doubled and would not have at 26/32:
-/// +4 B an indexed block at 900k and at 8M blocks (0.39x and 0.36x the reference's heap
-/// there). Smaller tables keep 26/32: there the heap target is closest (a 2^18-bucket table
-/// doubling at 22/32 would add ~9 B a block at ~220k blocks), and they are mostly in cache.
+/// From 2^12 buckets (32 KiB) a table grows at 22/32 load instead. A store of a new block
+/// probes for its hash and misses, walking to the first empty bucket: at 25/32 load ~15
+/// buckets, in two cache lines two times in three (only the first is prefetched); ~6.5 on
+/// average over the loads a table passes through between 13/32 and 26/32, ~4.5 between
+/// 11/32 and 22/32 (counted in the scale bench, round 16 of `docs/benchmarks/kv_indexer.md`).
+/// The cost is heap in a quarter of the sizes (log2(26/22) of each doubling), where the
+/// table has doubled and would not have at 26/32. Until round 19 only tables of 2^19
+/// buckets and more did (the node-per-block tree's heap was close to its target at smaller
+/// sizes); the run tree's heap is 0.2-0.4x the reference's, and with 1,000 workers at 100k
+/// blocks the removals' probe walks were its hottest loop (apply 0.71x -> 0.61x the
+/// reference's, heap 35 -> 42 B a live block there). Tiny tables keep 26/32.
 /// (2^11 under `cfg(test)`: the table tests below use 1,024-bucket tables at the small
 /// limit, and `large_tables_grow_at_their_own_limit` crosses into the large one.)
-const LARGE_BITS: u32 = if cfg!(test) { 11 } else { 19 };
+const LARGE_BITS: u32 = if cfg!(test) { 11 } else { 12 };
 /// Growth load (in 32nds) of the tables of at least 2^`LARGE_BITS` buckets.
 const LARGE_LIMIT: usize = 22;
 
