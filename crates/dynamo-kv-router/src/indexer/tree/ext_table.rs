@@ -125,7 +125,7 @@ const fn home(tag: u32, bits: u32) -> usize {
 
 /// A hint that `x` is about to be read (no effect on what any load returns).
 #[inline(always)]
-fn prefetch_read<T>(x: &T) {
+pub(super) fn prefetch_read<T>(x: &T) {
     #[cfg(target_arch = "x86_64")]
     #[expect(unsafe_code, reason = "a prefetch hint: reads nothing, cannot fault")]
     // SAFETY: `_mm_prefetch` only hints the cache; it needs SSE, which every x86_64 has.

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use self::arena::Arena;
-use self::ext_table::{ExtTable, tag_of};
+use self::ext_table::{ExtTable, prefetch_read, tag_of};
 use self::free_ids::FreeIds;
 use self::id_set::IdSet;
 use super::{IndexSlots, OverlapScores};
@@ -565,6 +565,10 @@ impl RadixTree {
                 // loads while the run's blocks and holders are compared.
                 if let Some(q) = query.get(i + r.len as usize) {
                     self.children.prefetch(child_tag(run, q.0));
+                }
+                // The holder list is its own allocation: its miss overlaps the compare.
+                if let Some(h) = r.holders.first() {
+                    prefetch_read(h);
                 }
                 let m = self.matching(r.start, r.len, &query[i..]);
                 let mut going_on = 0usize;
