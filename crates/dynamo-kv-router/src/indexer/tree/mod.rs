@@ -37,8 +37,9 @@ use crate::protocols::{
 /// "No run / no block / the root".
 const NIL: u32 = u32::MAX;
 
-/// Queries whose first run has fewer holders list no index slots (as in the radix tree;
-/// tests list them always, so the model checks see them).
+/// Queries whose first run has fewer holders list no index slots
+/// (`OverlapScores::index_slots`): for a short list, a scheduler's lookups cost less than
+/// the second allocation per query. Tests list them always, so the model checks see them.
 const INDEX_SLOTS_MIN: usize = if cfg!(test) { 1 } else { 32 };
 
 /// The child table's tag of the run under `parent` whose first block is `local`.
@@ -50,8 +51,8 @@ fn child_tag(parent: u32, local: u64) -> u32 {
 }
 
 /// From this many keyed blocks up, an event's table buckets are prefetched before its
-/// probes (as in the radix tree): below it the table mostly stays in cache and the extra
-/// pass costs more than it saves.
+/// probes, so that their cache misses overlap: below it the table mostly stays in cache
+/// and the extra pass costs more than it saves.
 const WARM_MIN: usize = 1 << 18;
 
 /// Counters of event outcomes (the reference's `kv_cache_events_applied{status}`).
@@ -218,7 +219,7 @@ pub struct RadixTree {
     free_runs: Vec<u32>,
     /// `(parent run or NIL, first tokens_hash)` -> run.
     children: ExtTable,
-    /// Canonical key -> block: the radix tree's tag table (8-byte buckets of block id and
+    /// Canonical key -> block: a tag table (`ext_table.rs`: 8-byte buckets of block id and
     /// the key's mixed high half, grown incrementally, never rehashed in one event); the
     /// key itself is the block's `key`.
     hashes: ExtTable,
