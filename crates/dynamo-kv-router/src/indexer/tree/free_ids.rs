@@ -147,3 +147,88 @@ impl FreeIds {
         self.listed = listed;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::{FreeIds, class};
+
+    /// The maximal runs of free ids in `free` as `(start, len)`, in order.
+    fn runs(free: &[bool]) -> Vec<(u32, u32)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < free.len() {
+            if free[i] {
+                let s = i;
+                while i < free.len() && free[i] {
+                    i += 1;
+                }
+                out.push((s as u32, (i - s) as u32));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    proptest! {
+        /// Against a bit per id: after every operation the ranges are exactly the maximal
+        /// runs of free ids, found by start and by end; an allocation takes free ids and
+        /// fails only when no range of a larger size class exists; `take_at` succeeds
+        /// exactly when a range starts there and holds the ids. (The stale class entries
+        /// are exercised too: 64 ids, many merges between allocations.)
+        #[test]
+        fn behaves_like_a_bitmap(ops in proptest::collection::vec((0u8..3, 0u32..64, 1u32..12), 1..300)) {
+            let mut f = FreeIds::default();
+            let mut free = vec![false; 64];
+            for (op, at, n) in ops {
+                let end = (at + n).min(64);
+                match op {
+                    // Free `at..end` where it is all in use.
+                    0 if (at..end).all(|i| !free[i as usize]) => {
+                        let (s, l) = f.merge(at, end - at);
+                        f.put(s, l);
+                        for i in at..end {
+                            free[i as usize] = true;
+                        }
+                        prop_assert!(runs(&free).contains(&(s, l)), "merged {}+{}", s, l);
+                    }
+                    1 => match f.alloc(n) {
+                        Some(s) => {
+                            prop_assert!((s..s + n).all(|i| free[i as usize]), "alloc {} at {}", n, s);
+                            for i in s..s + n {
+                                free[i as usize] = false;
+                            }
+                        }
+                        None => prop_assert!(
+                            runs(&free).iter().all(|&(_, l)| class(l) <= class(n)),
+                            "alloc {} failed with a larger range free", n
+                        ),
+                    },
+                    2 => {
+                        let starts = at < 64 && free[at as usize] && (at == 0 || !free[at as usize - 1]);
+                        let fits = end - at == n && (at..end).all(|i| free[i as usize]);
+                        let got = f.take_at(at, n);
+                        prop_assert_eq!(got, starts && fits);
+                        if got {
+                            for i in at..end {
+                                free[i as usize] = false;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                let mut have: Vec<(u32, u32)> = f.ranges().collect();
+                have.sort_unstable();
+                let want = runs(&free);
+                prop_assert_eq!(&have, &want);
+                for &(s, l) in &want {
+                    prop_assert_eq!(f.starting_at(s), Some(l));
+                    prop_assert_eq!(f.ending_at(s + l), Some(s));
+                }
+                prop_assert!(f.listed >= f.len());
+            }
+        }
+    }
+}
