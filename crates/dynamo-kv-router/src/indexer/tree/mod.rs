@@ -931,6 +931,9 @@ impl RadixTree {
         let Some(i) = self.holder_index(r, slot).filter(|&i| r.holders[i].1 > o) else {
             return false;
         };
+        // From here to the trim, the body of `uncover`, written out again on purpose: as
+        // one helper shared by both, the apply took 9 % more instructions (callgrind,
+        // 100k blocks, round 19), and this is the path of nearly every removal.
         if r.holders[i].1 > o + 1 {
             // A hole: the rank keeps deeper blocks of the run (see `uncover`).
             self.split(run, o + 1);
