@@ -94,8 +94,14 @@ impl RadixTree {
                     "run {id} listed once by its parent"
                 );
             }
+            let mut prev = NIL;
             for k in self.kids(id) {
                 assert_eq!(self.runs[k as usize].parent, id, "kid {k} of run {id}");
+                assert_eq!(
+                    self.runs[k as usize].prev, prev,
+                    "kid {k} of run {id}: prev"
+                );
+                prev = k;
             }
             assert!(
                 r.holders.windows(2).all(|w| w[0].0 < w[1].0),

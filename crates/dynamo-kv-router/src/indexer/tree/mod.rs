@@ -102,6 +102,9 @@ struct Run {
     kid: u32,
     /// The next child of the same parent (`NIL`: the last).
     next: u32,
+    /// The previous child of the same parent (`NIL`: the first), so that a child leaves
+    /// the list in O(1) (a prefix run can have a child per conversation that shares it).
+    prev: u32,
 }
 
 /// A freed run.
@@ -114,6 +117,7 @@ const FREED: Run = Run {
     holders: Vec::new(),
     kid: NIL,
     next: NIL,
+    prev: NIL,
 };
 
 impl Run {
@@ -1120,12 +1124,16 @@ impl RadixTree {
             holders: Vec::new(),
             kid: NIL,
             next: NIL,
+            prev: NIL,
         };
         self.children
             .insert_new(child_tag(parent, rest[0].tokens_hash.0), run);
         if parent != NIL {
-            let p = &mut self.runs[parent as usize];
-            self.runs[run as usize].next = std::mem::replace(&mut p.kid, run);
+            let first = std::mem::replace(&mut self.runs[parent as usize].kid, run);
+            self.runs[run as usize].next = first;
+            if first != NIL {
+                self.runs[first as usize].prev = run;
+            }
         }
         self.live_blocks += n as usize;
         self.pending.push(run);
@@ -1182,6 +1190,7 @@ impl RadixTree {
             holders,
             kid: kids,
             next: NIL,
+            prev: NIL,
         };
         self.children
             .insert_new(child_tag(run, self.local[start as usize]), tail);
@@ -1224,7 +1233,7 @@ impl RadixTree {
             let r = std::mem::replace(&mut self.runs[run as usize], FREED);
             self.forget_child(r.parent, self.local[r.start as usize], run);
             if r.parent != NIL {
-                self.unlink(r.parent, run, r.next);
+                self.unlink(r.parent, r.prev, r.next);
             }
             self.clear_ids(r.start, r.len);
             self.live_blocks -= r.len as usize;
@@ -1234,22 +1243,16 @@ impl RadixTree {
         }
     }
 
-    /// Take `run` (whose `next` is `next`) off `parent`'s list of children.
-    fn unlink(&mut self, parent: u32, run: u32, next: u32) {
-        let p = &mut self.runs[parent as usize];
-        if p.kid == run {
-            p.kid = next;
-            return;
+    /// Take a child of `parent` whose neighbours in the list are `prev` and `next` off
+    /// the list.
+    fn unlink(&mut self, parent: u32, prev: u32, next: u32) {
+        if prev == NIL {
+            self.runs[parent as usize].kid = next;
+        } else {
+            self.runs[prev as usize].next = next;
         }
-        let mut k = p.kid;
-        loop {
-            let r = &mut self.runs[k as usize];
-            if r.next == run {
-                r.next = next;
-                return;
-            }
-            assert_ne!(r.next, NIL, "run {run} not listed by its parent");
-            k = r.next;
+        if next != NIL {
+            self.runs[next as usize].prev = prev;
         }
     }
 
