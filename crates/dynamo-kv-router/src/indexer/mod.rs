@@ -47,7 +47,8 @@
 //!   start, end and size class (`tree/free_ids.rs`: O(1) to take or return a range).
 //! * `runs`: per run its first id, length, reservation, parent run, its children (a
 //!   sibling list) and its **holders as prefix lengths**: `(worker slot, n)` for each rank
-//!   that holds the run's first `n` blocks, and the longest, `held`. A store that extends a
+//!   that holds the run's first `n` blocks (the first two in the run's record, more on the
+//!   heap), and the longest, `held`. A store that extends a
 //!   rank's blocks along a run raises one length; evicting a rank's deepest block lowers
 //!   one. A rank that releases an inner block of a run but keeps deeper ones (a hole)
 //!   splits the run after the block: the blocks it keeps are then a run of their own,
@@ -69,8 +70,8 @@
 //!   path that never looks at them. A block leaves `hashes` with its last canonical
 //!   residency. The tree keeps no index by rank, so a `cleared` rank (or a removed worker)
 //!   is a pass over the runs.
-//! * Before an event's probes, from 2^18 keys up, the `hashes` buckets of all its hashes
-//!   are prefetched, so that their cache misses overlap.
+//! * Before an event's probes the `hashes` buckets of all its hashes are prefetched, so
+//!   that their cache misses overlap.
 //!
 //! **Exact reclamation.** At the end of every event the runs it shortened are cut back to
 //! their longest holder when nothing hangs off them, and freed (with their childless,
