@@ -974,9 +974,13 @@ fn sse_response(run: TokenRun) -> Response {
     // The body owns the run: a client that disconnects drops it, and with it the worker
     // streams, which stops the request on the workers.
     // Boxed: the state moves in and out of each frame's future.
-    let stream = futures_util::stream::unfold(Some(Box::new(run.merge())), |state| async move {
-        let mut m = state?;
-        let mut out = Vec::with_capacity(512);
+    // One buffer for the response's frames, copied out per frame: a fresh `Vec` per
+    // frame grew (512 bytes hold two chunks; under load a frame carries several) and was
+    // one of the frontend's most frequent allocations.
+    let state = (Box::new(run.merge()), Vec::with_capacity(2048));
+    let stream = futures_util::stream::unfold(Some(state), |state| async move {
+        let (mut m, mut out) = state?;
+        out.clear();
         let first = m.events.next().await;
         let mut going = m.emit(first, &mut out);
         // Events already waiting go into the same body frame: one HTTP chunk and one socket
@@ -988,7 +992,8 @@ fn sse_response(run: TokenRun) -> Response {
                 None => break,
             }
         }
-        Some((Ok::<_, Infallible>(Bytes::from(out)), going.then_some(m)))
+        let frame = Bytes::copy_from_slice(&out);
+        Some((Ok::<_, Infallible>(frame), going.then_some((m, out))))
     });
     sse_headers(Body::from_stream(stream))
 }

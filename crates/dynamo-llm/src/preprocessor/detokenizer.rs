@@ -180,10 +180,16 @@ impl IncrementalDecoder {
             tokenizer,
             table: None,
             skip_special_tokens,
-            ids: prompt_context.to_vec(),
+            // Room for a response's first tokens: grown from exactly the context, the
+            // arrays were reallocated on the first steps of every response.
+            ids: {
+                let mut ids = Vec::with_capacity(prompt_context.len() + 64);
+                ids.extend_from_slice(prompt_context);
+                ids
+            },
             prefix_offset: 0,
             read_offset: prompt_context.len(),
-            pending: Vec::new(),
+            pending: Vec::with_capacity(64),
         }
     }
 
@@ -207,17 +213,27 @@ impl IncrementalDecoder {
         if self.pending.is_empty() {
             return String::new();
         }
-        let text = match std::str::from_utf8(&self.pending) {
-            Ok(s) if force || !s.ends_with('\u{FFFD}') => s.to_owned(),
-            Ok(_) => return String::new(),
-            Err(_) => {
-                let lossy = String::from_utf8_lossy(&self.pending);
-                if !force && lossy.ends_with('\u{FFFD}') {
-                    return String::new();
-                }
-                lossy.into_owned()
+        // The lossy text is the valid pieces with U+FFFD for each invalid sequence (as
+        // `String::from_utf8_lossy` builds it); whether it would end with U+FFFD is read
+        // off the last piece, so that holding the bytes back allocates nothing (building
+        // the lossy text to look at its end was most of the frontend's allocations when a
+        // model streams byte tokens that are not whole characters).
+        if !force
+            && self
+                .pending
+                .utf8_chunks()
+                .last()
+                .is_some_and(|c| !c.invalid().is_empty() || c.valid().ends_with('\u{FFFD}'))
+        {
+            return String::new();
+        }
+        let mut text = String::with_capacity(self.pending.len() + 3);
+        for c in self.pending.utf8_chunks() {
+            text.push_str(c.valid());
+            if !c.invalid().is_empty() {
+                text.push('\u{FFFD}');
             }
-        };
+        }
         self.pending.clear();
         self.prefix_offset = self.read_offset;
         self.read_offset = self.ids.len();

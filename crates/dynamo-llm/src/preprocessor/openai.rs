@@ -1322,7 +1322,8 @@ impl SseChunkWriter {
         head.extend_from_slice(b",\"object\":");
         json_str(&mut head, object);
         head.extend_from_slice(b",\"created\":");
-        head.extend_from_slice(factory.created.to_string().as_bytes());
+        // (Written in place: `to_string` was an allocation per response.)
+        let _ = std::io::Write::write_fmt(&mut head, format_args!("{}", factory.created));
         head.extend_from_slice(b",\"model\":");
         json_str(&mut head, &factory.model);
         head.extend_from_slice(b",\"choices\":[{\"index\":");
