@@ -1088,21 +1088,24 @@ impl RadixTree {
         self.new_run(run, rest)
     }
 
+    /// A free slot in `runs` (a freed run's, else a new one), to be filled by the caller.
+    fn take_run_slot(&mut self) -> u32 {
+        if let Some(id) = self.free_runs.pop() {
+            return id;
+        }
+        assert!(
+            self.runs.len() < NIL as usize - 1,
+            "run tree run capacity exceeded"
+        );
+        self.runs.push(FREED);
+        (self.runs.len() - 1) as u32
+    }
+
     /// A new run under `parent` with the blocks of `rest`; returns its first block.
     fn new_run(&mut self, parent: u32, rest: &[KvCacheStoredBlockData]) -> u32 {
         let n = rest.len() as u32;
         let start = self.alloc_ids(n);
-        let run = match self.free_runs.pop() {
-            Some(id) => id,
-            None => {
-                assert!(
-                    self.runs.len() < NIL as usize - 1,
-                    "run tree run capacity exceeded"
-                );
-                self.runs.push(FREED);
-                (self.runs.len() - 1) as u32
-            }
-        };
+        let run = self.take_run_slot();
         for (k, b) in rest.iter().enumerate() {
             let id = start as usize + k;
             self.local[id] = b.tokens_hash.0;
@@ -1137,17 +1140,7 @@ impl RadixTree {
     /// the holders' lengths past `at` and the run's children, and becomes the head's only
     /// child. Returns the tail.
     fn split(&mut self, run: u32, at: u32) -> u32 {
-        let tail = match self.free_runs.pop() {
-            Some(id) => id,
-            None => {
-                assert!(
-                    self.runs.len() < NIL as usize - 1,
-                    "run tree run capacity exceeded"
-                );
-                self.runs.push(FREED);
-                (self.runs.len() - 1) as u32
-            }
-        };
+        let tail = self.take_run_slot();
         let head = &mut self.runs[run as usize];
         debug_assert!(0 < at && at < head.len);
         let (start, len, cap) = (head.start + at, head.len - at, head.cap - at);
