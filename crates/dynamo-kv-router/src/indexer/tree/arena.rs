@@ -81,6 +81,40 @@ impl<T> Arena<T> {
             .unwrap_or(&[])
     }
 
+    /// Set elements `start..start + n` (all `< len()`) to `x`, a chunk slice at a time
+    /// (a run's ids are consecutive: one `fill` per chunk instead of an index per id).
+    pub(super) fn fill(&mut self, start: usize, n: usize, x: T)
+    where
+        T: Copy,
+    {
+        let end = start + n;
+        let mut i = start;
+        while i < end {
+            let piece = &mut self.chunks[i >> CHUNK_BITS][i & MASK..];
+            let k = piece.len().min(end - i);
+            assert!(k > 0, "arena fill past its end");
+            piece[..k].fill(x);
+            i += k;
+        }
+    }
+
+    /// Set the elements from `start` on (all `< len()`) to the items of `xs`, a chunk
+    /// slice at a time.
+    pub(super) fn write(&mut self, start: usize, xs: impl IntoIterator<Item = T>) {
+        let mut xs = xs.into_iter().peekable();
+        let mut i = start;
+        while xs.peek().is_some() {
+            let piece = &mut self.chunks[i >> CHUNK_BITS][i & MASK..];
+            assert!(!piece.is_empty(), "arena write past its end");
+            let mut k = 0;
+            for (slot, x) in piece.iter_mut().zip(&mut xs) {
+                *slot = x;
+                k += 1;
+            }
+            i += k;
+        }
+    }
+
     /// Append `x`: in the last chunk when it is not full (growing it by a quarter, up to
     /// [`CHUNK`]), else in a new chunk. Never moves an element of a full chunk.
     pub(super) fn push(&mut self, x: T) {
@@ -175,6 +209,29 @@ mod tests {
             prop_assert_eq!(a.iter().copied().collect::<Vec<_>>(), v.clone());
             for (i, x) in v.iter().enumerate() {
                 prop_assert_eq!(&a[i], x);
+            }
+        }
+    }
+
+    proptest! {
+        /// `fill` and `write` over ranges that cross chunk boundaries set exactly the
+        /// elements a `Vec`'s slice operations would.
+        #[test]
+        fn fill_and_write_match_a_vec(len in 1usize..60, ops in proptest::collection::vec((any::<bool>(), 0usize..60, 0usize..30, any::<u32>()), 0..30)) {
+            let mut a: Arena<u32> = (0..len as u32).collect();
+            let mut v: Vec<u32> = (0..len as u32).collect();
+            for (fill, start, n, x) in ops {
+                let start = start % len;
+                let n = n.min(len - start);
+                if fill {
+                    a.fill(start, n, x);
+                    v[start..start + n].fill(x);
+                } else {
+                    let xs: Vec<u32> = (0..n as u32).map(|k| x.wrapping_add(k)).collect();
+                    a.write(start, xs.iter().copied());
+                    v[start..start + n].copy_from_slice(&xs);
+                }
+                prop_assert_eq!(a.iter().copied().collect::<Vec<_>>(), v.clone());
             }
         }
     }

@@ -362,14 +362,9 @@ impl RadixTree {
         let worker = WorkerWithDpRank::new(worker_id, event.dp_rank);
         let result = match &event.data {
             KvCacheEventData::Stored(data) => self.store(worker, data),
-            KvCacheEventData::Removed(data) => self.remove(
-                worker,
-                data.block_hashes
-                    .iter()
-                    .map(|h| h.0)
-                    .collect::<Vec<_>>()
-                    .as_slice(),
-            ),
+            KvCacheEventData::Removed(data) => {
+                self.remove_each(worker, data.block_hashes.iter().map(|h| h.0))
+            }
             KvCacheEventData::Cleared => {
                 self.clear_rank(worker);
                 Ok(())
@@ -458,21 +453,31 @@ impl RadixTree {
     /// [`Error::BlockNotFound`] naming the hashes the rank did not hold (skipped; the rest
     /// are removed).
     pub fn remove(&mut self, worker: WorkerWithDpRank, hashes: &[u64]) -> Result<()> {
+        self.remove_each(worker, hashes.iter().copied())
+    }
+
+    /// [`Self::remove`] over any (cloneable) sequence of hashes: an event's
+    /// `ExternalSequenceBlockHash`es are read in place (collecting them into a `Vec` first
+    /// was an allocation per `removed` event, ~7 % of the apply at 100k blocks).
+    fn remove_each(
+        &mut self,
+        worker: WorkerWithDpRank,
+        hashes: impl Iterator<Item = u64> + Clone,
+    ) -> Result<()> {
         let Some(&slot) = self.slot_of.get(&worker) else {
-            return if hashes.is_empty() {
+            let missing: Vec<u64> = hashes.collect();
+            return if missing.is_empty() {
                 Ok(())
             } else {
-                Err(Error::BlockNotFound {
-                    missing: hashes.to_vec(),
-                })
+                Err(Error::BlockNotFound { missing })
             };
         };
         // (As in `store_blocks`.)
-        for &h in hashes {
+        for h in hashes.clone() {
             self.hashes.prefetch(tag_of(mix(h)));
         }
         let mut missing = Vec::new();
-        for &h in hashes {
+        for h in hashes {
             if self.own.is_empty() && self.no_canon.is_empty() {
                 if !self.remove_canonical(slot, h) {
                     missing.push(h);
@@ -1073,11 +1078,9 @@ impl RadixTree {
         let (len, cap) = (r.len, r.cap);
         if !r.has_kids() && (len + n <= cap || self.take_ids_at(r.start + cap, len + n - cap)) {
             // A childless run grows in place.
-            for (k, b) in rest.iter().enumerate() {
-                let id = (end as usize) + k;
-                self.local[id] = b.tokens_hash.0;
-                self.run_of[id] = run;
-            }
+            self.local
+                .write(end as usize, rest.iter().map(|b| b.tokens_hash.0));
+            self.run_of.fill(end as usize, rest.len(), run);
             let r = &mut self.runs[run as usize];
             r.len += n;
             r.cap = r.cap.max(r.len);
@@ -1106,11 +1109,9 @@ impl RadixTree {
         let n = rest.len() as u32;
         let start = self.alloc_ids(n);
         let run = self.take_run_slot();
-        for (k, b) in rest.iter().enumerate() {
-            let id = start as usize + k;
-            self.local[id] = b.tokens_hash.0;
-            self.run_of[id] = run;
-        }
+        self.local
+            .write(start as usize, rest.iter().map(|b| b.tokens_hash.0));
+        self.run_of.fill(start as usize, rest.len(), run);
         self.runs[run as usize] = Run {
             start,
             len: n,
@@ -1163,9 +1164,7 @@ impl RadixTree {
             self.runs[k as usize].parent = tail;
             k = self.runs[k as usize].next;
         }
-        for b in start..start + len {
-            self.run_of[b as usize] = tail;
-        }
+        self.run_of.fill(start as usize, len as usize, tail);
         let held = holders.iter().map(|h| h.1).max().unwrap_or(0);
         self.runs[tail as usize] = Run {
             start,
@@ -1310,11 +1309,9 @@ impl RadixTree {
 
     /// Mark ids `start..start + n` (no residency left on them) unused.
     fn clear_ids(&mut self, start: u32, n: u32) {
-        for b in start..start + n {
-            debug_assert!(self.key_at(b).is_none());
-            self.run_of[b as usize] = NIL;
-            self.local[b as usize] = 0;
-        }
+        debug_assert!((start..start + n).all(|b| self.key_at(b).is_none()));
+        self.run_of.fill(start as usize, n as usize, NIL);
+        self.local.fill(start as usize, n as usize, 0);
     }
 
     /// Return ids `start..start + n` (unused) to the free ranges.
