@@ -953,9 +953,8 @@ fn module_getattr(py: Python<'_>, name: &str) -> PyResult<Py<PyAny>> {
 
 /// `dynamo._core.__dir__`: the module's attributes with the [`LAZY`] ones.
 #[pyfunction]
-#[pyo3(name = "__dir__")]
-fn module_dir(py: Python<'_>) -> PyResult<Vec<String>> {
-    let module = py.import("dynamo._core")?;
+#[pyo3(name = "__dir__", pass_module)]
+fn module_dir(module: &Bound<'_, PyModule>) -> PyResult<Vec<String>> {
     let mut names: Vec<String> = module.dict().keys().extract()?;
     names.extend(LAZY.iter().map(|n| (*n).to_owned()));
     names.sort_unstable();

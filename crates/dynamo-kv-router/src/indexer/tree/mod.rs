@@ -575,8 +575,12 @@ impl RadixTree {
                 if let Some(q) = query.get(i + r.len as usize) {
                     self.children.prefetch(child_tag(run, q.0));
                 }
-                // The holder list is its own allocation: its miss overlaps the compare.
-                if let Some(h) = r.holders.first() {
+                // A list of more than two holders is its own allocation: its miss overlaps
+                // the compare (two or fewer are in the run's record, already loaded).
+                // (A spilled list keeps its allocation when it empties.)
+                if r.holders.spilled()
+                    && let Some(h) = r.holders.first()
+                {
                     prefetch_read(h);
                 }
                 let m = self.matching(r.start, r.len, &query[i..]);
@@ -1021,8 +1025,8 @@ impl RadixTree {
     }
 
     /// Holder `i` of `run`, of length `len` (more than `o`), lets go of the block at
-    /// offset `o`: its length becomes `o`; returns the run's new longest length. Where it held deeper blocks of the run (a hole), they become a run of
-    /// their own first (a split changes lengths in place, never the list's order: `i`
+    /// offset `o`: its length becomes `o`; returns the run's new longest length. Where it
+    /// held deeper blocks of the run (a hole), they become a run of their own first (a split changes lengths in place, never the list's order: `i`
     /// stays). The run is trimmed at the event's end. It is on the path of nearly every
     /// removal: the caller passes the length it already read and gets `held` back,
     /// because each lookup of a run in the arena is a few instructions (written once
