@@ -469,6 +469,9 @@ impl Model {
 #[derive(Debug, Clone)]
 enum Op {
     Event(u64, KvCacheEvent),
+    /// A `removed` event of worker rank `(worker, dp_rank)`'s last `k` stored hashes, newest
+    /// first: an engine evicting a chain from its end (the tree walks such runs).
+    EvictTail(u64, u32, usize),
     RemoveWorker(u64),
     Query(Vec<u64>, bool),
 }
@@ -510,6 +513,8 @@ fn ops_over(hashes: u64, locals: u64, chain: usize) -> impl Strategy<Value = Op>
             w,
             KvCacheEvent { event_id: 0, data, dp_rank }
         )),
+        3 => (worker.clone(), prop_oneof![4 => Just(0u32), 1 => Just(1u32)], 1usize..8)
+            .prop_map(|(w, dp, k)| Op::EvictTail(w, dp, k)),
         1 => worker.prop_map(Op::RemoveWorker),
         4 => (proptest::collection::vec(local, 0..6), any::<bool>()).prop_map(|(q, e)| Op::Query(q, e)),
     ]
@@ -541,8 +546,37 @@ fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
     let mut model = Model::default();
     // Every (epoch, index slot) seen, with its rank: an epoch names one assignment.
     let mut named: HashMap<(u64, u32), WorkerWithDpRank> = HashMap::new();
+    // Per rank, the hashes of its chain of stores (a store under the chain's last hash
+    // extends it, any other starts it again), for `Op::EvictTail`.
+    let mut chains: HashMap<WorkerWithDpRank, Vec<u64>> = HashMap::new();
     for op in ops {
+        let evicted;
+        let op = match op {
+            Op::EvictTail(wk, dp_rank, k) => {
+                let chain = chains
+                    .entry(WorkerWithDpRank::new(*wk, *dp_rank))
+                    .or_default();
+                let tail = chain.split_off(chain.len().saturating_sub(*k));
+                evicted = Op::Event(
+                    *wk,
+                    KvCacheEvent {
+                        event_id: 0,
+                        data: KvCacheEventData::Removed(KvCacheRemoveData {
+                            block_hashes: tail
+                                .into_iter()
+                                .rev()
+                                .map(ExternalSequenceBlockHash)
+                                .collect(),
+                        }),
+                        dp_rank: *dp_rank,
+                    },
+                );
+                &evicted
+            }
+            op => op,
+        };
         match op {
+            Op::EvictTail(..) => unreachable!("made an event above"),
             Op::Event(wk, ev) => {
                 let before = (tree.node_count(), tree.len());
                 let got = tree.apply_event(*wk, ev);
@@ -553,6 +587,15 @@ fn check_against_model(ops: &[Op]) -> std::result::Result<(), TestCaseError> {
                     Err(Error::ParentBlockNotFound { .. } | Error::InvalidBlockSequence)
                 ) {
                     prop_assert_eq!(before, (tree.node_count(), tree.len()));
+                }
+                if let (Ok(()), KvCacheEventData::Stored(st)) = (&got, &ev.data) {
+                    let chain = chains
+                        .entry(WorkerWithDpRank::new(*wk, ev.dp_rank))
+                        .or_default();
+                    if st.parent_hash.map(|p| p.0) != chain.last().copied() {
+                        chain.clear();
+                    }
+                    chain.extend(st.blocks.iter().map(|b| b.block_hash.0));
                 }
                 // Idempotence: a successful store applied again changes nothing.
                 if got.is_ok() && matches!(ev.data, KvCacheEventData::Stored(_)) {
