@@ -20,6 +20,12 @@ impl RadixTree {
     #[doc(hidden)]
     pub fn check_invariants(&self) {
         let n = self.local.len();
+        // The tables' own layout (their unit tests' check, in the tree's tests too).
+        #[cfg(test)]
+        {
+            self.hashes.check();
+            self.children.check();
+        }
         assert_eq!(self.run_of.len(), n);
         assert_eq!(self.key.len(), n);
         assert_eq!(self.keyed.len(), n.div_ceil(64));

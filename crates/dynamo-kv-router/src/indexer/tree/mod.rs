@@ -1332,14 +1332,12 @@ impl RadixTree {
     }
 
     fn grow(&mut self, n: u32) {
-        for _ in 0..n {
-            self.local.push(0);
-            self.run_of.push(NIL);
-            self.key.push(0);
-        }
-        while self.keyed.len() < self.local.len().div_ceil(64) {
-            self.keyed.push(0);
-        }
+        let n = n as usize;
+        self.local.extend_with(n, 0);
+        self.run_of.extend_with(n, NIL);
+        self.key.extend_with(n, 0);
+        let words = self.local.len().div_ceil(64);
+        self.keyed.extend_with(words - self.keyed.len(), 0);
     }
 
     /// Mark ids `start..start + n` (no residency left on them) unused.
