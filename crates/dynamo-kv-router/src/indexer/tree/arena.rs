@@ -81,6 +81,16 @@ impl<T> Arena<T> {
             .unwrap_or(&[])
     }
 
+    /// Elements of `i`'s chunk before `i` (`i <= len()`): the ids just below `i` as one
+    /// slice, for loops that walk down a chain of consecutive ids. Empty at a chunk's start.
+    #[inline]
+    pub(super) fn before(&self, i: usize) -> &[T] {
+        self.chunks
+            .get(i >> CHUNK_BITS)
+            .and_then(|c| c.get(..i & MASK))
+            .unwrap_or(&[])
+    }
+
     /// Set elements `start..start + n` (all `< len()`) to `x`, a chunk slice at a time
     /// (a run's ids are consecutive: one `fill` per chunk instead of an index per id).
     pub(super) fn fill(&mut self, start: usize, n: usize, x: T)
@@ -238,6 +248,9 @@ mod tests {
                 prop_assert_eq!(a.get(i), v.get(i));
                 let end = if i < v.len() { ((i / CHUNK + 1) * CHUNK).min(v.len()) } else { i };
                 prop_assert_eq!(a.tail(i), v.get(i..end).unwrap_or(&[]));
+                if i <= v.len() {
+                    prop_assert_eq!(a.before(i), &v[i / CHUNK * CHUNK..i]);
+                }
             }
             prop_assert_eq!(a.iter().copied().collect::<Vec<_>>(), v.clone());
             for (i, x) in v.iter().enumerate() {

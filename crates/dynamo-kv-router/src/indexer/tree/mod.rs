@@ -959,11 +959,18 @@ impl RadixTree {
             return false;
         };
         let len = r.holders[i].1;
-        // The walk down the run: the rank keeps `o` blocks of it.
+        // The walk down the run: the rank keeps `o` blocks of it. Every block it holds is
+        // keyed (all holders are canonical), so only the keys are compared, over the
+        // slice of ids below `b` in its chunk (a walk that reaches the chunk's start
+        // stops there; the next hash then takes the probe).
         let mut o = top;
-        while o > 0 {
-            let Some(&next) = rest.peek() else { break };
-            if self.key_at(start + o - 1) != Some(next) {
+        let below = self.key.before(b as usize);
+        let mut keys = below[below.len().saturating_sub(top as usize)..]
+            .iter()
+            .rev();
+        while let (Some(&next), Some(&key)) = (rest.peek(), keys.next()) {
+            debug_assert_eq!(self.key_at(start + o - 1), Some(key));
+            if key != next {
                 break;
             }
             rest.next();
