@@ -365,6 +365,27 @@ impl ExtTable {
         }
     }
 
+    /// [`Self::prefetch`] for each of `tags`, with the table's state read once (an event
+    /// asks for all its hashes' buckets first; per tag, the checks were a quarter of it).
+    #[inline]
+    pub(super) fn prefetch_all(&self, tags: impl Iterator<Item = u32>) {
+        if self.bits == 0 {
+            return;
+        }
+        let (new, bits) = (self.entries.as_slice(), self.bits);
+        if self.old_len == 0 {
+            for tag in tags {
+                prefetch_read(&new[home(tag, bits)]);
+            }
+        } else {
+            let (old, old_bits) = (self.old.as_slice(), self.old_bits);
+            for tag in tags {
+                prefetch_read(&new[home(tag, bits)]);
+                prefetch_read(&old[home(tag, old_bits)]);
+            }
+        }
+    }
+
     #[inline]
     fn at(&self, index: usize) -> u64 {
         if index & IN_OLD == 0 {

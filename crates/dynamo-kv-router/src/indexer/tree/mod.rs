@@ -426,9 +426,8 @@ impl RadixTree {
         // more) is mostly out of the core's caches; below, the hint costs a few
         // instructions a block (apply at 100k 35 -> 31.5 ns/block, 1M 51 -> 48.5, round
         // 20). Only blocks new to the tree probe, but which ones is known only on the way.
-        for b in blocks {
-            self.hashes.prefetch(tag_of(mix(b.block_hash.0)));
-        }
+        self.hashes
+            .prefetch_all(blocks.iter().map(|b| tag_of(mix(b.block_hash.0))));
         let mut i = 0;
         while i < blocks.len() {
             let b = self.descend(cursor, &blocks[i..]);
@@ -474,9 +473,8 @@ impl RadixTree {
             };
         };
         // (As in `store_blocks`.)
-        for h in hashes.clone() {
-            self.hashes.prefetch(tag_of(mix(h)));
-        }
+        self.hashes
+            .prefetch_all(hashes.clone().map(|h| tag_of(mix(h))));
         let mut missing = Vec::new();
         let mut hashes = hashes.peekable();
         while let Some(h) = hashes.next() {
