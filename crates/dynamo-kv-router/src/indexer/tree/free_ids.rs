@@ -1,150 +1,224 @@
-//! The free block ids of the run tree, as maximal ranges.
+//! The free block ids of the run tree, as maximal ranges, kept in the block arrays
+//! themselves (boundary tags).
 //!
 //! A run's blocks are consecutive ids, so a new run needs a free range of its length and a
-//! freed run returns one, merged with its free neighbours. Both are O(1) (expected): the
-//! ranges are found by start and by end in two hash maps, and for allocation by size
-//! class (`floor(log2(len))`) in one stack per class, whose entries are checked when
-//! popped (a range merged or taken since leaves its entry behind, skipped then, and the
-//! stacks are compacted once they hold twice the live ranges). A B-tree by length (a best
-//! fit) cost ~1,000 instructions per run created or freed, a sixth of the tree's apply at
-//! 100k blocks; this is first fit by class, ~200.
+//! freed run returns one, merged with its free neighbours. Every id of a free range has
+//! [`FREE`] for its run (`run_of`), and the range's first and last ids hold its length in
+//! `local` (a free id has no tokens hash): the range after a freed run is found by
+//! reading the id after it, the range before it by reading the id before it and that id's
+//! length. For allocation, the range starts are also listed by size class
+//! (`floor(log2(len))`) in one stack per class, whose entries are checked when popped (a
+//! range merged or taken since leaves its entry behind, skipped then, and the stacks are
+//! compacted once they hold twice the live ranges).
+//!
+//! A B-tree by length (a best fit) cost ~1,000 instructions per run created or freed, a
+//! sixth of the tree's apply at 100k blocks; two hash maps (start -> length, end -> start)
+//! beside the class stacks ~300 per run created and ~400 per run freed (8 % of the apply,
+//! round 20); the tags, a few reads and writes next to the ids the run had or gets.
 
-use rustc_hash::FxHashMap;
+use super::arena::Arena;
+use super::{NIL, RadixTree};
+
+/// `run_of` of an id in a free range (no run has this id: see `take_run_slot`).
+pub(super) const FREE: u32 = NIL - 1;
 
 /// Size class of a range of `len` ids (`len >= 1`).
 const fn class(len: u32) -> usize {
     (31 - len.leading_zeros()) as usize
 }
 
+/// The length of the free range starting at `start`, if one does.
+fn range_at(run_of: &Arena<u32>, local: &Arena<u64>, start: u32) -> Option<u32> {
+    let s = start as usize;
+    let starts = s < run_of.len() && run_of[s] == FREE && (s == 0 || run_of[s - 1] != FREE);
+    starts.then(|| local[s] as u32)
+}
+
+/// The start of the free range that ends just before `end`, if one does (`end` itself is
+/// not free, or is the arrays' end).
+fn range_ending_at(run_of: &Arena<u32>, local: &Arena<u64>, end: u32) -> Option<u32> {
+    let e = end as usize;
+    (e > 0 && e <= run_of.len() && run_of[e - 1] == FREE).then(|| end - local[e - 1] as u32)
+}
+
+/// The class stacks (the ranges themselves are in the block arrays).
 #[derive(Debug, Default)]
 pub(super) struct FreeIds {
-    /// `start -> len` of each free range.
-    at: FxHashMap<u32, u32>,
-    /// `end -> start` of each free range.
-    end: FxHashMap<u32, u32>,
     /// Starts of ranges by size class, possibly stale (see the module docs).
     classes: Vec<Vec<u32>>,
     /// Entries in `classes`.
     listed: usize,
+    /// Number of free ranges.
+    ranges: usize,
 }
 
 impl FreeIds {
     /// Number of free ranges.
-    pub(super) fn len(&self) -> usize {
-        self.at.len()
-    }
-
-    /// Every free range as `(start, len)`, in no particular order.
-    pub(super) fn ranges(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.at.iter().map(|(&s, &l)| (s, l))
-    }
-
-    /// The range starting at `start`, if one does.
-    pub(super) fn starting_at(&self, start: u32) -> Option<u32> {
-        self.at.get(&start).copied()
-    }
-
-    /// The start of the range ending at `end`, if one does.
-    pub(super) fn ending_at(&self, end: u32) -> Option<u32> {
-        self.end.get(&end).copied()
+    pub(super) const fn len(&self) -> usize {
+        self.ranges
     }
 
     pub(super) fn heap_bytes(&self) -> usize {
-        (self.at.capacity() + self.end.capacity()) * 9
-            + self.classes.capacity() * std::mem::size_of::<Vec<u32>>()
+        self.classes.capacity() * std::mem::size_of::<Vec<u32>>()
             + self.classes.iter().map(|c| c.capacity() * 4).sum::<usize>()
     }
+}
 
-    /// Add the free range `start..start + len` (not touching another).
-    pub(super) fn put(&mut self, start: u32, len: u32) {
-        self.at.insert(start, len);
-        self.end.insert(start + len, start);
+impl RadixTree {
+    /// Every free range as `(start, len)`, in order (a scan of the arrays: for checks).
+    pub(super) fn free_ranges(&self) -> Vec<(u32, u32)> {
+        let n = self.run_of.len();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < n {
+            if self.run_of[i] == FREE {
+                let s = i;
+                while i < n && self.run_of[i] == FREE {
+                    i += 1;
+                }
+                out.push((s as u32, (i - s) as u32));
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// The length of the free range starting at `start`, if one does.
+    pub(super) fn free_range_at(&self, start: u32) -> Option<u32> {
+        range_at(&self.run_of, &self.local, start)
+    }
+
+    /// The start of the free range ending just before `end` (not free itself), if any.
+    pub(super) fn free_range_ending_at(&self, end: u32) -> Option<u32> {
+        range_ending_at(&self.run_of, &self.local, end)
+    }
+
+    /// Make ids `start..start + len`, all [`FREE`] already and touching no other free
+    /// range, one range: its tags and its class entry.
+    fn put_range(&mut self, start: u32, len: u32) {
+        self.local[start as usize] = u64::from(len);
+        self.local[(start + len - 1) as usize] = u64::from(len);
+        let f = &mut self.free;
+        f.ranges += 1;
         let c = class(len);
-        if self.classes.len() <= c {
-            self.classes.resize_with(c + 1, Vec::new);
+        if f.classes.len() <= c {
+            f.classes.resize_with(c + 1, Vec::new);
         }
-        self.classes[c].push(start);
-        self.listed += 1;
-        if self.listed > 2 * self.at.len() + 64 {
-            self.compact();
+        f.classes[c].push(start);
+        f.listed += 1;
+        if f.listed > 2 * f.ranges + 64 {
+            self.compact_free();
         }
     }
 
-    /// Take the range starting at `start` out; returns its length.
-    pub(super) fn take(&mut self, start: u32) -> u32 {
-        let len = self.at.remove(&start).expect("a free range");
-        self.end.remove(&(start + len));
-        len
+    /// The first `n` ids of the free range at `start`, of length `len >= n`, taken out
+    /// (their `run_of` is the caller's to write); the rest stays a range.
+    fn take_front(&mut self, start: u32, len: u32, n: u32) -> u32 {
+        self.free.ranges -= 1;
+        if len > n {
+            self.put_range(start + n, len - n);
+        }
+        start
     }
 
-    /// `n` consecutive free ids from a range that fits (its rest stays free), if any.
-    pub(super) fn alloc(&mut self, n: u32) -> Option<u32> {
+    /// `n` consecutive free ids (to be written by the caller): a free range that fits
+    /// (first fit by size class), else the end of the arrays.
+    pub(super) fn alloc_ids(&mut self, n: u32) -> u32 {
+        if let Some(start) = self.alloc_free(n) {
+            return start;
+        }
+        let start = self.local.len() as u32;
+        // A free range at the end is extended rather than left behind.
+        if let Some(s) = self.free_range_ending_at(start) {
+            let have = start - s;
+            if have >= n {
+                return self.take_front(s, have, n);
+            }
+            self.free.ranges -= 1;
+            self.grow(n - have);
+            return s;
+        }
+        assert!(
+            start as usize + (n as usize) < FREE as usize,
+            "run tree block capacity exceeded"
+        );
+        self.grow(n);
+        start
+    }
+
+    /// `n` ids from a range that fits, if any.
+    fn alloc_free(&mut self, n: u32) -> Option<u32> {
         let fits = class(n);
         // Every range of a class above `floor(log2(n))` fits; in that class, only the top
         // entry is looked at.
-        if let Some(&s) = self.classes.get(fits).and_then(|c| c.last())
-            && self.at.get(&s).is_some_and(|&l| l >= n && class(l) == fits)
+        if let Some(&s) = self.free.classes.get(fits).and_then(|c| c.last())
+            && let Some(len) = self
+                .free_range_at(s)
+                .filter(|&l| l >= n && class(l) == fits)
         {
-            self.classes[fits].pop();
-            self.listed -= 1;
-            return Some(self.take_front(s, n));
+            self.free.classes[fits].pop();
+            self.free.listed -= 1;
+            return Some(self.take_front(s, len, n));
         }
-        for c in fits + 1..self.classes.len() {
-            while let Some(s) = self.classes[c].pop() {
-                self.listed -= 1;
-                if self.at.get(&s).is_some_and(|&l| class(l) == c) {
-                    return Some(self.take_front(s, n));
+        for c in fits + 1..self.free.classes.len() {
+            while let Some(s) = self.free.classes[c].pop() {
+                self.free.listed -= 1;
+                if let Some(len) = self.free_range_at(s).filter(|&l| class(l) == c) {
+                    return Some(self.take_front(s, len, n));
                 }
             }
         }
         None
     }
 
-    /// The first `n` ids of the range at `start` (which has at least `n`).
-    fn take_front(&mut self, start: u32, n: u32) -> u32 {
-        let len = self.take(start);
-        if len > n {
-            self.put(start + n, len - n);
+    /// Take the `n` ids from `at` on (to be written by the caller) when they are free, or
+    /// past the end.
+    pub(super) fn take_ids_at(&mut self, at: u32, n: u32) -> bool {
+        if at as usize == self.local.len() {
+            self.grow(n);
+            return true;
         }
-        start
-    }
-
-    /// Take the `n` ids from `start` on, when a free range starts there and holds them.
-    pub(super) fn take_at(&mut self, start: u32, n: u32) -> bool {
-        match self.at.get(&start) {
-            Some(&len) if len >= n => {
-                self.take_front(start, n);
+        match self.free_range_at(at) {
+            Some(len) if len >= n => {
+                self.take_front(at, len, n);
                 true
             }
             _ => false,
         }
     }
 
-    /// Free ids `start..start + n` merged with the free ranges around them, taken out:
-    /// the caller puts the merged range back (or drops it at the arrays' end).
-    pub(super) fn merge(&mut self, start: u32, n: u32) -> (u32, u32) {
-        let (mut start, mut n) = (start, n);
-        if let Some(s) = self.ending_at(start) {
-            n += self.take(s);
-            start = s;
+    /// Return ids `start..start + n` (unused) to the free ranges, merged with the ranges
+    /// around them.
+    pub(super) fn free_ids(&mut self, start: u32, n: u32) {
+        self.run_of.fill(start as usize, n as usize, FREE);
+        let (mut s, mut len) = (start, n);
+        if let Some(before) = self.free_range_ending_at(start) {
+            len += start - before;
+            s = before;
+            self.free.ranges -= 1;
         }
-        if self.at.contains_key(&(start + n)) {
-            n += self.take(start + n);
+        // (Not `free_range_at`: the id before it is free now.) A range there starts there:
+        // it is maximal, and the id before it was in use.
+        let after = (start + n) as usize;
+        if after < self.run_of.len() && self.run_of[after] == FREE {
+            len += self.local[after] as u32;
+            self.free.ranges -= 1;
         }
-        (start, n)
+        self.put_range(s, len);
     }
 
     /// Drop the stale entries of the class stacks.
-    fn compact(&mut self) {
-        let at = &self.at;
+    fn compact_free(&mut self) {
+        let (run_of, local) = (&self.run_of, &self.local);
         let mut listed = 0;
-        for (c, starts) in self.classes.iter_mut().enumerate() {
-            starts.retain(|s| at.get(s).is_some_and(|&l| class(l) == c));
+        for (c, starts) in self.free.classes.iter_mut().enumerate() {
+            starts.retain(|&s| range_at(run_of, local, s).is_some_and(|l| class(l) == c));
             starts.sort_unstable();
             starts.dedup();
             listed += starts.len();
         }
-        self.listed = listed;
+        self.free.listed = listed;
     }
 }
 
@@ -152,7 +226,8 @@ impl FreeIds {
 mod tests {
     use proptest::prelude::*;
 
-    use super::{FreeIds, class};
+    use super::{FREE, class};
+    use crate::indexer::tree::RadixTree;
 
     /// The maximal runs of free ids in `free` as `(start, len)`, in order.
     fn runs(free: &[bool]) -> Vec<(u32, u32)> {
@@ -173,30 +248,33 @@ mod tests {
     }
 
     proptest! {
-        /// Against a bit per id: after every operation the ranges are exactly the maximal
-        /// runs of free ids, found by start and by end; an allocation takes free ids and
-        /// fails only when no range of a larger size class exists; `take_at` succeeds
-        /// exactly when a range starts there and holds the ids. (The stale class entries
-        /// are exercised too: 64 ids, many merges between allocations.)
+        /// Against a bit per id, over 64 ids of a tree's arrays (an id in use has run 0):
+        /// after every operation the ranges are exactly the maximal runs of free ids, found
+        /// by start and by end through their tags; an allocation takes free ids and fails
+        /// only when no range of a larger size class exists; `take_ids_at` succeeds exactly
+        /// when a range starts there and holds the ids. (The stale class entries are
+        /// exercised too: 64 ids, many merges between allocations.) Allocations past the
+        /// end are the tree's model tests'.
         #[test]
         fn behaves_like_a_bitmap(ops in proptest::collection::vec((0u8..3, 0u32..64, 1u32..12), 1..300)) {
-            let mut f = FreeIds::default();
+            let mut t = RadixTree::default();
+            t.grow(64);
+            t.run_of.fill(0, 64, 0);
             let mut free = vec![false; 64];
             for (op, at, n) in ops {
                 let end = (at + n).min(64);
                 match op {
                     // Free `at..end` where it is all in use.
                     0 if (at..end).all(|i| !free[i as usize]) => {
-                        let (s, l) = f.merge(at, end - at);
-                        f.put(s, l);
+                        t.free_ids(at, end - at);
                         for i in at..end {
                             free[i as usize] = true;
                         }
-                        prop_assert!(runs(&free).contains(&(s, l)), "merged {}+{}", s, l);
                     }
-                    1 => match f.alloc(n) {
+                    1 => match t.alloc_free(n) {
                         Some(s) => {
                             prop_assert!((s..s + n).all(|i| free[i as usize]), "alloc {} at {}", n, s);
+                            t.run_of.fill(s as usize, n as usize, 0);
                             for i in s..s + n {
                                 free[i as usize] = false;
                             }
@@ -209,9 +287,10 @@ mod tests {
                     2 => {
                         let starts = at < 64 && free[at as usize] && (at == 0 || !free[at as usize - 1]);
                         let fits = end - at == n && (at..end).all(|i| free[i as usize]);
-                        let got = f.take_at(at, n);
+                        let got = t.take_ids_at(at, n);
                         prop_assert_eq!(got, starts && fits);
                         if got {
+                            t.run_of.fill(at as usize, n as usize, 0);
                             for i in at..end {
                                 free[i as usize] = false;
                             }
@@ -219,15 +298,17 @@ mod tests {
                     }
                     _ => {}
                 }
-                let mut have: Vec<(u32, u32)> = f.ranges().collect();
-                have.sort_unstable();
                 let want = runs(&free);
-                prop_assert_eq!(&have, &want);
+                prop_assert_eq!(&t.free_ranges(), &want);
+                prop_assert_eq!(t.free.len(), want.len());
                 for &(s, l) in &want {
-                    prop_assert_eq!(f.starting_at(s), Some(l));
-                    prop_assert_eq!(f.ending_at(s + l), Some(s));
+                    prop_assert_eq!(t.free_range_at(s), Some(l));
+                    prop_assert_eq!(t.free_range_ending_at(s + l), Some(s));
                 }
-                prop_assert!(f.listed >= f.len());
+                for i in 0..64u32 {
+                    prop_assert_eq!(t.run_of[i as usize] == FREE, free[i as usize]);
+                }
+                prop_assert!(t.free.listed >= t.free.len());
             }
         }
     }

@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 
 use self::arena::Arena;
 use self::ext_table::{ExtTable, prefetch_read, tag_of};
-use self::free_ids::FreeIds;
+use self::free_ids::{FREE, FreeIds};
 use self::id_set::IdSet;
 use super::{IndexSlots, OverlapScores};
 use crate::error::{Error, Result};
@@ -210,16 +210,17 @@ thread_local! {
 /// The run tree (not synchronized). See the module docs.
 #[derive(Debug)]
 pub struct RadixTree {
-    /// `tokens_hash` of each block id.
+    /// `tokens_hash` of each block id (at both ends of a free range: its length).
     local: Arena<u64>,
-    /// The run of each block id (`NIL`: the id is free).
+    /// The run of each block id (`NIL`: unused, in a run's reserved ids; [`FREE`]: in a
+    /// free range).
     run_of: Arena<u32>,
     /// The canonical key of each block, while some rank holds it under that key (valid
     /// where its bit in `keyed` is set).
     key: Arena<u64>,
     keyed: Arena<u64>,
-    /// Free block ids as maximal ranges `start -> len` (none reaches the arrays' end: a
-    /// range freed there shortens the arrays), and the same ranges by `(len, start)`.
+    /// Free block ids: maximal ranges tagged in `run_of` and `local`, listed by size
+    /// class (`free_ids.rs`).
     free: FreeIds,
     live_blocks: usize,
     runs: Arena<Run>,
@@ -1136,8 +1137,9 @@ impl RadixTree {
         if let Some(id) = self.free_runs.pop() {
             return id;
         }
+        // Run ids stay below `FREE` (`NIL` and `FREE` are markers).
         assert!(
-            self.runs.len() < NIL as usize - 1,
+            self.runs.len() < FREE as usize,
             "run tree run capacity exceeded"
         );
         self.runs.push(FREED);
@@ -1300,42 +1302,6 @@ impl RadixTree {
 
     // ----- block ids ---------------------------------------------------------------------
 
-    /// `n` consecutive free ids: a free range that fits (first fit by size class), else
-    /// the end of the arrays.
-    fn alloc_ids(&mut self, n: u32) -> u32 {
-        if let Some(start) = self.free.alloc(n) {
-            return start;
-        }
-        let start = self.local.len();
-        // A free range at the end is extended rather than left behind.
-        if let Some(s) = self.free.ending_at(start as u32) {
-            let have = self.free.take(s);
-            if have >= n {
-                if have > n {
-                    self.free.put(s + n, have - n);
-                }
-            } else {
-                self.grow(n - have);
-            }
-            return s;
-        }
-        assert!(
-            start + (n as usize) < NIL as usize,
-            "run tree block capacity exceeded"
-        );
-        self.grow(n);
-        start as u32
-    }
-
-    /// Take the `n` ids from `at` on when they are free (or past the end).
-    fn take_ids_at(&mut self, at: u32, n: u32) -> bool {
-        if at as usize == self.local.len() {
-            self.grow(n);
-            return true;
-        }
-        self.free.take_at(at, n)
-    }
-
     fn grow(&mut self, n: u32) {
         let n = n as usize;
         self.local.extend_with(n, 0);
@@ -1350,12 +1316,6 @@ impl RadixTree {
         debug_assert!((start..start + n).all(|b| self.key_at(b).is_none()));
         self.run_of.fill(start as usize, n as usize, NIL);
         self.local.fill(start as usize, n as usize, 0);
-    }
-
-    /// Return ids `start..start + n` (unused) to the free ranges.
-    fn free_ids(&mut self, start: u32, n: u32) {
-        let (start, n) = self.free.merge(start, n);
-        self.free.put(start, n);
     }
 
     // ----- ranks -------------------------------------------------------------------------
