@@ -745,11 +745,7 @@ impl RadixTree {
 
     /// Take run `kid` out of `children`, where it is listed under `(parent, local)`.
     fn forget_child(&mut self, parent: u32, local: u64, kid: u32) {
-        let i = self
-            .children
-            .find(child_tag(parent, local), |k| k == kid)
-            .expect("a live run is in the child table");
-        self.children.remove_at(i);
+        self.children.remove_entry(child_tag(parent, local), kid);
     }
 
     /// How many leading hashes of `query` equal the `len` blocks' from block `start` on
@@ -810,11 +806,7 @@ impl RadixTree {
     /// Drop block `b`'s key (its last canonical residency went).
     fn unkey(&mut self, b: u32) {
         let h = self.key[b as usize];
-        let i = self
-            .hashes
-            .find(tag_of(mix(h)), |x| x == b)
-            .expect("a keyed block is in the table");
-        self.hashes.remove_at(i);
+        self.hashes.remove_entry(tag_of(mix(h)), b);
         self.keyed[b as usize / 64] &= !(1 << (b % 64));
     }
 
