@@ -33,7 +33,7 @@
 //! The tree has **one node per run**: a chain of blocks with no branch inside it (a
 //! conversation's turns, a shared prompt up to where the prompts diverge). Until round 18
 //! of `docs/benchmarks/kv_indexer.md` it had one node per block, and executed 2.7x the
-//! reference's instructions per block applied; per run, it executes ~0.7x.
+//! reference's instructions per block applied; on runs, 0.60x (100k blocks, round 21).
 //!
 //! * Blocks are ids into three arrays: `local` (`tokens_hash`), `run_of` (the block's run)
 //!   and `key` (the block's canonical external hash, below; valid where the block's bit in
@@ -43,8 +43,10 @@
 //!   and key in address order. A run reserves `cap >= len` ids: cut back (its deepest
 //!   blocks evicted), it keeps them until it is less than half full, so that a
 //!   conversation's blocks evicted and stored again cost no id bookkeeping; it grows in
-//!   place while the ids after it are free. Free ids are kept as maximal ranges, found by
-//!   start, end and size class (`tree/free_ids.rs`: O(1) to take or return a range).
+//!   place while the ids after it are free. Free ids are kept as maximal ranges tagged in
+//!   the arrays themselves (`run_of` marks them free, `local` holds a range's length at
+//!   both ends), found from the ids beside them and by size class (`tree/free_ids.rs`:
+//!   O(1) to take or return a range).
 //! * `runs`: per run its first id, length, reservation, parent run, its children (a
 //!   sibling list) and its **holders as prefix lengths**: `(worker slot, n)` for each rank
 //!   that holds the run's first `n` blocks (the first two in the run's record, more on the
@@ -69,7 +71,9 @@
 //!   hashes only); both are empty in the common case, where stores and removes take a
 //!   path that never looks at them. A block leaves `hashes` with its last canonical
 //!   residency. The tree keeps no index by rank, so a `cleared` rank (or a removed worker)
-//!   is a pass over the runs.
+//!   is a pass over the runs. A `removed` event walks down a run: the hashes after one
+//!   that are the keys of the blocks before it are removed without probes, the rank's
+//!   length cut once.
 //! * Before an event's probes the `hashes` buckets of all its hashes are prefetched, so
 //!   that their cache misses overlap.
 //!
