@@ -2,8 +2,9 @@
 //!
 //! After the router sends a prompt to a worker rank it assumes the rank now caches the
 //! prompt's complete blocks, and records them as if the rank had sent a `stored` event
-//! (parent = root, `block_hash` = the router's chained [`SequenceHash`], `tokens_hash` = the
-//! local hash). The assumption is only trusted for a time-to-live:
+//! (parent = root, `block_hash` = the router's chained
+//! [`SequenceHash`](crate::hashing::SequenceHash), `tokens_hash` = the local hash). The
+//! assumption is only trusted for a time-to-live:
 //!
 //! * every recorded block expires `ttl` after the **latest** routing decision that covered
 //!   it (default [`DEFAULT_TTL`], 120 s like the reference's `router_ttl_secs`); routing
