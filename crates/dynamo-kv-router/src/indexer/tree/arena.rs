@@ -125,49 +125,45 @@ impl<T> Arena<T> {
         }
     }
 
-    /// Append `x`: in the last chunk when it is not full (growing it by a quarter, up to
-    /// [`CHUNK`]), else in a new chunk. Never moves an element of a full chunk.
-    pub(super) fn push(&mut self, x: T) {
-        match self.chunks.last_mut() {
-            Some(c) if c.len() < CHUNK => {
-                if c.len() == c.capacity() {
-                    c.reserve_exact((c.len() / 4).max(64).min(CHUNK - c.len()));
-                }
-                c.push(x);
-            }
-            _ => {
-                let mut c = Vec::with_capacity(64.min(CHUNK));
-                c.push(x);
-                self.chunks.push(c);
-            }
+    /// The last chunk, with room for `k` more elements (`k` at most what it lacks of
+    /// [`CHUNK`]; a new chunk when the last is full or there is none): grown like a `Vec`,
+    /// by a quarter and at least 64, up to [`CHUNK`]. Never moves an element of a full
+    /// chunk.
+    fn room(&mut self, k: usize) -> &mut Vec<T> {
+        if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
+            self.chunks.push(Vec::with_capacity(64.min(CHUNK)));
         }
+        let c = self.chunks.last_mut().expect("a chunk was just ensured");
+        debug_assert!(k <= CHUNK - c.len());
+        let want = c.len() + k;
+        if want > c.capacity() {
+            let grown = (c.capacity() + (c.capacity() / 4).max(64)).min(CHUNK);
+            c.reserve_exact(want.max(grown) - c.len());
+        }
+        c
+    }
+
+    /// Append `x`.
+    pub(super) fn push(&mut self, x: T) {
+        self.room(1).push(x);
         self.len += 1;
     }
 
-    /// Append `n` copies of `x`, a chunk slice at a time (the same growth steps as `n`
-    /// pushes: a new run's ids are appended together, and a push per id per arena was
-    /// ~55 instructions).
+    /// Append `n` copies of `x`, a chunk slice at a time (a new run's ids are appended
+    /// together, and a push per id per arena was ~55 instructions).
     pub(super) fn extend_with(&mut self, n: usize, x: T)
     where
         T: Copy,
     {
         let mut left = n;
         while left > 0 {
-            let c = match self.chunks.last_mut() {
-                Some(c) if c.len() < CHUNK => c,
-                _ => {
-                    self.chunks.push(Vec::with_capacity(64.min(CHUNK)));
-                    self.chunks.last_mut().expect("just pushed")
-                }
+            let lacks = match self.chunks.last() {
+                Some(c) if c.len() < CHUNK => CHUNK - c.len(),
+                _ => CHUNK,
             };
-            let k = left.min(CHUNK - c.len());
-            let want = c.len() + k;
-            if want > c.capacity() {
-                // Grown by a quarter at least, as `push` does, up to the chunk's end.
-                let grown = (c.capacity() + (c.capacity() / 4).max(64)).min(CHUNK);
-                c.reserve_exact(want.max(grown) - c.len());
-            }
-            c.resize(want, x);
+            let k = left.min(lacks);
+            let c = self.room(k);
+            c.resize(c.len() + k, x);
             left -= k;
         }
         self.len += n;
