@@ -11,11 +11,14 @@
 //!   cleans up after processes that died. Owned files are deleted on shutdown.
 //! * Watching: a background thread rescans the directory every [`POLL_INTERVAL`] and bumps
 //!   the change counter when the live set differs from the previous scan. Between full
-//!   scans it checks the directory's own mtime every [`FAST_POLL`]: every write here is a
-//!   rename into the directory (and every delete an unlink), both of which change it, so a
-//!   join or leave is seen within milliseconds instead of half a full period on average
-//!   (process start to "model listed" is issue 19's start-up figure). The full scans stay
-//!   as the safety net for coarse-mtime filesystems and for lease expiry.
+//!   scans it sleeps on an inotify watch of the directory: every write here is a rename
+//!   into the directory and every delete an unlink, so a join or leave is scanned as soon
+//!   as it happens (process start to "model listed" is issue 19's start-up figure, and an
+//!   idle process is not woken every few milliseconds). Where inotify is not available
+//!   (the per-user instance limit reached, a filesystem without it) the thread checks the
+//!   directory's own mtime every [`FAST_POLL`] instead, which both of those change too. The
+//!   full scans stay as the safety net for coarse-mtime filesystems, for writers that edit
+//!   a file in place, and for lease expiry.
 //!
 //! The directory is not trusted: only regular files are read, opened with `O_NOFOLLOW |
 //! O_NONBLOCK` (a symlink, FIFO or device never blocks or feeds a reader), up to
@@ -33,6 +36,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use rustix::event::{PollFd, PollFlags};
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
 use super::{BoxFuture, KvStore};
@@ -43,7 +48,8 @@ use crate::error::{Error, Result};
 /// of a directory with a handful of small files costs a few microseconds.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 
-/// How often the directory's mtime is checked between full scans (one `stat`).
+/// How often the directory's mtime is checked between full scans (one `stat`) where the
+/// directory cannot be watched with inotify.
 pub const FAST_POLL: Duration = Duration::from_millis(5);
 
 /// Default lease TTL, matching the reference (and etcd's default lease).
@@ -256,6 +262,72 @@ fn write_atomic(root: &Path, key: &str, value: &str) -> std::io::Result<()> {
     })
 }
 
+/// An inotify watch on the store's directory, for the watch thread to sleep on.
+struct DirWatch {
+    fd: rustix::fd::OwnedFd,
+    root: PathBuf,
+}
+
+impl DirWatch {
+    /// Entries appear by rename into the directory and go by unlink (or by rename away);
+    /// `MODIFY` catches a value written in place by hand. Lease refreshes open the file for
+    /// writing and set its mtime: `CLOSE_WRITE` and `ATTRIB`, neither watched.
+    const EVENTS: WatchFlags = WatchFlags::MOVED_TO
+        .union(WatchFlags::MOVED_FROM)
+        .union(WatchFlags::DELETE)
+        .union(WatchFlags::MODIFY)
+        .union(WatchFlags::DELETE_SELF)
+        .union(WatchFlags::MOVE_SELF);
+
+    fn new(root: &Path) -> std::io::Result<Self> {
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?;
+        inotify::add_watch(&fd, root, Self::EVENTS)?;
+        Ok(Self {
+            fd,
+            root: root.to_owned(),
+        })
+    }
+
+    /// Wait up to `timeout` for a change to the directory's entries; returns whether one
+    /// came (every queued event is consumed). Events about this store's own temporary
+    /// files (`.tmp-*`, ignored by scans) do not count.
+    fn wait(&self, timeout: Duration) -> bool {
+        let timeout =
+            rustix::event::Timespec::try_from(timeout).unwrap_or(rustix::event::Timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            });
+        let mut fds = [PollFd::new(&self.fd, PollFlags::IN)];
+        match rustix::event::poll(&mut fds, Some(&timeout)) {
+            Ok(0) => return false,
+            Ok(_) => {}
+            // Interrupted, or a failure that should not happen with one valid fd: report
+            // a change, so the caller scans rather than missing one.
+            Err(_) => return true,
+        }
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 4096];
+        let mut events = inotify::Reader::new(&self.fd, &mut buf);
+        let mut changed = false;
+        loop {
+            match events.next() {
+                Ok(ev) => {
+                    let ours = ev
+                        .file_name()
+                        .is_some_and(|n| n.to_bytes().starts_with(b"."));
+                    changed |= !ours || ev.events().contains(ReadFlags::QUEUE_OVERFLOW);
+                    if ev.events().contains(ReadFlags::IGNORED) {
+                        // The directory went (or moved): watch whatever is at the root
+                        // now; until one is there, the full scans carry on alone.
+                        let _ = inotify::add_watch(&self.fd, &self.root, Self::EVENTS);
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return changed,
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
 impl State {
     fn run(self: Arc<Self>) {
         // Refresh well inside the TTL so a short scheduling stall does not expire a lease.
@@ -263,11 +335,21 @@ impl State {
         let mut last_refresh = std::time::Instant::now();
         let mut last_scan = std::time::Instant::now();
         let dir_mtime = || fs::metadata(&self.root).and_then(|m| m.modified()).ok();
+        let watch = DirWatch::new(&self.root)
+            .inspect_err(|e| {
+                tracing::debug!(root = %self.root.display(), error = %e, "file store: no inotify watch; polling the directory's mtime");
+            })
+            .ok();
         let mut seen_mtime = dir_mtime();
         while !self.stop.load(Ordering::Acquire) {
-            std::thread::sleep(FAST_POLL);
-            let mtime = dir_mtime();
-            if mtime == seen_mtime && last_scan.elapsed() < POLL_INTERVAL {
+            let changed = match &watch {
+                Some(w) => w.wait(POLL_INTERVAL.saturating_sub(last_scan.elapsed())),
+                None => {
+                    std::thread::sleep(FAST_POLL);
+                    dir_mtime() != seen_mtime
+                }
+            };
+            if !changed && last_scan.elapsed() < POLL_INTERVAL {
                 continue;
             }
             if last_refresh.elapsed() >= refresh_every {
@@ -275,8 +357,8 @@ impl State {
                 last_refresh = std::time::Instant::now();
             }
             // Read the mtime before scanning: a change during the scan then triggers
-            // another one.
-            seen_mtime = mtime;
+            // another one (with inotify, its event is still queued).
+            seen_mtime = dir_mtime();
             last_scan = std::time::Instant::now();
             self.scan_and_publish();
         }
@@ -328,7 +410,10 @@ impl State {
                 .open(&path)
                 .and_then(|f| {
                     if f.metadata()?.file_type().is_file() {
-                        f.set_modified(now)
+                        // Both times: setting the mtime alone is an inotify `MODIFY`, which
+                        // watchers take for a value written in place (see `DirWatch`); both
+                        // at once is an `ATTRIB`.
+                        f.set_times(fs::FileTimes::new().set_accessed(now).set_modified(now))
                     } else {
                         Err(std::io::Error::from(ErrorKind::NotFound))
                     }
@@ -466,6 +551,39 @@ impl KvStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn dir_watch_reports_entries_not_temporary_files_or_lease_refreshes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path(), DEFAULT_TTL).unwrap();
+        let w = DirWatch::new(dir.path()).unwrap();
+        fs::write(dir.path().join(".tmp-0123456789abcdef"), "v").unwrap();
+        assert!(!w.wait(Duration::ZERO), "a temporary file is not an entry");
+        store.put("v1/a", "one").await.unwrap();
+        assert!(w.wait(Duration::ZERO), "a put renames a new entry in");
+        store.state.refresh();
+        assert!(!w.wait(Duration::ZERO), "a lease refresh changes no entry");
+        let entry = dir.path().join(encode("v1/a"));
+        fs::write(&entry, "edited in place").unwrap();
+        assert!(w.wait(Duration::ZERO), "a value written in place");
+        store.delete("v1/a").await.unwrap();
+        assert!(w.wait(Duration::ZERO), "a delete");
+        assert!(!w.wait(Duration::from_millis(5)), "nothing since");
+        store.shutdown().await;
+    }
+
+    #[test]
+    fn dir_watch_follows_a_root_that_is_replaced() {
+        let parent = tempfile::tempdir().unwrap();
+        let root = parent.path().join("kv");
+        fs::create_dir(&root).unwrap();
+        let w = DirWatch::new(&root).unwrap();
+        fs::remove_dir(&root).unwrap();
+        fs::create_dir(&root).unwrap();
+        assert!(w.wait(Duration::ZERO), "the directory itself went");
+        fs::write(root.join(encode("v1/b")), "v").unwrap();
+        assert!(w.wait(Duration::ZERO), "an entry in the new directory");
+    }
 
     #[test]
     fn encoding_round_trips() {
