@@ -340,3 +340,30 @@ async def test_unary_chat_model_is_served_through_the_frontend(
                 await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
     finally:
         procs.close()
+
+
+def test_llm_unary_helpers_load_on_first_use() -> None:
+    """``dynamo.llm`` loads its unary helpers when one is first asked for (building their
+    frozen dataclass and importing ``dataclasses`` was ~3 ms of every worker's and
+    frontend's start-up): a fresh process that imports the package has not loaded them;
+    the names are listed, resolve to the module's objects (also through ``import *``) and
+    an unknown name is still an ``AttributeError``."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dynamo.llm as llm\n"
+        "assert 'dynamo.llm._unary' not in sys.modules, 'loaded at import'\n"
+        "assert 'dataclasses' not in sys.modules, 'dataclasses imported'\n"
+        "assert {'LLMUnaryClient', 'UnaryChatModel', 'with_engine_data'} <= set(dir(llm))\n"
+        "from dynamo.llm import UnaryChatModel\n"
+        "import dynamo.llm._unary as u\n"
+        "assert UnaryChatModel is u.UnaryChatModel\n"
+        "ns = {}\n"
+        "exec('from dynamo.llm import *', ns)\n"
+        "assert ns['with_engine_data'] is u.with_engine_data\n"
+        "assert ns['LLMUnaryClient'] is u.LLMUnaryClient\n"
+        "assert not hasattr(llm, 'NoSuchHelper')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

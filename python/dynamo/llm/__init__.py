@@ -4,7 +4,7 @@ Re-exports the public LLM classes and functions of :mod:`dynamo._core`.
 """
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dynamo._core import AicPerfConfig as AicPerfConfig
 from dynamo._core import ApproxKvIndexer as ApproxKvIndexer
@@ -72,11 +72,37 @@ from dynamo._core import run_select_service as run_select_service
 from dynamo._core import run_slot_tracker as run_slot_tracker
 from dynamo._core import unregister_model as unregister_model
 from dynamo._core import update_model_taints as update_model_taints
-from dynamo.llm._unary import LLMUnaryClient as LLMUnaryClient
-from dynamo.llm._unary import UnaryChatModel as UnaryChatModel
-from dynamo.llm._unary import with_engine_data as with_engine_data
 from dynamo.llm.exceptions import HttpError as HttpError
 from dynamo.llm.exceptions import RouterQueueLimitExceeded as RouterQueueLimitExceeded
+
+if TYPE_CHECKING:
+    from dynamo.llm._unary import LLMUnaryClient as LLMUnaryClient
+    from dynamo.llm._unary import UnaryChatModel as UnaryChatModel
+    from dynamo.llm._unary import with_engine_data as with_engine_data
+
+#: Names loaded on first use (PEP 562): the unary helpers' module builds a frozen dataclass
+#: and imports ``dataclasses``, ~3 ms of the start-up of every process that imports this
+#: package, most of which never use them (issue 19's start-up figure).
+_LAZY = {
+    "LLMUnaryClient": "dynamo.llm._unary",
+    "UnaryChatModel": "dynamo.llm._unary",
+    "with_engine_data": "dynamo.llm._unary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 class RoutedEngine(Protocol):
