@@ -9,7 +9,8 @@ chat completion and reads it to ``data: [DONE]``.
 * at 128 concurrent streams: requests/s, and server CPU per request (user + system time of
   the frontend and worker processes, from /proc, over the phase, divided by requests);
 * footprint (issue 19): cold start to ready (both processes spawned until the frontend
-  lists the model), idle RSS of each process once ready, and the peak RSS of each during
+  lists the model; the median of ``--starts`` starts per round), idle RSS of each
+  process once ready, and the peak RSS of each during
   the 128-stream phase (sampled from /proc every 20 ms);
 * with ``--native`` (needs ``wrk`` on PATH, Debian package ``wrk``): the same two phases
   driven by ``wrk`` instead of the Python client, so the client is not the bottleneck.
@@ -242,6 +243,65 @@ async def _concurrent(port: int, total: int, body: bytes) -> float:
     return time.perf_counter() - t
 
 
+def _start(
+    python: str, model_dir: str, parsers: tuple[str, str] | None, tmp: Path
+) -> tuple[list[subprocess.Popen], int, tuple[float, float]]:
+    """Spawn frontend and worker (discovery directory and logs under ``tmp``) and wait until
+    the frontend lists the model: the processes, the HTTP port, and (seconds from spawning
+    both to listed, CPU seconds both processes used to get there)."""
+    tmp.mkdir()
+    mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
+    env = dict(os.environ, DYN_FILE_KV=str(tmp / "kv"), DYN_LOG="warn")
+    env.pop("PYTHONPATH", None)
+    port = _free_port()
+    logs = open(tmp / "servers.log", "wb")
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
+            env=env,
+            stdout=logs,
+            stderr=logs,
+        ),
+        subprocess.Popen(
+            [python, str(LAUNCHER), "mocker", model_dir, mocker_args],
+            env=env,
+            stdout=logs,
+            stderr=logs,
+        ),
+    ]
+    logs.close()  # the children hold it
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                if any(m["id"] == "tiny" for m in json.loads(r.read())["data"]):
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            _stop(procs)
+            raise SystemExit((tmp / "servers.log").read_text()[-3000:])
+        # Every 5 ms: the start-up being measured is ~0.07 s, and a 20 ms poll added up to
+        # 20 ms to it on both sides (a failed connect costs ~0.1 ms).
+        time.sleep(0.005)
+    ready_s = time.monotonic() - started
+    # CPU both processes used to get there: unlike the wall time, it does not grow with
+    # whatever else runs on the machine (clock ticks: 10 ms resolution).
+    ready_cpu_s = sum(_cpu_seconds(p.pid) for p in procs)
+    return procs, port, (ready_s, ready_cpu_s)
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def measure(
     python: str,
     model_dir: str,
@@ -249,53 +309,26 @@ def measure(
     parsers: tuple[str, str] | None = None,
     tools: bool = False,
     native: bool = False,
+    starts: int = 1,
 ) -> dict:
     """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend
     (this project only); ``tools``: the requests declare a tool; ``native``: also drive both
-    phases with wrk."""
+    phases with wrk; ``starts``: cold starts whose median is the round's start-up."""
     body = BODY_TOOLS if tools else BODY
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
-        mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
-        env = dict(os.environ, DYN_FILE_KV=f"{tmp}/kv", DYN_LOG="warn")
-        env.pop("PYTHONPATH", None)
-        port = _free_port()
-        logs = open(Path(tmp) / "servers.log", "wb")
-        started = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
-                env=env,
-                stdout=logs,
-                stderr=logs,
-            ),
-            subprocess.Popen(
-                [python, str(LAUNCHER), "mocker", model_dir, mocker_args],
-                env=env,
-                stdout=logs,
-                stderr=logs,
-            ),
-        ]
+        # Cold starts before the one that serves the load: one start is a single sample of
+        # ~0.1 s that moved by 30-50 % between rounds on a shared host, so each round
+        # reports the median of `starts` of them (each with its own discovery directory).
+        timings = []
+        for i in range(starts - 1):
+            procs, _, ready = _start(python, model_dir, parsers, Path(tmp) / f"start{i}")
+            _stop(procs)
+            timings.append(ready)
+        procs, port, ready = _start(python, model_dir, parsers, Path(tmp) / "serve")
+        timings.append(ready)
+        ready_s = statistics.median(t[0] for t in timings)
+        ready_cpu_s = statistics.median(t[1] for t in timings)
         try:
-            deadline = time.monotonic() + 90
-            while True:
-                try:
-                    with urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/v1/models", timeout=2
-                    ) as r:
-                        if any(m["id"] == "tiny" for m in json.loads(r.read())["data"]):
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline:
-                    logs.flush()
-                    raise SystemExit((Path(tmp) / "servers.log").read_text()[-3000:])
-                # Every 5 ms: the start-up being measured is ~0.07 s, and a 20 ms poll
-                # added up to 20 ms to it on both sides (a failed connect costs ~0.1 ms).
-                time.sleep(0.005)
-            ready_s = time.monotonic() - started
-            # CPU both processes used to get there: unlike the wall time, it does not grow
-            # with whatever else runs on the machine (clock ticks: 10 ms resolution).
-            ready_cpu_s = sum(_cpu_seconds(p.pid) for p in procs)
             time.sleep(1.0)  # let the frontend's client see the worker instance
             idle_rss = [_rss_mb(p.pid) for p in procs]
             lat, shape = asyncio.run(_sequential(port, requests, body))
@@ -317,13 +350,7 @@ def measure(
                     "wrk_cpu_ms_per_req": cpu / conc["requests"] * 1e3,
                 }
         finally:
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            _stop(procs)
     lat.sort()
     return {
         "p50_ms": statistics.median(lat) * 1e3,
@@ -530,6 +557,12 @@ def main() -> None:
         help="also drive both phases with wrk (5 s each; needs `wrk` on PATH)",
     )
     p.add_argument(
+        "--starts",
+        type=int,
+        default=5,
+        help="cold starts per round; the round's start-up figures are their medians",
+    )
+    p.add_argument(
         "--parsers",
         default=None,
         metavar="TOOL,REASONING",
@@ -563,7 +596,7 @@ def main() -> None:
             if i % 2:
                 sides.reverse()
             for name, python, sink in sides:
-                r = measure(python, model, a.requests, native=a.native)
+                r = measure(python, model, a.requests, native=a.native, starts=a.starts)
                 print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
                 sink.append(r)
             floors.append(_interpreter_floor(sys.executable))
