@@ -1,0 +1,101 @@
+"""Worker registration to the frontend's "model added", this project only (issue 19 item 6).
+
+Spawns frontend and mocker worker through ``serve_launcher.py`` with file discovery (as
+``startup_timeline.py`` does), and per round reports the milliseconds from the mtime of the
+worker's ``generate`` instance entry in the discovery directory to the timestamp of the
+frontend's ``model added`` log line: how long the frontend took to see a new worker. File
+mtimes move with the kernel's coarse clock (a few ms), so single figures are approximate
+(one can even be slightly negative); compare medians.
+
+    python benches/discovery_latency.py --rounds 12
+
+Run it with the interpreter (and ``PYTHONPATH``) whose ``dynamo`` is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
+ADDED = re.compile(r"(\d{4}-\d\d-\d\dT[\d:.]+)Z.*model added")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def one_round(model: str, tmp: Path) -> float:
+    kv = tmp / "kv"
+    log = tmp / "frontend.log"
+    env = dict(os.environ, DYN_FILE_KV=str(kv), DYN_LOG="info", DYN_NAMESPACE="dynamo")
+    env["NO_COLOR"] = "1"
+    mocker = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
+    with open(log, "wb") as out:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(LAUNCHER), "frontend", str(_free_port())],
+                env=env,
+                stdout=out,
+                stderr=out,
+            ),
+            subprocess.Popen(
+                [sys.executable, str(LAUNCHER), "mocker", model, mocker],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            ),
+        ]
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text())
+            if m := ADDED.search(text):
+                stamp = datetime.datetime.fromisoformat(m.group(1))
+                added = stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no 'model added' line:\n{text[-3000:]}")
+            time.sleep(0.01)
+        registered = max(
+            (kv / f).stat().st_mtime for f in os.listdir(kv) if "instances" in f and "generate" in f
+        )
+        return (added - registered) * 1e3
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=12)
+    args = p.parse_args()
+    from dynamo.llm.tiny_model import write_tiny_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = str(write_tiny_model(Path(tmp) / "tiny"))
+        gaps = []
+        for i in range(args.rounds):
+            work = Path(tmp) / f"round{i}"
+            work.mkdir()
+            gaps.append(one_round(model, work))
+    gaps.sort()
+    print(" ".join(f"{g:.2f}" for g in gaps), f"| median {statistics.median(gaps):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
