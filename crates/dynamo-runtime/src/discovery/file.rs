@@ -14,11 +14,11 @@
 //!   scans it sleeps on an inotify watch of the directory: every write here is a rename
 //!   into the directory and every delete an unlink, so a join or leave is scanned as soon
 //!   as it happens (process start to "model listed" is issue 19's start-up figure, and an
-//!   idle process is not woken every few milliseconds). Where inotify is not available
-//!   (the per-user instance limit reached, a filesystem without it) the thread checks the
-//!   directory's own mtime every [`FAST_POLL`] instead, which both of those change too. The
-//!   full scans stay as the safety net for coarse-mtime filesystems, for writers that edit
-//!   a file in place, and for lease expiry.
+//!   idle process is not woken every few milliseconds). Where no inotify instance can be
+//!   had (the per-user limit reached) the thread checks the directory's own mtime every
+//!   [`FAST_POLL`] instead, which renames and unlinks change too. The full scans stay as
+//!   the safety net for lease expiry, for coarse mtimes, and for network filesystems
+//!   (inotify sees only this machine's changes there).
 //!
 //! The directory is not trusted: only regular files are read, opened with `O_NOFOLLOW |
 //! O_NONBLOCK` (a symlink, FIFO or device never blocks or feeds a reader), up to
@@ -83,7 +83,17 @@ impl FileStore {
     /// Open (creating it if needed) the store at `root` with lease `ttl`, and start the
     /// lease/watch thread.
     pub fn open(root: impl Into<PathBuf>, ttl: Duration) -> Result<Self> {
-        let root = root.into();
+        Self::open_with(root.into(), ttl, true)
+    }
+
+    /// [`Self::open`] whose watch thread polls the directory's mtime, as where no inotify
+    /// instance can be had (tests of that path).
+    #[cfg(test)]
+    pub(crate) fn open_polling(root: impl Into<PathBuf>, ttl: Duration) -> Result<Self> {
+        Self::open_with(root.into(), ttl, false)
+    }
+
+    fn open_with(root: PathBuf, ttl: Duration, inotify: bool) -> Result<Self> {
         // New directories are private; an existing one is used as it is (an explicit
         // `DYN_FILE_KV` is the operator's choice), except the default, checked below.
         fs::DirBuilder::new()
@@ -103,10 +113,19 @@ impl FileStore {
             stop: AtomicBool::new(false),
             io: Mutex::new(()),
         });
+        let watch = inotify
+            .then(|| {
+                DirWatch::new(&state.root)
+                    .inspect_err(|e| {
+                        tracing::debug!(root = %state.root.display(), error = %e, "file store: no inotify watch; polling the directory's mtime");
+                    })
+                    .ok()
+            })
+            .flatten();
         let bg = Arc::clone(&state);
         std::thread::Builder::new()
             .name("dynamo-file-kv".into())
-            .spawn(move || bg.run())?;
+            .spawn(move || bg.run(watch))?;
         Ok(Self { state })
     }
 
@@ -329,17 +348,14 @@ impl DirWatch {
 }
 
 impl State {
-    fn run(self: Arc<Self>) {
+    /// The watch thread: sleeps on `watch` (else polls the directory's mtime), scans,
+    /// refreshes leases, until the store stops.
+    fn run(self: Arc<Self>, watch: Option<DirWatch>) {
         // Refresh well inside the TTL so a short scheduling stall does not expire a lease.
         let refresh_every = (self.ttl / 3).max(POLL_INTERVAL);
         let mut last_refresh = std::time::Instant::now();
         let mut last_scan = std::time::Instant::now();
         let dir_mtime = || fs::metadata(&self.root).and_then(|m| m.modified()).ok();
-        let watch = DirWatch::new(&self.root)
-            .inspect_err(|e| {
-                tracing::debug!(root = %self.root.display(), error = %e, "file store: no inotify watch; polling the directory's mtime");
-            })
-            .ok();
         let mut seen_mtime = dir_mtime();
         while !self.stop.load(Ordering::Acquire) {
             let changed = match &watch {
@@ -358,7 +374,9 @@ impl State {
             }
             // Read the mtime before scanning: a change during the scan then triggers
             // another one (with inotify, its event is still queued).
-            seen_mtime = dir_mtime();
+            if watch.is_none() {
+                seen_mtime = dir_mtime();
+            }
             last_scan = std::time::Instant::now();
             self.scan_and_publish();
         }

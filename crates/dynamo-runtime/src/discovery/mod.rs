@@ -306,14 +306,26 @@ mod tests {
 
     #[tokio::test]
     async fn file_watchers_see_joins_and_quick_leaves_across_stores() {
+        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open(p, t)).await;
+    }
+
+    /// The same where the watch threads poll the directory's mtime (no inotify instance).
+    #[tokio::test]
+    async fn polling_file_watchers_see_joins_and_quick_leaves_across_stores() {
+        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open_polling(p, t)).await;
+    }
+
+    async fn file_watchers_see_joins_and_quick_leaves(
+        open: fn(&std::path::Path, Duration) -> crate::error::Result<FileStore>,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let ttl = Duration::from_secs(10);
-        let a = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 1);
+        let a = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 1);
         let ep = EndpointId::parse("ns.comp.ep").unwrap();
         for _ in 0..3 {
             // A fresh store whose poller has not scanned yet: its watcher's first list sees
             // the entry, and the removal right after must still be noticed.
-            let b = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 2);
+            let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
             a.register(&instance(&ep, 1)).await.unwrap();
             let mut rx = b.watch(&ep);
             until(&mut rx, &[1]).await;
@@ -321,7 +333,7 @@ mod tests {
             until(&mut rx, &[]).await;
             b.shutdown().await;
         }
-        let b = KvDiscovery::new(Arc::new(FileStore::open(dir.path(), ttl).unwrap()), 2);
+        let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
         let mut rx = b.watch(&ep);
         b.register(&instance(&ep, 2)).await.unwrap();
         a.register(&instance(&ep, 1)).await.unwrap();
