@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -20,6 +22,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REF_PYTHON = ROOT / ".bench-ref-venv" / "bin" / "python"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a server the benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout: float = 15) -> None:
+    """SIGTERM every process (graceful shutdown, as an operator would), then wait for each
+    up to ``timeout`` seconds in all before killing it."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def reference_python() -> Path | None:

@@ -44,7 +44,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import struct
 import subprocess
@@ -55,7 +54,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, reference_python
+from _common import free_port, machine, reference_python, stop_processes
 
 HERE = Path(__file__).resolve()
 LAUNCHER = HERE.parent / "serve_launcher.py"
@@ -118,12 +117,6 @@ async def _serve_worker(mode: str, model_dir: str, reply: str) -> None:
 
 
 # ---------------------------------------------------------------- load generator (ours)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -212,7 +205,7 @@ def measure(python: str, mode: str, reply: str, model_dir: str, body: bytes, tot
     with tempfile.TemporaryDirectory(prefix="bench-embed-") as tmp:
         env = dict(os.environ, DYN_FILE_KV=f"{tmp}/kv", DYN_LOG="warn")
         env.pop("PYTHONPATH", None)
-        port = _free_port()
+        port = free_port()
         log_path = Path(tmp) / "servers.log"
         logs = open(log_path, "wb")
         procs = [
@@ -252,13 +245,7 @@ def measure(python: str, mode: str, reply: str, model_dir: str, body: bytes, tot
                 ) from None
             cpu1 = [_cpu_seconds(p.pid) for p in procs]
         finally:
-            for p in procs:
-                p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_processes(procs)
     # The warm-up requests fall inside the CPU window too: count them.
     n = total + 3 * CONCURRENCY
     cpu_fe, cpu_worker = (b - a for a, b in zip(cpu0, cpu1, strict=True))

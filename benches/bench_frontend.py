@@ -25,8 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,7 +34,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, reference_python
+from _common import free_port, machine, reference_python, stop_processes
 
 LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
 BODY = json.dumps(
@@ -67,12 +65,6 @@ BODY_TOOLS = json.dumps(
     }
 ).encode()
 CONCURRENCY = 128
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rss_mb(pid: int) -> float:
@@ -253,7 +245,7 @@ def _start(
     mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
     env = dict(os.environ, DYN_FILE_KV=str(tmp / "kv"), DYN_LOG="warn")
     env.pop("PYTHONPATH", None)
-    port = _free_port()
+    port = free_port()
     logs = open(tmp / "servers.log", "wb")
     started = time.monotonic()
     procs = [
@@ -280,7 +272,7 @@ def _start(
         except OSError:
             pass
         if time.monotonic() > deadline:
-            _stop(procs)
+            stop_processes(procs)
             raise SystemExit((tmp / "servers.log").read_text()[-3000:])
         # Every 5 ms: the start-up being measured is ~0.07 s, and a 20 ms poll added up to
         # 20 ms to it on both sides (a failed connect costs ~0.1 ms).
@@ -290,16 +282,6 @@ def _start(
     # whatever else runs on the machine (clock ticks: 10 ms resolution).
     ready_cpu_s = sum(_cpu_seconds(p.pid) for p in procs)
     return procs, port, (ready_s, ready_cpu_s)
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def measure(
@@ -322,7 +304,7 @@ def measure(
         timings = []
         for i in range(starts - 1):
             procs, _, ready = _start(python, model_dir, parsers, Path(tmp) / f"start{i}")
-            _stop(procs)
+            stop_processes(procs)
             timings.append(ready)
         procs, port, ready = _start(python, model_dir, parsers, Path(tmp) / "serve")
         timings.append(ready)
@@ -350,7 +332,7 @@ def measure(
                     "wrk_cpu_ms_per_req": cpu / conc["requests"] * 1e3,
                 }
         finally:
-            _stop(procs)
+            stop_processes(procs)
     lat.sort()
     return {
         "p50_ms": statistics.median(lat) * 1e3,

@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,18 +37,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import free_port, machine, stop_processes
 
 WORKERS = 4
 #: About 700 tokens with the tiny model's tokenizer: its prefill is still running when the
 #: burst's next request is routed, so the router's booked prefill load decides.
 PROMPT = "Explain how a KV-aware router spreads identical prompts. " * 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -108,7 +100,7 @@ class Cluster:
         )
         self.env.pop("NATS_SERVER", None)
         self.procs: list[subprocess.Popen] = []
-        self.worker_ports = [_free_port() for _ in range(WORKERS)]
+        self.worker_ports = [free_port() for _ in range(WORKERS)]
         for port in self.worker_ports:
             env = dict(self.env, DYN_SYSTEM_PORT=str(port), DYN_SYSTEM_HOST="127.0.0.1")
             self._start(
@@ -124,7 +116,7 @@ class Cluster:
                 "--speedup-ratio",
                 str(args.speedup),
             )
-        self.ports = [_free_port() for _ in range(frontends)]
+        self.ports = [free_port() for _ in range(frontends)]
         for port in self.ports:
             extra = ["--router-replica-sync"] if sync else []
             self._start(
@@ -180,16 +172,7 @@ class Cluster:
         return [_metric(p, "dynamo_component_inflight_requests") for p in self.worker_ports]
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for p in self.procs:
-            try:
-                p.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(self.procs, timeout=10)
         self.tmp.cleanup()
 
 

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,17 +36,11 @@ from pathlib import Path
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine
+from _common import free_port, machine
 
 WORKERS = 4
 BS = 16
 PROMPT = list(range(1024))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _call(port: int, method: str, path: str, body: object = None) -> tuple[int, object]:
@@ -71,7 +64,7 @@ def _call(port: int, method: str, path: str, body: object = None) -> tuple[int, 
 
 class Svc:
     def __init__(self, python: str, ours: bool, sync_port: int | None, peer: int | None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         args = [python, "-m", "dynamo.select_service", "--port", str(self.port)]
         if ours:
             args += ["--host", "127.0.0.1"]
@@ -112,7 +105,7 @@ def _cluster(python: str, ours: bool, scenario: str, endpoints: list[str]) -> li
     elif scenario == "sync-off":
         svcs = [Svc(python, ours, None, None), Svc(python, ours, None, None)]
     else:
-        pa, pb = _free_port(), _free_port()
+        pa, pb = free_port(), free_port()
         svcs = [Svc(python, ours, pa, pb), Svc(python, ours, pb, pa)]
     for s in svcs:
         for i, ep in enumerate(endpoints):

@@ -19,7 +19,6 @@ import datetime
 import json
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,14 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port, stop_processes
+
 LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
 ADDED = re.compile(r"(\d{4}-\d\d-\d\dT[\d:.]+)Z.*model added")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def one_round(model: str, tmp: Path) -> float:
@@ -46,7 +42,7 @@ def one_round(model: str, tmp: Path) -> float:
     with open(log, "wb") as out:
         procs = [
             subprocess.Popen(
-                [sys.executable, str(LAUNCHER), "frontend", str(_free_port())],
+                [sys.executable, str(LAUNCHER), "frontend", str(free_port())],
                 env=env,
                 stdout=out,
                 stderr=out,
@@ -74,10 +70,7 @@ def one_round(model: str, tmp: Path) -> float:
         )
         return (added - registered) * 1e3
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
+        stop_processes(procs)
 
 
 def main() -> None:

@@ -15,20 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import free_port, stop_processes
+
 LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _has_file(root: str) -> bool:
@@ -37,7 +34,7 @@ def _has_file(root: str) -> bool:
 
 def one_round(python: str, model: str) -> tuple[float | None, float | None, float | None]:
     """Seconds from spawning both processes to: HTTP up, first discovery file, listed."""
-    port = _free_port()
+    port = free_port()
     kv = tempfile.mkdtemp()
     env = dict(os.environ, DYN_FILE_KV=kv, DYN_LOG="warn", DYN_NAMESPACE="dynamo")
     mocker = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
@@ -67,10 +64,7 @@ def one_round(python: str, model: str) -> tuple[float | None, float | None, floa
                 pass
             time.sleep(0.002)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait()
+        stop_processes(procs)
     return http_up, registered, listed
 
 
