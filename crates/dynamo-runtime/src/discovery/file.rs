@@ -52,6 +52,9 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// directory cannot be watched with inotify.
 pub const FAST_POLL: Duration = Duration::from_millis(5);
 
+/// Shortest time between two scans that inotify events start.
+const MIN_SCAN_GAP: Duration = Duration::from_millis(1);
+
 /// Default lease TTL, matching the reference (and etcd's default lease).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
@@ -359,7 +362,18 @@ impl State {
         let mut seen_mtime = dir_mtime();
         while !self.stop.load(Ordering::Acquire) {
             let changed = match &watch {
-                Some(w) => w.wait(POLL_INTERVAL.saturating_sub(last_scan.elapsed())),
+                Some(w) => {
+                    let changed = w.wait(POLL_INTERVAL.saturating_sub(last_scan.elapsed()));
+                    // At most one scan per `MIN_SCAN_GAP`: a process that writes a stream
+                    // of entries into the directory would otherwise keep this thread
+                    // scanning back to back (the mtime poll allowed one per `FAST_POLL`).
+                    // Events that come meanwhile wait in the queue for the next round.
+                    let since = last_scan.elapsed();
+                    if changed && since < MIN_SCAN_GAP {
+                        std::thread::sleep(MIN_SCAN_GAP - since);
+                    }
+                    changed
+                }
                 None => {
                     std::thread::sleep(FAST_POLL);
                     dir_mtime() != seen_mtime
