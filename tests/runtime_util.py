@@ -15,6 +15,16 @@ from dynamo._core import DistributedRuntime
 WORKER = Path(__file__).resolve().parent / "workers" / "echo_worker.py"
 
 
+def fresh_python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (what a new process imports, or a process-wide
+    state a test must not leave behind); asserts it exits 0, showing its stderr if not."""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 def unique_ns() -> str:
     """A namespace no other test uses (the mem store is shared by the whole process)."""
     return "t" + uuid.uuid4().hex[:12]

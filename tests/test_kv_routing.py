@@ -8,7 +8,7 @@ import json
 
 import pytest
 from kv_cluster import Cluster
-from runtime_util import local_runtime, unique_ns, wait_until
+from runtime_util import fresh_python, local_runtime, unique_ns, wait_until
 
 from dynamo._core import (
     ApproxKvIndexer,
@@ -43,9 +43,6 @@ def test_batch_typed_dicts_are_made_on_first_use() -> None:
     module import cost every process 8 ms of start-up): a fresh process that imports
     ``dynamo._core`` has not imported ``typing``; the names are listed, stable, and an
     unknown name is still an ``AttributeError``."""
-    import subprocess
-    import sys
-
     code = (
         "import sys, dynamo._core as c\n"
         "assert 'typing' not in sys.modules, 'typing imported'\n"
@@ -56,8 +53,7 @@ def test_batch_typed_dicts_are_made_on_first_use() -> None:
         "assert set(KvRemovedEventInput.__optional_keys__) == {'type', 'block_hashes'}\n"
         "assert not hasattr(c, 'KvNoSuchInput')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    fresh_python(code)
 
 
 async def test_routes_to_prefix_holder_and_tracks_load() -> None:

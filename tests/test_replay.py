@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from runtime_util import fresh_python
 
 from dynamo._core import (
     KvRouterConfig,
@@ -377,8 +378,7 @@ def test_cli_without_matplotlib(trace: Path, tmp_path: Path) -> None:
         f"sys.exit(main([{str(trace)!r}, '--workers', '2', '--router', 'kv', "
         f"'--trace-block-size', '64', '--block-size', '16', '--out', {str(out)!r}]))\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    p = fresh_python(code, timeout=300)
     assert "matplotlib is not installed" in p.stderr
     assert (out / "summary.json").exists() and (out / "per_request_kv_router.jsonl").exists()
     assert not list(out.glob("*.png"))

@@ -12,7 +12,7 @@ import json
 import time
 
 import pytest
-from runtime_util import local_runtime, unique_ns
+from runtime_util import fresh_python, local_runtime, unique_ns
 from serving_util import Procs, free_port, http
 
 from dynamo._core import Context
@@ -348,9 +348,6 @@ def test_llm_unary_helpers_load_on_first_use() -> None:
     frontend's start-up): a fresh process that imports the package has not loaded them;
     the names are listed, resolve to the module's objects (also through ``import *``) and
     an unknown name is still an ``AttributeError``."""
-    import subprocess
-    import sys
-
     code = (
         "import sys, dynamo.llm as llm\n"
         "assert 'dynamo.llm._unary' not in sys.modules, 'loaded at import'\n"
@@ -365,5 +362,4 @@ def test_llm_unary_helpers_load_on_first_use() -> None:
         "assert ns['LLMUnaryClient'] is u.LLMUnaryClient\n"
         "assert not hasattr(llm, 'NoSuchHelper')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+    fresh_python(code)
