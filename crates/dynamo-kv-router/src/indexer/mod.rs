@@ -267,7 +267,7 @@ impl SharedRadixTree {
     /// lock for microseconds, so that takes queries arriving back to back on several
     /// threads; the event-plane lag metric is where it would show.
     ///
-    /// While an event holds the lock, the query spins (up to 50 µs) before it
+    /// While an event holds the lock, the query spins (up to `READ_SPIN`) before it
     /// parks: an event holds it for microseconds, but a parked thread runs again only once
     /// the kernel has woken and scheduled it (in the 1,000-publisher storm on a 2-core VM,
     /// one routing decision in five parked here, off the CPU for 51 µs at the median and

@@ -5,7 +5,7 @@
 //!   store puts carries the lease, so etcd deletes them within the TTL when the process
 //!   dies.
 //! * **Keep-alive.** A task renews the lease every TTL/3. When renewals fail (etcd down,
-//!   network cut) it keeps retrying every [`RETRY`]; a brief outage is harmless, because
+//!   network cut) it keeps retrying every `RETRY`; a brief outage is harmless, because
 //!   etcd restores leases with a fresh TTL when it comes back.
 //! * **Lease loss.** When etcd answers that the lease is gone (TTL 0: it expired during a
 //!   long outage), or when no renewal succeeded for a whole TTL, the store fires

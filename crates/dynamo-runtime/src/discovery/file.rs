@@ -293,7 +293,7 @@ struct DirWatch {
 impl DirWatch {
     /// Entries appear by rename into the directory and go by unlink (or by rename away);
     /// `MODIFY` catches a value written in place by hand. Lease refreshes open the file for
-    /// writing and set its mtime: `CLOSE_WRITE` and `ATTRIB`, neither watched.
+    /// writing and set both its times: `CLOSE_WRITE` and `ATTRIB`, neither watched.
     const EVENTS: WatchFlags = WatchFlags::MOVED_TO
         .union(WatchFlags::MOVED_FROM)
         .union(WatchFlags::DELETE)

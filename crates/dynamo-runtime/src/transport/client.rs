@@ -43,7 +43,7 @@ pub enum Event {
     /// worker's subject (the worker is gone, or has not re-subscribed after a broker
     /// restart). Ends a stream not yet acknowledged; ignored by one already accepted.
     NoResponders,
-    /// The acknowledgement did not arrive in time (from the connection's [`AckWatch`]);
+    /// The acknowledgement did not arrive in time (from the connection's `AckWatch`);
     /// ignored by a stream already accepted.
     AckTimeout,
 }
@@ -483,7 +483,7 @@ impl ConnectionPool {
     }
 
     /// Whether an address served by a listener of this process is reached in process
-    /// ([`Server::accept_local`], the default) rather than through the loopback.
+    /// (`Server::accept_local`, the default) rather than through the loopback.
     pub fn in_process(mut self, on: bool) -> Self {
         self.in_process = on;
         self

@@ -5,7 +5,7 @@
 //! connection has a reader task (decodes frames, dispatches them) and a writer task (drains
 //! a queue of encoded frames, coalescing them into large writes). A frame of the only stream
 //! of a connection, sent from outside the runtime's tasks (the Python event loop) while
-//! nothing is queued, is written by its sender at once ([`Outbox`]).
+//! nothing is queued, is written by its sender at once (`Outbox`).
 //!
 //! Invariants:
 //! * Every accepted request ends with exactly one `END` or `ERROR` frame, unless the
