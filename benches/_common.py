@@ -31,6 +31,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
+WORKER_ENDPOINT = "dyn://dynamo.backend.generate"
+
+
+def server_commands(
+    python: str, via: str, model: str, port: int, parsers: tuple[str, str] | None = None
+) -> list[list[str]]:
+    """The frontend's and the mocker worker's command lines (speedup 1000, block size 16).
+
+    ``via="launcher"``: ``serve_launcher.py`` under ``python``, the same script on both
+    sides, through the ``dynamo._core`` entry-point API only (all the reference's runtime
+    wheel ships). ``via="cli"``: ``python -m dynamo.frontend`` and ``python -m
+    dynamo.mocker`` with the same flags on both sides, what an operator types; the
+    reference's modules come with the ``ai-dynamo`` wheel (``setup_reference.sh --cli``).
+    Both read file discovery and the TCP request plane from ``DYN_DISCOVERY_BACKEND`` and
+    ``DYN_REQUEST_PLANE`` (the launcher always uses them). ``parsers`` (tool, reasoning):
+    frontend-wide parser defaults, this project's launcher only."""
+    if via == "launcher":
+        mocker = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
+        return [
+            [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
+            [python, str(LAUNCHER), "mocker", model, mocker],
+        ]
+    if via != "cli" or parsers:
+        raise ValueError(f"no command line for via={via!r} with parsers={parsers!r}")
+    frontend = ["-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port)]
+    mocker = ["-m", "dynamo.mocker", "--model-path", model, "--model-name", "tiny"]
+    mocker += ["--endpoint", WORKER_ENDPOINT, "--speedup-ratio", "1000", "--block-size", "16"]
+    return [[python, *frontend], [python, *mocker]]
+
+
+def server_env(kv_dir: str) -> dict[str, str]:
+    """Environment of both server processes: file discovery in ``kv_dir`` (fresh per
+    start), TCP request plane, namespace ``dynamo``, warnings only in the logs."""
+    return dict(
+        os.environ,
+        DYN_FILE_KV=kv_dir,
+        DYN_LOG="warn",
+        DYN_NAMESPACE="dynamo",
+        DYN_DISCOVERY_BACKEND="file",
+        DYN_REQUEST_PLANE="tcp",
+    )
+
+
 def stop_processes(procs: list[subprocess.Popen], timeout: float = 15) -> None:
     """SIGTERM every process (graceful shutdown, as an operator would), then wait for each
     up to ``timeout`` seconds in all before killing it."""

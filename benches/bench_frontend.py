@@ -1,7 +1,8 @@
 """Frontend + 1 mocker worker (speedup 1000, 16 output tokens), this project vs the reference.
 
-Both implementations are started by ``serve_launcher.py`` (the same entry-point calls) over
-file discovery on loopback, and measured by the same load generator, which runs in this
+Both implementations are started by ``serve_launcher.py`` (the same entry-point calls), or
+with ``--via cli`` as ``python -m dynamo.frontend`` / ``python -m dynamo.mocker`` (see
+``_common.server_commands``), over file discovery on loopback, and measured by the same load generator, which runs in this
 script's interpreter for both: a minimal asyncio HTTP/1.1 keep-alive client that streams a
 chat completion and reads it to ``data: [DONE]``.
 
@@ -34,9 +35,15 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, machine, reference_python, stop_processes
+from _common import (
+    free_port,
+    machine,
+    reference_python,
+    server_commands,
+    server_env,
+    stop_processes,
+)
 
-LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
 BODY = json.dumps(
     {
         "model": "tiny",
@@ -236,31 +243,20 @@ async def _concurrent(port: int, total: int, body: bytes) -> float:
 
 
 def _start(
-    python: str, model_dir: str, parsers: tuple[str, str] | None, tmp: Path
+    python: str, model_dir: str, parsers: tuple[str, str] | None, tmp: Path, via: str
 ) -> tuple[list[subprocess.Popen], int, tuple[float, float]]:
-    """Spawn frontend and worker (discovery directory and logs under ``tmp``) and wait until
-    the frontend lists the model: the processes, the HTTP port, and (seconds from spawning
-    both to listed, CPU seconds both processes used to get there)."""
+    """Spawn frontend and worker (``server_commands``; discovery directory and logs under
+    ``tmp``) and wait until the frontend lists the model: the processes, the HTTP port, and
+    (seconds from spawning both to listed, CPU seconds both processes used to get there)."""
     tmp.mkdir()
-    mocker_args = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
-    env = dict(os.environ, DYN_FILE_KV=str(tmp / "kv"), DYN_LOG="warn")
+    env = server_env(str(tmp / "kv"))
     env.pop("PYTHONPATH", None)
     port = free_port()
     logs = open(tmp / "servers.log", "wb")
     started = time.monotonic()
     procs = [
-        subprocess.Popen(
-            [python, str(LAUNCHER), "frontend", str(port), *(parsers or ())],
-            env=env,
-            stdout=logs,
-            stderr=logs,
-        ),
-        subprocess.Popen(
-            [python, str(LAUNCHER), "mocker", model_dir, mocker_args],
-            env=env,
-            stdout=logs,
-            stderr=logs,
-        ),
+        subprocess.Popen(cmd, env=env, stdout=logs, stderr=logs)
+        for cmd in server_commands(python, via, model_dir, port, parsers)
     ]
     logs.close()  # the children hold it
     deadline = time.monotonic() + 90
@@ -271,7 +267,7 @@ def _start(
                     break
         except OSError:
             pass
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
             stop_processes(procs)
             raise SystemExit((tmp / "servers.log").read_text()[-3000:])
         # Every 5 ms: the start-up being measured is ~0.07 s, and a 20 ms poll added up to
@@ -292,10 +288,12 @@ def measure(
     tools: bool = False,
     native: bool = False,
     starts: int = 1,
+    via: str = "launcher",
 ) -> dict:
     """One round. ``parsers``: (tool, reasoning) parser names configured on the frontend
     (this project only); ``tools``: the requests declare a tool; ``native``: also drive both
-    phases with wrk; ``starts``: cold starts whose median is the round's start-up."""
+    phases with wrk; ``starts``: cold starts whose median is the round's start-up; ``via``:
+    how the servers start (``server_commands``)."""
     body = BODY_TOOLS if tools else BODY
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         # Cold starts before the one that serves the load: one start is a single sample of
@@ -303,10 +301,10 @@ def measure(
         # reports the median of `starts` of them (each with its own discovery directory).
         timings = []
         for i in range(starts - 1):
-            procs, _, ready = _start(python, model_dir, parsers, Path(tmp) / f"start{i}")
+            procs, _, ready = _start(python, model_dir, parsers, Path(tmp) / f"start{i}", via)
             stop_processes(procs)
             timings.append(ready)
-        procs, port, ready = _start(python, model_dir, parsers, Path(tmp) / "serve")
+        procs, port, ready = _start(python, model_dir, parsers, Path(tmp) / "serve", via)
         timings.append(ready)
         ready_s = statistics.median(t[0] for t in timings)
         ready_cpu_s = statistics.median(t[1] for t in timings)
@@ -545,6 +543,14 @@ def main() -> None:
         help="cold starts per round; the round's start-up figures are their medians",
     )
     p.add_argument(
+        "--via",
+        choices=["launcher", "cli"],
+        default="launcher",
+        help="start the servers through serve_launcher.py (the runtime wheel's API, the "
+        "same script on both sides) or as `python -m dynamo.frontend` / `dynamo.mocker` "
+        "(the reference's need `setup_reference.sh --cli`)",
+    )
+    p.add_argument(
         "--parsers",
         default=None,
         metavar="TOOL,REASONING",
@@ -578,7 +584,7 @@ def main() -> None:
             if i % 2:
                 sides.reverse()
             for name, python, sink in sides:
-                r = measure(python, model, a.requests, native=a.native, starts=a.starts)
+                r = measure(python, model, a.requests, native=a.native, starts=a.starts, via=a.via)
                 print(f"round {i + 1} {name}: {json.dumps(r)}", file=sys.stderr)
                 sink.append(r)
             floors.append(_interpreter_floor(sys.executable))
@@ -606,14 +612,20 @@ def main() -> None:
         if earlier.startswith("# Frontend benchmark\n\n"):
             earlier = earlier[len("# Frontend benchmark\n\n") :]
         native = " --native" if a.native else ""
+        native += " --via cli" if a.via == "cli" else ""
+        started_by = (
+            "`python -m dynamo.frontend` and `python -m dynamo.mocker` (the reference's from "
+            "the `ai-dynamo` wheel; "
+            if a.via == "cli"
+            else "`EntrypointArgs` -> `make_engine` -> `run_input` (`benches/serve_launcher.py`, "
+        )
         out.write_text(
             "# Frontend benchmark\n\n"
             f"## Run of {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n"
             f"`python benches/bench_frontend.py --requests {a.requests} --rounds {a.rounds}"
             f"{native} --out docs/benchmarks/frontend.md`: frontend + 1 mocker worker (speedup 1000, "
             "block size 16, max_tokens 16, streaming chat on the generated tiny model), both "
-            "started through `EntrypointArgs` -> `make_engine` -> `run_input` "
-            "(`benches/serve_launcher.py`, file discovery in a fresh `DYN_FILE_KV` directory, "
+            f"started through {started_by}file discovery in a fresh `DYN_FILE_KV` directory, "
             "TCP request plane, namespace `dynamo`, worker endpoint "
             "`dyn://dynamo.backend.generate`, round-robin routing), measured by the same "
             "asyncio HTTP/1.1 keep-alive load generator in one run.\n\n"
