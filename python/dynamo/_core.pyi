@@ -1991,6 +1991,28 @@ async def run_input(
         TypeError: an extension that is not a :class:`FrontendRoute`.
     """
 
+def run_inputs_blocking(
+    inputs: Sequence[Tuple[DistributedRuntime, str, EntrypointArgs]],
+) -> None:
+    """Run each ``(runtime, input, args)`` as ``await run_input(runtime, input, await
+    make_engine(runtime, args))`` would, all at once, blocking the calling thread (the GIL
+    released) without an asyncio event loop, until every one has returned.
+
+    SIGINT and SIGTERM start every runtime's graceful shutdown (while it runs, SIGINT does
+    not raise ``KeyboardInterrupt``; Python's handler is restored on return). The first
+    input to fail shuts the others down, and its error is raised once they have stopped.
+    When all have returned, every runtime is shut down. Meant to be called once, from the
+    main thread of a command-line entry point whose engines run no Python code (this
+    project's ``python -m dynamo.frontend`` and ``python -m dynamo.mocker``): such a process
+    need not import :mod:`asyncio`. The runtimes may be created with ``event_loop=None``.
+
+    Raises:
+        ValueError: as ``make_engine`` / ``run_input`` for bad arguments (before anything is
+            served); an engine with a ``chat_engine_factory`` (it calls Python).
+        DynamoException: as the awaited ``run_input`` would (``Unknown``: ``cannot listen
+            on 127.0.0.1:8000: Address already in use``, ...).
+    """
+
 @final
 class FrontendExtensionContext:
     """A read-only, live view of the frontend given to :class:`FrontendRoute` handlers

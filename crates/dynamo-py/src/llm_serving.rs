@@ -36,6 +36,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(update_model_taints, m)?)?;
     m.add_function(wrap_pyfunction!(make_engine, m)?)?;
     m.add_function(wrap_pyfunction!(run_input, m)?)?;
+    m.add_function(wrap_pyfunction!(run_inputs_blocking, m)?)?;
     m.add_class::<EngineType>()?;
     m.add_class::<EngineConfig>()?;
     m.add_class::<EntrypointArgs>()?;
@@ -372,6 +373,12 @@ fn make_engine<'py>(
     args: &EntrypointArgs,
 ) -> PyResult<Bound<'py, PyAny>> {
     let _ = distributed_runtime;
+    let config = engine_config(args)?;
+    py_async(py, async move { Ok(config) })
+}
+
+/// What `make_engine` resolves to (it needs no I/O: the awaitable is the API's shape).
+fn engine_config(args: &EntrypointArgs) -> PyResult<EngineConfig> {
     let mut frontend = FrontendConfig::default();
     if let Some(h) = &args.http_host {
         frontend.host.clone_from(h);
@@ -413,12 +420,11 @@ fn make_engine<'py>(
     if let Some(l) = &local {
         l.card().map_err(llm_error)?;
     }
-    let config = EngineConfig {
+    Ok(EngineConfig {
         frontend,
         local,
         chat_engine_factory: args.chat_engine_factory.clone(),
-    };
-    py_async(py, async move { Ok(config) })
+    })
 }
 
 /// Run `engine_config` behind `input` (`"http"`, `"grpc"`, `"text"`, `"stdin"` or `"dyn://ns.comp.ep"`) until the runtime
@@ -441,44 +447,159 @@ fn run_input<'py>(
             "frontend_route_extensions are only supported with input \"http\"",
         ));
     }
-    let drt = runtime.core().clone();
+    let fut = input_future(runtime.core().clone(), input, engine_config, routes)?;
+    py_async(py, fut)
+}
+
+/// A future serving one input of `run_input` until the runtime stops.
+type InputFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PyResult<()>> + Send>>;
+
+/// What `run_input` awaits: `engine_config` behind `input` on `drt`. Errors that need no
+/// I/O (an unknown input, a frontend engine given a worker endpoint) are raised here.
+fn input_future(
+    drt: dynamo_runtime::DistributedRuntime,
+    input: &str,
+    engine_config: &EngineConfig,
+    routes: Vec<dynamo_llm::http::extensions::ExtensionRoute>,
+) -> PyResult<InputFuture> {
     let frontend = engine_config.frontend.clone();
     let local = engine_config.local.clone();
     if input == "http" {
         let factory = engine_config.chat_engine_factory.clone();
-        return py_async(py, async move {
+        return Ok(Box::pin(async move {
             serve_http_with_factory(drt, frontend, local.as_ref(), routes, factory)
                 .await
                 .map_err(llm_error)
-        });
+        }));
     }
     if let Some(text) = TextInput::parse(input) {
-        return py_async(py, async move {
+        return Ok(Box::pin(async move {
             dynamo_llm::entrypoint::text::run(drt, text, frontend, local.as_ref())
                 .await
                 .map_err(llm_error)
-        });
+        }));
     }
     match (local, input) {
         (Some(local), ep) if ep.starts_with("dyn://") => {
             let endpoint = EndpointId::parse(ep).map_err(runtime_error)?;
-            py_async(py, async move {
+            Ok(Box::pin(async move {
                 local.serve_endpoint(drt, endpoint).await.map_err(llm_error)
-            })
+            }))
         }
         (None, ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
             "a dynamic (frontend) engine cannot be served as a worker endpoint",
         )),
         // The reference serves gRPC on the engine's HTTP host and port.
-        (local, "grpc") => py_async(py, async move {
+        (local, "grpc") => Ok(Box::pin(async move {
             dynamo_llm::entrypoint::serve_grpc(drt, frontend, local.as_ref())
                 .await
                 .map_err(llm_error)
-        }),
+        })),
         _ => Err(PyValueError::new_err(format!(
             "unknown input {input:?}: expected \"http\", \"text\", \"stdin\", \"grpc\" or \"dyn://namespace.component.endpoint\""
         ))),
     }
+}
+
+/// Run each `(runtime, input, args)` as `await run_input(runtime, input, await
+/// make_engine(runtime, args))` would, all at once, on the calling thread (the GIL released)
+/// and without an asyncio event loop; return when every one has returned. SIGINT and SIGTERM
+/// start every runtime's graceful shutdown; the first input to fail shuts the others down
+/// and its error is raised once they have stopped; when all have returned, every runtime is
+/// shut down.
+///
+/// For the command-line entry points (`python -m dynamo.frontend`, `python -m
+/// dynamo.mocker`), whose engines call no Python code: such a process need not import
+/// `asyncio`, which is most of its start-up. Bad arguments raise before anything is served.
+#[pyfunction]
+#[pyo3(signature = (inputs))]
+fn run_inputs_blocking(
+    py: Python<'_>,
+    inputs: Vec<(
+        PyRef<'_, DistributedRuntime>,
+        String,
+        PyRef<'_, EntrypointArgs>,
+    )>,
+) -> PyResult<()> {
+    let rt = crate::runtime::tokio_runtime()?;
+    let mut runtimes = Vec::with_capacity(inputs.len());
+    let mut futures = Vec::with_capacity(inputs.len());
+    for (runtime, input, args) in &inputs {
+        let config = engine_config(args)?;
+        if config.chat_engine_factory.is_some() {
+            return Err(PyValueError::new_err(
+                "a chat_engine_factory calls Python: serve it with run_input on an event loop",
+            ));
+        }
+        futures.push(input_future(
+            runtime.core().clone(),
+            input,
+            &config,
+            Vec::new(),
+        )?);
+        runtimes.push(runtime.core().clone());
+    }
+    drop(inputs);
+    // Python's own SIGINT handler would run too (signal handlers chain) and raise
+    // KeyboardInterrupt once this returns: the signal is ours while serving. Only the main
+    // thread may set handlers; elsewhere Python's stays and the caller sees the interrupt.
+    let signal = py.import("signal")?;
+    let sigint = signal.getattr("SIGINT")?;
+    let previous = signal
+        .call_method1("signal", (&sigint, signal.getattr("SIG_DFL")?))
+        .ok();
+    let outcome = py.detach(|| rt.block_on(run_until_signal(runtimes, futures)));
+    if let Some(previous) = previous {
+        signal.call_method1("signal", (sigint, previous))?;
+    }
+    outcome
+}
+
+/// Drive `futures` to completion; SIGINT/SIGTERM or the first error shut `runtimes` down.
+async fn run_until_signal(
+    runtimes: Vec<dynamo_runtime::DistributedRuntime>,
+    futures: Vec<InputFuture>,
+) -> PyResult<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let shutdown_all = || {
+        runtimes
+            .iter()
+            .for_each(dynamo_runtime::DistributedRuntime::shutdown)
+    };
+    let listen = |kind| {
+        signal(kind).map_err(|e| {
+            pyo3::exceptions::PyRuntimeError::new_err(format!("cannot wait for signals: {e}"))
+        })
+    };
+    let (mut term, mut int) = (
+        listen(SignalKind::terminate())?,
+        listen(SignalKind::interrupt())?,
+    );
+    let mut tasks = tokio::task::JoinSet::new();
+    for fut in futures {
+        tasks.spawn(fut);
+    }
+    let mut first_error = None;
+    loop {
+        let done = tokio::select! {
+            _ = term.recv() => { shutdown_all(); continue; }
+            _ = int.recv() => { shutdown_all(); continue; }
+            done = tasks.join_next() => done,
+        };
+        let outcome = match done {
+            None => break,
+            Some(Ok(outcome)) => outcome,
+            Some(Err(e)) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "an input task failed: {e}"
+            ))),
+        };
+        if let Err(e) = outcome {
+            shutdown_all();
+            first_error.get_or_insert(e);
+        }
+    }
+    shutdown_all();
+    first_error.map_or(Ok(()), Err)
 }
 
 /// An OpenAI-compatible HTTP ingress following the runtime's model cards, plus the

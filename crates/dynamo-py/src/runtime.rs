@@ -38,7 +38,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// The runtime crate's tokio runtime, handed to pyo3-async-runtimes once.
-fn tokio_runtime() -> PyResult<&'static tokio::runtime::Runtime> {
+pub(crate) fn tokio_runtime() -> PyResult<&'static tokio::runtime::Runtime> {
     static HANDED: Once = Once::new();
     let rt = dynamo_runtime::tokio_runtime().map_err(runtime_error)?;
     HANDED.call_once(|| {

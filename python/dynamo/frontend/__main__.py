@@ -1,10 +1,12 @@
 """``python -m dynamo.frontend``: an OpenAI-compatible HTTP frontend over discovered workers.
 
 Thin argparse over :mod:`dynamo._core`: the flags become a :class:`RouterConfig` and an
-:class:`EntrypointArgs` (``EngineType.Dynamic``); ``make_engine`` and ``run_input(runtime,
-"http", engine)`` do the rest in Rust (``-i``: ``run_input(runtime, "text", engine)``, a
-terminal chat). Workers appear as they call ``register_model``. ``--kserve-grpc-server``
-also serves the KServe v2 gRPC API on ``--grpc-port`` (``run_input(runtime, "grpc", ...)``).
+:class:`EntrypointArgs` (``EngineType.Dynamic``); ``run_inputs_blocking`` serves it as
+``make_engine`` + ``run_input(runtime, "http", engine)`` would (``-i``: input ``"text"``, a
+terminal chat), in Rust and without an asyncio event loop, so the process does not import
+:mod:`asyncio` (which would be most of its start-up). Workers appear as they call
+``register_model``. ``--kserve-grpc-server`` also serves the KServe v2 gRPC API on
+``--grpc-port`` (input ``"grpc"``).
 
 The HTTP limits (body size, header and body read timeouts, connections per client) are read
 by the Rust frontend from their ``DYN_HTTP_*`` variables; each flag defaults to its variable
@@ -14,9 +16,7 @@ and, when given, sets it for this process. ``docs/reliability.md`` explains them
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
-import signal
 
 from dynamo._core import (
     DistributedRuntime,
@@ -28,10 +28,9 @@ from dynamo._core import (
     RouterMode,
     get_reasoning_parser_names,
     get_tool_parser_names,
-    make_engine,
-    run_input,
+    run_inputs_blocking,
 )
-from dynamo.runtime import _default_discovery_backend, _default_request_plane
+from dynamo._env import default_discovery_backend, default_request_plane
 
 _MODES = {
     "round-robin": RouterMode.RoundRobin,
@@ -227,13 +226,13 @@ def _parser_config(args: argparse.Namespace) -> ModelRuntimeConfig:
     return config
 
 
-async def main(args: argparse.Namespace) -> None:
-    loop = asyncio.get_running_loop()
-    backend = args.discovery_backend or _default_discovery_backend()
+def main(args: argparse.Namespace) -> None:
+    """Serve until SIGINT/SIGTERM (graceful shutdown) or, with ``-i``, until the chat ends."""
+    backend = args.discovery_backend or default_discovery_backend()
     _export_http_limits(args)
-    runtime = DistributedRuntime(loop, backend, args.request_plane or _default_request_plane())
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, runtime.shutdown)
+    # No asyncio event loop: nothing here calls back into Python, and the Rust runtime
+    # waits for the signals itself (run_inputs_blocking).
+    runtime = DistributedRuntime(None, backend, args.request_plane or default_request_plane())
     kv = KvRouterConfig(
         overlap_score_weight=args.kv_overlap_score_weight,
         router_temperature=args.router_temperature,
@@ -263,23 +262,19 @@ async def main(args: argparse.Namespace) -> None:
             enable_anthropic_api=args.enable_anthropic_api,
         )
 
-    engine = await make_engine(runtime, entry(args.http_port))
-    if args.kserve_grpc_server and not args.interactive:
-        # The gRPC input listens on its engine's HTTP host/port (as in the reference), so it
-        # gets an engine of its own on --grpc-port; both follow the same discovered models.
-        grpc_engine = await make_engine(runtime, entry(args.grpc_port))
-        await asyncio.gather(
-            run_input(runtime, "http", engine), run_input(runtime, "grpc", grpc_engine)
-        )
-        return
-    await run_input(runtime, "text" if args.interactive else "http", engine)
     if args.interactive:
-        runtime.shutdown()
+        inputs = [(runtime, "text", entry(args.http_port))]
+    else:
+        inputs = [(runtime, "http", entry(args.http_port))]
+        if args.kserve_grpc_server:
+            # The gRPC input listens on its engine's HTTP host/port (as in the reference),
+            # so it gets an engine of its own on --grpc-port; both follow the same models.
+            inputs.append((runtime, "grpc", entry(args.grpc_port)))
+    run_inputs_blocking(inputs)
 
 
 def run(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    asyncio.run(main(args))
+    main(parse_args(argv))
 
 
 if __name__ == "__main__":

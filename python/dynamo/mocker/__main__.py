@@ -2,17 +2,17 @@
 
 Thin argparse over :mod:`dynamo._core`: the flags become a :class:`MockEngineArgs` (engine
 settings are defined and validated once, in Rust); each of ``--num-workers`` workers is
-``make_engine(EntrypointArgs(EngineType.Mocker, ...))`` served by ``run_input(runtime,
-"dyn://ns.comp.ep", engine)`` with its own runtime, so each registers as its own instance.
+``EntrypointArgs(EngineType.Mocker, ...)`` served on ``"dyn://ns.comp.ep"`` with its own
+runtime, so each registers as its own instance. ``run_inputs_blocking`` serves them all as
+``make_engine`` + ``run_input`` would, in Rust and without an asyncio event loop (the
+process does not import :mod:`asyncio`).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import signal
 
 from dynamo._core import (
     DistributedRuntime,
@@ -20,10 +20,9 @@ from dynamo._core import (
     EntrypointArgs,
     MediaDecoder,
     MockEngineArgs,
-    make_engine,
-    run_input,
+    run_inputs_blocking,
 )
-from dynamo.runtime import _default_discovery_backend, _default_request_plane
+from dynamo._env import default_discovery_backend, default_request_plane
 
 
 def _default_endpoint() -> str:
@@ -158,16 +157,15 @@ def worker_engine_args(args: argparse.Namespace, mock: MockEngineArgs) -> list[M
     return out
 
 
-async def main(args: argparse.Namespace) -> None:
-    loop = asyncio.get_running_loop()
-    backend = args.discovery_backend or _default_discovery_backend()
+def main(args: argparse.Namespace) -> None:
+    """Serve every worker until SIGINT/SIGTERM (graceful shutdown of all of them)."""
+    backend = args.discovery_backend or default_discovery_backend()
     per_worker = worker_engine_args(args, engine_args(args))
-    plane = args.request_plane or _default_request_plane()
-    runtimes = [DistributedRuntime(loop, backend, plane) for _ in range(args.num_workers)]
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, lambda: [rt.shutdown() for rt in runtimes])
-    tasks = []
-    for runtime, mock in zip(runtimes, per_worker, strict=True):
+    plane = args.request_plane or default_request_plane()
+    # No asyncio event loop: the mocker engine is Rust, and the Rust runtime waits for the
+    # signals itself (run_inputs_blocking).
+    inputs = []
+    for mock in per_worker:
         decoder = None
         if args.enable_image:
             decoder = MediaDecoder()
@@ -179,14 +177,12 @@ async def main(args: argparse.Namespace) -> None:
             mocker_engine_args=mock,
             media_decoder=decoder,
         )
-        engine = await make_engine(runtime, entry)
-        tasks.append(run_input(runtime, args.endpoint, engine))
-    await asyncio.gather(*tasks)
+        inputs.append((DistributedRuntime(None, backend, plane), args.endpoint, entry))
+    run_inputs_blocking(inputs)
 
 
 def run(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    asyncio.run(main(args))
+    main(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ The runtime classes are implemented in :mod:`dynamo._core` and re-exported here.
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 import warnings
@@ -21,6 +20,8 @@ from dynamo._core import (
     Endpoint,
     PyAsyncRequestStream,
 )
+from dynamo._env import default_discovery_backend as _default_discovery_backend
+from dynamo._env import default_request_plane as _default_request_plane
 from dynamo.runtime._unary import UnaryClient, serve_unary_endpoint
 
 if TYPE_CHECKING:
@@ -39,19 +40,6 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _default_discovery_backend() -> str:
-    """``DYN_DISCOVERY_BACKEND``; when unset, etcd if ``ETCD_ENDPOINTS`` is set, else file."""
-    backend = os.environ.get("DYN_DISCOVERY_BACKEND", "").strip()
-    if backend:
-        return backend
-    return "etcd" if os.environ.get("ETCD_ENDPOINTS", "").strip() else "file"
-
-
-def _default_request_plane() -> str:
-    """``DYN_REQUEST_PLANE`` (``tcp`` or ``nats``), else ``tcp``."""
-    return os.environ.get("DYN_REQUEST_PLANE", "").strip().lower() or "tcp"
 
 
 def _install_signal_handlers(loop: asyncio.AbstractEventLoop, runtime: DistributedRuntime) -> list:
