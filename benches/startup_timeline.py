@@ -99,8 +99,14 @@ def main() -> None:
         model = str(write_tiny_model(Path(tmp) / "tiny"))
         for i in range(args.rounds):
             for py in args.python:
-                up, reg, done = one_round(py, args.via, model)
-                if done is None:
+                for _ in range(3):
+                    # A process that died (a port taken between `free_port` and its bind:
+                    # the worker beside it binds ports of its own) is started again.
+                    up, reg, done = one_round(py, args.via, model)
+                    if done is not None:
+                        break
+                    print(f"{py}: the model was not listed; starting again", file=sys.stderr)
+                else:
                     raise SystemExit(f"{py}: the model was never listed (round {i + 1})")
                 listed[py].append(done)
                 print(
