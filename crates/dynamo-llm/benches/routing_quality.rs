@@ -286,7 +286,7 @@ fn simulate(trace: &[Row], mode: Mode, compression: f64, cfg: &Config) -> Report
                 clock[w] = end;
                 for out in &step.outputs {
                     if out.index == 0
-                        && let Some(&(arrived, n)) = arrivals.get(&out.request_id)
+                        && let Some(&(arrived, n)) = arrivals.get(&*out.request_id)
                     {
                         ttfts.push(end - arrived);
                         prompt_tokens += n as u64;
@@ -295,7 +295,7 @@ fn simulate(trace: &[Row], mode: Mode, compression: f64, cfg: &Config) -> Report
                         pending.push(Pending {
                             at_ms: end,
                             seq: pending_seq,
-                            update: Update::FirstToken(out.request_id.clone()),
+                            update: Update::FirstToken(out.request_id.to_string()),
                         });
                     }
                     if out.finished {
@@ -303,7 +303,7 @@ fn simulate(trace: &[Row], mode: Mode, compression: f64, cfg: &Config) -> Report
                         pending.push(Pending {
                             at_ms: end,
                             seq: pending_seq,
-                            update: Update::Finished(out.request_id.clone()),
+                            update: Update::Finished(out.request_id.to_string()),
                         });
                     }
                 }

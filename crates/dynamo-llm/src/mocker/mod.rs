@@ -19,6 +19,7 @@ pub mod timing;
 pub mod zmq_events;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use dynamo_kv_router::hashing::{
     LocalBlockHash, SequenceHash, XXH3_SEED, chain_seq_hash, hash_token_block,
@@ -61,8 +62,8 @@ impl MockRequest {
 /// One generated token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MockOutput {
-    /// The request.
-    pub request_id: String,
+    /// The request (shared with the engine's sequence: one per token, so not a copy).
+    pub request_id: Arc<str>,
     /// The token.
     pub token_id: u32,
     /// 0 for the first output token.
@@ -115,7 +116,7 @@ pub struct MockerMetrics {
 
 #[derive(Debug)]
 struct Seq {
-    id: String,
+    id: Arc<str>,
     tokens: Vec<u32>,
     prompt_len: usize,
     max_output: usize,
@@ -136,10 +137,13 @@ struct Seq {
 impl Seq {
     fn new(req: MockRequest) -> Self {
         let seed = xxhash_seed(&req.request_id);
+        let mut tokens = req.tokens;
+        // The generated tokens join the prompt: one allocation instead of regrowth.
+        tokens.reserve_exact(req.max_output_tokens);
         Self {
-            id: req.request_id,
-            prompt_len: req.tokens.len(),
-            tokens: req.tokens,
+            id: req.request_id.into(),
+            prompt_len: tokens.len(),
+            tokens,
             max_output: req.max_output_tokens,
             generated: 0,
             num_computed: 0,
@@ -284,11 +288,11 @@ impl MockEngine {
         if !self.ids.remove(request_id) {
             return false;
         }
-        if let Some(pos) = self.running.iter().position(|s| s.id == request_id) {
+        if let Some(pos) = self.running.iter().position(|s| &*s.id == request_id) {
             let mut seq = self.running.remove(pos);
             self.release(&mut seq);
         } else {
-            self.waiting.retain(|s| s.id != request_id);
+            self.waiting.retain(|s| &*s.id != request_id);
         }
         true
     }
@@ -365,7 +369,7 @@ impl MockEngine {
         seq.generated += 1;
         let finished = seq.generated >= seq.max_output;
         outputs.push(MockOutput {
-            request_id: seq.id.clone(),
+            request_id: Arc::clone(&seq.id),
             token_id: token,
             index,
             finished,
@@ -378,7 +382,13 @@ impl MockEngine {
     pub fn step(&mut self) -> StepResult {
         let bs = self.args.block_size;
         let mut budget = self.args.max_num_batched_tokens;
-        let mut result = StepResult::default();
+        let mut result = StepResult {
+            // At most one token per running request: no regrowth while sampling.
+            outputs: Vec::with_capacity(
+                (self.running.len() + self.waiting.len()).min(self.args.max_num_seqs),
+            ),
+            ..StepResult::default()
+        };
         let mut chunks = Vec::new();
         let mut decode_kv = 0usize;
         let mut decode_lengths: Vec<u64> = Vec::new();
@@ -432,7 +442,7 @@ impl MockEngine {
                 let victim = self.pick_victim(&done, i);
                 done[victim] = true;
                 self.release(&mut running[victim]);
-                result.preempted.push(running[victim].id.clone());
+                result.preempted.push(running[victim].id.to_string());
                 if victim == i {
                     break;
                 }
@@ -457,7 +467,8 @@ impl MockEngine {
         for (seq, d) in running.into_iter().zip(done) {
             if !d {
                 kept.push(seq);
-            } else if self.ids.contains(&seq.id) && result.preempted.contains(&seq.id) {
+            } else if self.ids.contains(&*seq.id) && result.preempted.iter().any(|p| **p == *seq.id)
+            {
                 requeue.push(seq);
             }
         }
@@ -525,7 +536,7 @@ impl MockEngine {
             && let Some(mut seq) = self.running.pop()
         {
             self.release(&mut seq);
-            result.preempted.push(seq.id.clone());
+            result.preempted.push(seq.id.to_string());
             self.waiting.push_front(seq);
         }
 
@@ -576,7 +587,7 @@ impl MockEngine {
 
     fn finish(&mut self, seq: &mut Seq) {
         self.release(seq);
-        self.ids.remove(&seq.id);
+        self.ids.remove(&*seq.id);
     }
 
     /// The request to preempt when `current` cannot get a block.

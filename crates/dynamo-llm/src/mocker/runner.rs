@@ -169,13 +169,13 @@ async fn run(
         }
         for out in step.outputs {
             let finished = out.finished;
-            let id = out.request_id.clone();
-            let delivered = outputs.get(&id).is_some_and(|tx| tx.send(out).is_ok());
+            let id = std::sync::Arc::clone(&out.request_id);
+            let delivered = outputs.get(&*id).is_some_and(|tx| tx.send(out).is_ok());
             if finished {
-                outputs.remove(&id);
+                outputs.remove(&*id);
             } else if !delivered {
                 // The caller went away: stop generating for it.
-                outputs.remove(&id);
+                outputs.remove(&*id);
                 engine.cancel(&id);
             }
         }

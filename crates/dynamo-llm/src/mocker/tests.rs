@@ -230,7 +230,7 @@ proptest! {
             prop_assert!(e.kv_cache().used() <= blocks);
             apply(&tree, &step.events, &mut event_id);
             for o in &step.outputs {
-                *got.entry(o.request_id.clone()).or_default() += 1;
+                *got.entry(o.request_id.to_string()).or_default() += 1;
             }
             for p in &prompts {
                 prop_assert_eq!(router_score(&tree, p, bs), e.cached_prefix_blocks(p));
