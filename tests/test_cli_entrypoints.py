@@ -32,10 +32,13 @@ def model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
 
 
-def test_entry_points_do_not_import_asyncio() -> None:
+@pytest.mark.parametrize(
+    "module", ["frontend", "mocker", "indexer", "select_service", "slot_tracker", "replay"]
+)
+def test_entry_points_do_not_import_asyncio(module) -> None:
     done = fresh_python(
         "import sys\n"
-        "import dynamo.frontend.__main__, dynamo.mocker.__main__\n"
+        f"import dynamo.{module}.__main__\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('asyncio', 'ssl')))\n"
     )
     assert done.stdout.strip() == "[]"
