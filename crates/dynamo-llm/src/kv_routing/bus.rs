@@ -98,16 +98,29 @@ impl TopicPublisher {
         })
     }
 
-    /// Queue `payload` for publication (never blocks).
+    /// Queue `payload` for publication (never blocks). Over the brokerless plane with no
+    /// subscriber connected it is dropped here (see [`TopicPublisher::wanted`]).
     pub fn publish(&self, payload: Bytes) {
         let skip = self
             .inner
             .drop_next
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
             .is_ok();
-        if !skip {
+        if !skip && self.wanted() {
             let _ = self.inner.tx.send(payload);
         }
+    }
+
+    /// Whether a payload published now can reach anyone: until the event-plane publisher
+    /// is set up (payloads queue for it) and over NATS, always; over the brokerless plane,
+    /// only while a subscriber is connected, since a frame sent to none is dropped there.
+    /// Callers check it before encoding: a worker behind a round-robin frontend has no
+    /// subscriber and need not serialise its KV events.
+    pub fn wanted(&self) -> bool {
+        self.inner
+            .publisher
+            .get()
+            .is_none_or(|p| p.subscriber_count() != Some(0))
     }
 
     /// Connected subscribers (brokerless event plane). Over NATS, where the server fans

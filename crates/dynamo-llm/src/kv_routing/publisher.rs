@@ -201,6 +201,10 @@ impl KvEventPublisher {
     }
 
     fn send(&self, events: &[RouterEvent]) {
+        if !self.topic.wanted() {
+            // Nobody would receive them (the ids were still taken: numbering is unchanged).
+            return;
+        }
         for e in events {
             self.topic
                 .publish(Bytes::from(encode_json_router_event(e).into_bytes()));

@@ -441,3 +441,44 @@ fn event_stats_count_applied_events_and_lag() {
         scene.shutdown(&[worker]);
     });
 }
+
+/// A topic over the brokerless plane is wanted while its publisher is being set up (what
+/// is published then queues for it) and while a subscriber is connected, and not when
+/// nobody listens: payloads are then dropped before they are queued or encoded.
+#[test]
+fn topic_wanted_only_while_someone_can_receive() {
+    use super::bus::{TopicMessage, TopicPublisher, subscribe};
+
+    let rt = dynamo_runtime::tokio_runtime().unwrap();
+    rt.block_on(async {
+        let ns = format!("tw{}", fastrand::u32(..));
+        let (publisher_rt, subscriber_rt) = (runtime(), runtime());
+        let topic = TopicPublisher::new(&publisher_rt, &ns, "c", "t").unwrap();
+        assert!(topic.wanted(), "not set up yet: payloads must queue");
+        // Set up, nobody subscribed: not wanted, and a payload is dropped.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while topic.wanted() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("the publisher never came up");
+        topic.publish(bytes::Bytes::from_static(b"lost"));
+        let stop = CancellationToken::new();
+        let mut rx = subscribe(&subscriber_rt, &ns, "c", "t", stop.clone()).unwrap();
+        until(|| topic.subscriber_count() == 1).await;
+        assert!(topic.wanted());
+        topic.publish(bytes::Bytes::from_static(b"kept"));
+        let got = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("no message")
+            .expect("subscription ended");
+        let TopicMessage::Payload { payload, .. } = got;
+        assert_eq!(&payload[..], b"kept");
+        stop.cancel();
+        drop(rx);
+        until(|| !topic.wanted()).await;
+        publisher_rt.shutdown();
+        subscriber_rt.shutdown();
+    });
+}
