@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import statistics
@@ -27,32 +26,21 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, stop_processes
+from _common import free_port, server_commands, server_env, stop_processes
 
-LAUNCHER = Path(__file__).resolve().parent / "serve_launcher.py"
 ADDED = re.compile(r"(\d{4}-\d\d-\d\dT[\d:.]+)Z.*model added")
 
 
 def one_round(model: str, tmp: Path) -> float:
     kv = tmp / "kv"
     log = tmp / "frontend.log"
-    env = dict(os.environ, DYN_FILE_KV=str(kv), DYN_LOG="info", DYN_NAMESPACE="dynamo")
-    env["NO_COLOR"] = "1"
-    mocker = json.dumps({"speedup_ratio": 1000.0, "block_size": 16})
+    env = server_env(str(kv))
+    env.update(DYN_LOG="info", NO_COLOR="1")
+    frontend, worker = server_commands(sys.executable, "launcher", model, free_port())
     with open(log, "wb") as out:
         procs = [
-            subprocess.Popen(
-                [sys.executable, str(LAUNCHER), "frontend", str(free_port())],
-                env=env,
-                stdout=out,
-                stderr=out,
-            ),
-            subprocess.Popen(
-                [sys.executable, str(LAUNCHER), "mocker", model, mocker],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            ),
+            subprocess.Popen(frontend, env=env, stdout=out, stderr=out),
+            subprocess.Popen(worker, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL),
         ]
     try:
         deadline = time.monotonic() + 30
