@@ -30,6 +30,12 @@ struct Inner {
     kill: CancellationToken,
     metadata: Metadata,
     first_token: AtomicBool,
+    /// Set by this context's own stop or kill, before the token is cancelled: what
+    /// `is_stopped` reads first (a worker checks it per item sent, and the token's check
+    /// takes a lock).
+    stopped: AtomicBool,
+    /// Whether a parent's stop reaches `stop` (a [`Context::child`]), bypassing `stopped`.
+    linked: bool,
 }
 
 impl Default for Context {
@@ -46,6 +52,7 @@ impl Context {
             CancellationToken::new(),
             CancellationToken::new(),
             metadata,
+            false,
         )
     }
 
@@ -54,6 +61,7 @@ impl Context {
         stop: CancellationToken,
         kill: CancellationToken,
         metadata: BTreeMap<String, String>,
+        linked: bool,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -62,6 +70,8 @@ impl Context {
                 kill,
                 metadata: Arc::new(Mutex::new(metadata)),
                 first_token: AtomicBool::new(false),
+                stopped: AtomicBool::new(false),
+                linked,
             }),
         }
     }
@@ -74,6 +84,7 @@ impl Context {
             self.inner.stop.child_token(),
             self.inner.kill.child_token(),
             self.metadata_snapshot(),
+            true,
         )
     }
 
@@ -89,18 +100,21 @@ impl Context {
 
     /// Request a graceful stop (idempotent).
     pub fn stop_generating(&self) {
+        self.inner.stopped.store(true, Ordering::Release);
         self.inner.stop.cancel();
     }
 
     /// Request termination without draining; implies stop.
     pub fn kill(&self) {
+        self.inner.stopped.store(true, Ordering::Release);
         self.inner.kill.cancel();
         self.inner.stop.cancel();
     }
 
     /// Whether a stop (or kill) was requested.
     pub fn is_stopped(&self) -> bool {
-        self.inner.stop.is_cancelled()
+        self.inner.stopped.load(Ordering::Acquire)
+            || (self.inner.linked && self.inner.stop.is_cancelled())
     }
 
     /// Whether a kill was requested.

@@ -66,7 +66,12 @@ impl DownInstances {
 
     /// A request to `instance` succeeded: it is up.
     pub fn clear(&self, instance: &Instance) {
-        if lock(&self.down).remove(instance).is_some() {
+        let mut down = lock(&self.down);
+        // The usual case, checked before hashing the entry's strings.
+        if down.is_empty() {
+            return;
+        }
+        if down.remove(instance).is_some() {
             tracing::info!(instance_id = instance.instance_id, "instance up again");
         }
     }
@@ -76,6 +81,9 @@ impl DownInstances {
     /// changed.
     pub fn down_among(&self, endpoint: &EndpointId, live: &[Instance], ttl: Duration) -> Vec<u64> {
         let mut down = lock(&self.down);
+        if down.is_empty() {
+            return Vec::new();
+        }
         down.retain(|i, at| {
             let mine = i.namespace == endpoint.namespace
                 && i.component == endpoint.component
@@ -193,21 +201,6 @@ impl Client {
         )
     }
 
-    fn routable(&self) -> Vec<Instance> {
-        let all = self.inner.instances.borrow().clone();
-        let down = self.down_instance_ids();
-        let up: Vec<Instance> = all
-            .iter()
-            .filter(|i| !down.contains(&i.instance_id))
-            .cloned()
-            .collect();
-        if up.is_empty() {
-            all.as_ref().clone()
-        } else {
-            up
-        }
-    }
-
     /// Send `body` (JSON) to an instance chosen by `route` and return its response stream
     /// once the worker accepted the request. With `input`, the call is bidirectional.
     /// Round-robin and random retry on another instance when one cannot be reached or is
@@ -230,13 +223,14 @@ impl Client {
         let bidirectional = input.is_some();
         let mut input = input;
         let mut tried: Vec<u64> = Vec::new();
-        let mut again: Option<Instance> = None;
+        let mut again: Option<Picked> = None;
         let settle_deadline = Instant::now() + crate::nats::SETTLE_WINDOW;
         loop {
-            let instance = match again.take() {
-                Some(i) => i,
+            let picked = match again.take() {
+                Some(p) => p,
                 None => self.pick(route, &tried)?,
             };
+            let instance = picked.get();
             if !tried.contains(&instance.instance_id) {
                 tried.push(instance.instance_id);
             }
@@ -253,17 +247,17 @@ impl Client {
                             "{}/{}/{}",
                             instance.namespace, instance.component, instance.endpoint
                         );
-                        (conn, path)
+                        (conn, std::borrow::Cow::Owned(path))
                     }
                     TransportAddress::Tcp(_) => {
                         let (address, path) = split_address(&instance.transport)?;
                         (
                             self.inner.runtime.inner.pool.get(address).await?,
-                            path.to_owned(),
+                            path.into(),
                         )
                     }
                 };
-                let path = path.as_str();
+                let path: &str = &path;
                 // The input can only be consumed once: a retry after it was handed over is
                 // impossible, so bidirectional calls are not retried past this point.
                 ResponseStream::open(
@@ -279,32 +273,32 @@ impl Client {
             match attempt.await {
                 Ok(mut stream) => {
                     // The worker accepted: it is up, whatever an earlier failure said.
-                    self.inner.runtime.inner.down.clear(&instance);
+                    self.inner.runtime.inner.down.clear(instance);
                     let weak: Weak<ClientInner> = Arc::downgrade(&self.inner);
-                    let lost = instance.clone();
                     stream.set_on_disconnect(Box::new(move || {
+                        let lost = picked.get();
                         if let Some(inner) = weak.upgrade() {
                             // A stream cut by our own NATS connection's loss says nothing
                             // about the worker.
                             let nats = matches!(lost.transport, TransportAddress::NatsTcp(_));
                             if !(nats && inner.runtime.inner.nats_link.unsettled()) {
-                                inner.runtime.inner.down.mark(&lost);
+                                inner.runtime.inner.down.mark(lost);
                             }
                         }
                     }));
                     return Ok(stream);
                 }
-                Err(e) if self.settling(&instance, &e, bidirectional, settle_deadline) => {
+                Err(e) if self.settling(instance, &e, bidirectional, settle_deadline) => {
                     tracing::debug!(instance_id = instance.instance_id, error = %e, "NATS reconnected recently; retrying the same worker");
                     tokio::time::sleep(SETTLE_RETRY_DELAY).await;
-                    again = Some(instance);
+                    again = Some(picked);
                 }
                 Err(e) => {
                     let retryable =
                         matches!(&e, Error::CannotConnect { .. } | Error::Disconnected(_))
                             || matches!(&e, Error::Remote(w) if w.kind == ErrorKind::Unavailable);
                     if retryable {
-                        self.inner.runtime.inner.down.mark(&instance);
+                        self.inner.runtime.inner.down.mark(instance);
                     }
                     let more = self.instance_ids().iter().any(|id| !tried.contains(id));
                     if !retryable || matches!(route, Route::Direct(_)) || !more || bidirectional {
@@ -334,34 +328,60 @@ impl Client {
             && self.inner.runtime.inner.nats_link.unsettled()
     }
 
-    fn pick(&self, route: Route, tried: &[u64]) -> Result<Instance> {
+    fn pick(&self, route: Route, tried: &[u64]) -> Result<Picked> {
         let endpoint = || self.inner.endpoint.to_string();
-        match route {
-            Route::Direct(id) => self
-                .inner
-                .instances
-                .borrow()
+        let all = self.inner.instances.borrow().clone();
+        let at = match route {
+            Route::Direct(id) => all
                 .iter()
-                .find(|i| i.instance_id == id)
-                .cloned()
+                .position(|i| i.instance_id == id)
                 .ok_or_else(|| Error::UnknownInstance {
                     endpoint: endpoint(),
                     instance_id: id,
-                }),
+                })?,
             Route::RoundRobin | Route::Random => {
-                let mut candidates = self.routable();
-                candidates.retain(|i| !tried.contains(&i.instance_id));
-                if candidates.is_empty() {
+                // The routable set is the instances not marked down, or all of them when
+                // every one is; of those, the ones this request has not tried.
+                let down = self.inner.runtime.inner.down.down_among(
+                    &self.inner.endpoint,
+                    &all,
+                    self.inner.runtime.config().inhibited_duration,
+                );
+                let any_up = all.iter().any(|i| !down.contains(&i.instance_id));
+                let eligible = |i: &Instance| {
+                    !(tried.contains(&i.instance_id) || any_up && down.contains(&i.instance_id))
+                };
+                let n = all.iter().filter(|i| eligible(i)).count();
+                if n == 0 {
                     return Err(Error::NoInstances(endpoint()));
                 }
-                let idx = if route == Route::RoundRobin {
-                    self.inner.next.fetch_add(1, Ordering::Relaxed) % candidates.len()
+                let nth = if route == Route::RoundRobin {
+                    self.inner.next.fetch_add(1, Ordering::Relaxed) % n
                 } else {
-                    fastrand::usize(..candidates.len())
+                    fastrand::usize(..n)
                 };
-                Ok(candidates.swap_remove(idx))
+                all.iter()
+                    .enumerate()
+                    .filter(|(_, i)| eligible(i))
+                    .nth(nth)
+                    .map(|(at, _)| at)
+                    .expect("nth below the number of eligible instances")
             }
-        }
+        };
+        Ok(Picked { all, at })
+    }
+}
+
+/// The instance a request goes to: the discovery snapshot it was picked from and its
+/// place there (kept for the stream's disconnect report without copying the entry).
+struct Picked {
+    all: Arc<Vec<Instance>>,
+    at: usize,
+}
+
+impl Picked {
+    fn get(&self) -> &Instance {
+        &self.all[self.at]
     }
 }
 

@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::io::BufReader;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -282,9 +281,9 @@ impl Connection {
         tokio::spawn(write_loop(direct, rx));
         let reader_conn = Arc::clone(&conn);
         tokio::spawn(async move {
-            let mut reader = BufReader::with_capacity(64 * 1024, r);
+            let mut reader = frame::FrameReader::new(r, usize::MAX);
             let reason = loop {
-                match frame::read_frame(&mut reader, usize::MAX).await {
+                match reader.next().await {
                     Ok(Read::Frame(f)) => reader_conn.deliver(f),
                     Ok(Read::TooLarge { .. }) => {}
                     Ok(Read::Eof) => break "connection closed by the worker".to_owned(),

@@ -7,7 +7,7 @@
 //! ...     payload
 //! ```
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Caller → worker: open a stream. Payload: `u16 BE path_len, path, u32 BE header_len,
@@ -90,18 +90,16 @@ pub fn encode_into(buf: &mut BytesMut, kind: u8, stream: u64, payload: &[u8]) {
 }
 
 /// Read one frame; payloads over `max` bytes are skipped and reported.
+///
+/// One allocation per frame: for a connection's stream of frames, [`FrameReader`] reads
+/// them through one shared buffer instead.
 pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> std::io::Result<Read> {
     let len = match r.read_u32().await {
         Ok(n) => n as usize,
         Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(Read::Eof),
         Err(e) => return Err(e),
     };
-    if len < HEADER_LEN {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("frame length {len} is shorter than the frame header"),
-        ));
-    }
+    check_len(len)?;
     let kind = r.read_u8().await?;
     let stream = r.read_u64().await?;
     let size = len - HEADER_LEN;
@@ -120,6 +118,108 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> std::io:
         stream,
         payload: payload.freeze(),
     }))
+}
+
+fn check_len(len: usize) -> std::io::Result<()> {
+    if len < HEADER_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("frame length {len} is shorter than the frame header"),
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes a [`FrameReader`] asks the socket for at once.
+const READ_CHUNK: usize = 64 * 1024;
+/// Below this much free room, the next read starts a new chunk.
+const MIN_READ: usize = 4 * 1024;
+
+/// Reads a connection's frames through one receive buffer: a payload is a slice of the
+/// chunk it arrived in ([`Bytes`]), so a read that brings many frames (a worker streaming
+/// tokens of many requests) costs one allocation, not one per frame, and a frame is
+/// parsed without a call per header field. A chunk is freed when the last payload read
+/// into it is dropped; payloads are consumed as they arrive (decoded, handed to a
+/// handler), so at most a few chunks are alive per connection.
+pub struct FrameReader<R> {
+    inner: R,
+    buf: BytesMut,
+    max: usize,
+    /// An oversized frame being skipped: its type, stream, size and bytes still to drop.
+    skipping: Option<(u8, u64, usize, usize)>,
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    /// Frames of `inner`; payloads over `max` bytes are skipped and reported.
+    pub fn new(inner: R, max: usize) -> Self {
+        Self {
+            inner,
+            buf: BytesMut::new(),
+            max,
+            skipping: None,
+        }
+    }
+
+    /// The next frame ([`Read::Eof`] at a clean end of the connection; a connection that
+    /// ends inside a frame is an `UnexpectedEof` error).
+    pub async fn next(&mut self) -> std::io::Result<Read> {
+        loop {
+            if let Some(read) = self.parse()? {
+                return Ok(read);
+            }
+            if self.buf.capacity() - self.buf.len() < MIN_READ {
+                self.buf.reserve(READ_CHUNK);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return if self.buf.is_empty() && self.skipping.is_none() {
+                    Ok(Read::Eof)
+                } else {
+                    Err(std::io::ErrorKind::UnexpectedEof.into())
+                };
+            }
+        }
+    }
+
+    /// A frame complete in the buffer, taken out of it.
+    fn parse(&mut self) -> std::io::Result<Option<Read>> {
+        if let Some((kind, stream, size, left)) = self.skipping {
+            let n = left.min(self.buf.len());
+            self.buf.advance(n);
+            if n < left {
+                self.skipping = Some((kind, stream, size, left - n));
+                return Ok(None);
+            }
+            self.skipping = None;
+            return Ok(Some(Read::TooLarge { kind, stream, size }));
+        }
+        if self.buf.len() < 4 + HEADER_LEN {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]) as usize;
+        check_len(len)?;
+        let size = len - HEADER_LEN;
+        if size > self.max {
+            let kind = self.buf[4];
+            let stream = u64::from_be_bytes(self.buf[5..13].try_into().expect("8 bytes"));
+            self.buf.advance(4 + HEADER_LEN);
+            self.skipping = Some((kind, stream, size, size));
+            return self.parse();
+        }
+        if self.buf.len() < 4 + len {
+            // Room for the rest of this frame (its partial bytes move with it).
+            self.buf.reserve(4 + len - self.buf.len());
+            return Ok(None);
+        }
+        let kind = self.buf[4];
+        let stream = u64::from_be_bytes(self.buf[5..13].try_into().expect("8 bytes"));
+        self.buf.advance(4 + HEADER_LEN);
+        let payload = self.buf.split_to(size).freeze();
+        Ok(Some(Read::Frame(Frame {
+            kind,
+            stream,
+            payload,
+        })))
+    }
 }
 
 /// Split a request payload into `(path, header JSON, body)`.
@@ -184,6 +284,114 @@ mod tests {
             })
         ));
         assert!(matches!(read_frame(&mut r, 64).await.unwrap(), Read::Eof));
+    }
+
+    /// Hands out at most `step` bytes per read, so frames straddle reads.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+    }
+
+    impl AsyncRead for Trickle {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = self
+                .step
+                .min(self.data.len() - self.at)
+                .min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.data[at..at + n]);
+            self.at += n;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// Frames sent: type, stream, payload.
+    type Sent = Vec<(u8, u64, Vec<u8>)>;
+
+    fn sample_wire() -> (Vec<u8>, Sent) {
+        let mut wire = Vec::new();
+        let mut sent = Vec::new();
+        for i in 0..200u64 {
+            // Sizes from empty to several read chunks, one oversized every 50 frames.
+            let size = match i % 50 {
+                49 => 3000,
+                n if n % 7 == 0 => (n as usize) * 1500,
+                n => n as usize,
+            };
+            let payload: Vec<u8> = (0..size).map(|b| (b as u64 ^ i) as u8).collect();
+            let kind = (i % 5) as u8 + 1;
+            wire.extend_from_slice(&encode(kind, i, &[&payload]));
+            sent.push((kind, i, payload));
+        }
+        (wire, sent)
+    }
+
+    #[tokio::test]
+    async fn frame_reader_matches_read_frame_whatever_the_read_sizes() {
+        let (wire, sent) = sample_wire();
+        for step in [1, 3, 13, 4096, 100_000, usize::MAX] {
+            let mut reader = FrameReader::new(
+                Trickle {
+                    data: wire.clone(),
+                    at: 0,
+                    step,
+                },
+                2999,
+            );
+            let mut plain = &wire[..];
+            for (kind, stream, payload) in &sent {
+                let got = reader.next().await.unwrap();
+                let want = read_frame(&mut plain, 2999).await.unwrap();
+                match (got, want) {
+                    (Read::Frame(g), Read::Frame(w)) => {
+                        assert_eq!((g.kind, g.stream), (*kind, *stream), "step {step}");
+                        assert_eq!(&g.payload[..], &payload[..], "step {step}");
+                        assert_eq!(g.payload, w.payload);
+                    }
+                    (
+                        Read::TooLarge {
+                            kind: k,
+                            stream: s,
+                            size,
+                        },
+                        Read::TooLarge { .. },
+                    ) => {
+                        assert_eq!((k, s, size), (*kind, *stream, payload.len()));
+                    }
+                    (g, w) => panic!("step {step}: {g:?} against {w:?}"),
+                }
+            }
+            assert!(matches!(reader.next().await.unwrap(), Read::Eof));
+        }
+    }
+
+    #[tokio::test]
+    async fn frame_reader_reports_truncation_and_short_lengths() {
+        let whole = encode(DATA, 1, &[b"payload"]);
+        for cut in 1..whole.len() {
+            let mut reader = FrameReader::new(&whole[..cut], usize::MAX);
+            let err = reader.next().await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                std::io::ErrorKind::UnexpectedEof,
+                "cut at {cut}"
+            );
+        }
+        // An oversized frame cut short is an error too, not a skipped frame.
+        let mut reader = FrameReader::new(&whole[..whole.len() - 1], 2);
+        assert!(reader.next().await.is_err());
+        let mut short = 3u32.to_be_bytes().to_vec();
+        short.extend_from_slice(&[0; 16]);
+        let err = FrameReader::new(&short[..], usize::MAX)
+            .next()
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
     }
 
     #[test]

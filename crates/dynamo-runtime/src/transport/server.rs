@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
@@ -212,10 +212,27 @@ struct Conn {
     writer: Outbox,
     streams: Mutex<HashMap<u64, Arc<StreamEntry>>>,
     closed: CancellationToken,
+    /// `closed` as a flag: checked per item sent, where the token's check takes a lock.
+    is_closed: AtomicBool,
     max_message: usize,
 }
 
 impl Conn {
+    fn new(writer: Outbox, max_message: usize) -> Self {
+        Self {
+            writer,
+            streams: Mutex::new(HashMap::new()),
+            closed: CancellationToken::new(),
+            is_closed: AtomicBool::new(false),
+            max_message,
+        }
+    }
+
+    fn close(&self) {
+        self.is_closed.store(true, Ordering::Release);
+        self.closed.cancel();
+    }
+
     fn send(&self, frame: Bytes) {
         let lone = lock(&self.streams).len() <= 1;
         // A closed writer means the connection is gone; the reader kills the streams.
@@ -301,7 +318,7 @@ impl Responder {
 
     /// Send one response item (JSON).
     pub fn send(&mut self, item: &[u8]) -> Result<SendStatus> {
-        if self.state.context.is_stopped() || self.conn.closed.is_cancelled() {
+        if self.state.context.is_stopped() || self.conn.is_closed.load(Ordering::Acquire) {
             return Ok(SendStatus::Stopped);
         }
         if item.len() > self.conn.max_message {
@@ -513,12 +530,7 @@ impl Server {
         caller: Arc<dyn Peer>,
         closed: CancellationToken,
     ) -> Arc<dyn Peer> {
-        let conn = Arc::new(Conn {
-            writer: Outbox::Local(caller),
-            streams: Mutex::new(HashMap::new()),
-            closed: CancellationToken::new(),
-            max_message: self.max_message,
-        });
+        let conn = Arc::new(Conn::new(Outbox::Local(caller), self.max_message));
         let end = Arc::new(LocalEnd {
             conn: Arc::downgrade(&conn),
             endpoints: Arc::clone(&self.endpoints),
@@ -590,7 +602,7 @@ impl super::nats::VirtualConn for NatsConn {
     }
 
     fn close(&self) {
-        self.conn.closed.cancel();
+        self.conn.close();
         let streams: Vec<_> = lock(&self.conn.streams).drain().map(|(_, s)| s).collect();
         for s in streams {
             s.state.context.kill();
@@ -615,12 +627,7 @@ impl Server {
             dyn Fn(mpsc::UnboundedSender<Bytes>) -> Arc<dyn super::nats::VirtualConn> + Send + Sync,
         > = Arc::new(move |writer| {
             Arc::new(NatsConn {
-                conn: Arc::new(Conn {
-                    writer: Outbox::Queued(writer),
-                    streams: Mutex::new(HashMap::new()),
-                    closed: CancellationToken::new(),
-                    max_message,
-                }),
+                conn: Arc::new(Conn::new(Outbox::Queued(writer), max_message)),
                 endpoints: Arc::clone(&endpoints),
             })
         });
@@ -706,7 +713,7 @@ struct LocalEnd {
 impl Peer for LocalEnd {
     fn receive(&self, frames: Bytes) -> std::result::Result<(), ()> {
         let conn = self.conn.upgrade().ok_or(())?;
-        if conn.closed.is_cancelled() {
+        if conn.is_closed.load(Ordering::Acquire) {
             // The connection is closing: its reader would read nothing more.
             return Ok(());
         }
@@ -749,7 +756,7 @@ fn too_large(conn: &Conn, kind: u8, stream: u64, size: usize) {
 
 /// The end of a connection's reader: every stream it carried is killed.
 fn close_conn(conn: Arc<Conn>) {
-    conn.closed.cancel();
+    conn.close();
     let streams: Vec<_> = lock(&conn.streams).drain().map(|(_, s)| s).collect();
     for s in streams {
         s.state.context.kill();
@@ -767,17 +774,12 @@ async fn serve_connection(
     let _ = sock.set_nodelay(true);
     let (r, w) = sock.into_split();
     let (outbox, direct, rx) = Outbox::tcp(w);
-    let conn = Arc::new(Conn {
-        writer: outbox,
-        streams: Mutex::new(HashMap::new()),
-        closed: CancellationToken::new(),
-        max_message,
-    });
+    let conn = Arc::new(Conn::new(outbox, max_message));
     let writer = tokio::spawn(write_loop(direct, rx));
-    let mut reader = BufReader::with_capacity(64 * 1024, r);
+    let mut reader = frame::FrameReader::new(r, max_message);
     loop {
         let read = tokio::select! {
-            r = frame::read_frame(&mut reader, max_message) => r,
+            r = reader.next() => r,
             () = cancel.cancelled() => break,
         };
         match read {
