@@ -146,6 +146,27 @@ async def test_direct_publisher_over_tcp_event_plane() -> None:
     await check_publish_and_heartbeat()
 
 
+async def test_passes_nobody_hears_are_not_numbered() -> None:
+    """On the brokerless plane a publisher with no subscriber drops its samples before
+    encoding them: a subscriber that connects later sees the snapshots numbered from 1."""
+    async with local_runtime("mem") as rt:
+        ep = rt.endpoint(f"{unique_ns()}.backend.generate")
+        pub = FpmDirectPublisher(ep, "w1", 1)
+        await asyncio.sleep(0.5)  # the event-plane publisher is set up by now
+        for _ in range(20):
+            pub.publish(dp_rank=0, **COUNTS)
+        await asyncio.sleep(0.2)
+        sub = FpmEventSubscriber(ep)
+        first = await recv(sub)
+        assert first is not None and first["counter_id"] == 1, first
+        pub.publish(dp_rank=0, **COUNTS)
+        m = await recv_until(sub, lambda x: x["wall_time"] > 0)
+        assert m["counter_id"] > 1
+        assert m["queued_requests"]["num_decode_requests"] == 9
+        pub.shutdown()
+        sub.shutdown()
+
+
 async def test_direct_publisher_over_nats(nats_server, monkeypatch) -> None:
     monkeypatch.setenv("NATS_SERVER", nats_server.url)
     monkeypatch.setenv("DYN_EVENT_PLANE", "nats")

@@ -5,11 +5,17 @@
 //! snapshots (`counter_id` from 1), encodes them and, after [`IDLE_HEARTBEAT_INTERVAL`]
 //! without a sample, emits a zeroed heartbeat (then one per interval while idle). One
 //! outlet task owns the event-plane publisher, so snapshots of a rank leave in order.
+//!
+//! On the brokerless event plane, while no subscriber is connected (a worker behind a
+//! frontend that runs no planner), samples are dropped in `publish`: no task wakes and
+//! nothing is encoded per pass. `counter_id` numbers the snapshots sent, so a subscriber
+//! that connects later sees them numbered without gaps.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
-use dynamo_runtime::events::EventScope;
+use dynamo_runtime::events::{EventPublisher, EventScope};
 use dynamo_runtime::{DistributedRuntime, EndpointId};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -22,6 +28,8 @@ use crate::error::{Error, Result};
 /// endpoint-scoped publisher (creating one is asynchronous).
 pub(crate) struct Outlet {
     tx: mpsc::UnboundedSender<Bytes>,
+    /// The publisher once the task has set it up (for [`Outlet::wanted`]).
+    publisher: Arc<OnceLock<EventPublisher>>,
 }
 
 impl Outlet {
@@ -33,6 +41,8 @@ impl Outlet {
     ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
         let (rt, scope) = (runtime.clone(), EventScope::endpoint(endpoint));
+        let shared = Arc::new(OnceLock::new());
+        let set = Arc::clone(&shared);
         tokio::spawn(async move {
             let publisher = tokio::select! {
                 p = rt.event_publisher(&scope, FPM_TOPIC) => p,
@@ -45,6 +55,7 @@ impl Outlet {
                     return;
                 }
             };
+            let _ = set.set(publisher.clone());
             loop {
                 let item = tokio::select! {
                     biased;
@@ -59,7 +70,19 @@ impl Outlet {
             // Let NATS deliver what was queued before the channel goes away.
             let _ = publisher.flush().await;
         });
-        Self { tx }
+        Self {
+            tx,
+            publisher: shared,
+        }
+    }
+
+    /// Whether a payload sent now can reach anyone: until the publisher is set up (payloads
+    /// queue for it) and over NATS, always; on the brokerless plane, only while a
+    /// subscriber is connected (a frame sent to none is dropped there).
+    pub(crate) fn wanted(&self) -> bool {
+        self.publisher
+            .get()
+            .is_none_or(|p| p.subscriber_count() != Some(0))
     }
 
     /// Queue a payload (never blocks).
@@ -70,8 +93,17 @@ impl Outlet {
 
 /// An in-process FPM producer with one channel per DP rank (dropping it shuts it down).
 pub struct FpmDirectPublisher {
-    ranks: Vec<mpsc::UnboundedSender<FpmSample>>,
+    ranks: Vec<Rank>,
+    outlet: Arc<Outlet>,
     stop: CancellationToken,
+}
+
+/// One DP rank's channel to its task.
+struct Rank {
+    tx: mpsc::UnboundedSender<FpmSample>,
+    /// A sample was dropped (no subscriber) since the task last looked: the rank is busy,
+    /// so its idle heartbeat is not due.
+    dropped: Arc<AtomicBool>,
 }
 
 impl Drop for FpmDirectPublisher {
@@ -94,18 +126,24 @@ impl FpmDirectPublisher {
         let ranks = (0..dp_size)
             .map(|rank| {
                 let (tx, rx) = mpsc::unbounded_channel();
+                let dropped = Arc::new(AtomicBool::new(false));
                 tokio::spawn(rank_task(
                     rx,
                     worker_id.to_owned(),
                     rank,
                     Arc::clone(&outlet),
+                    Arc::clone(&dropped),
                     stop.clone(),
                 ));
-                tx
+                Rank { tx, dropped }
             })
             .collect();
         tracing::debug!(worker_id, dp_size, "FPM direct publisher started");
-        Self { ranks, stop }
+        Self {
+            ranks,
+            outlet,
+            stop,
+        }
     }
 
     /// Publish one pass of `dp_rank`. After [`FpmDirectPublisher::shutdown`] samples are
@@ -114,7 +152,7 @@ impl FpmDirectPublisher {
     /// # Errors
     /// [`Error::InvalidConfig`] when `dp_rank` is not below `dp_size`.
     pub fn publish(&self, dp_rank: u32, sample: FpmSample) -> Result<()> {
-        let tx = self.ranks.get(dp_rank as usize).ok_or_else(|| {
+        let rank = self.ranks.get(dp_rank as usize).ok_or_else(|| {
             Error::config(
                 "dp_rank",
                 format!(
@@ -123,7 +161,11 @@ impl FpmDirectPublisher {
                 ),
             )
         })?;
-        let _ = tx.send(sample);
+        if self.outlet.wanted() {
+            let _ = rank.tx.send(sample);
+        } else {
+            rank.dropped.store(true, Ordering::Relaxed);
+        }
         Ok(())
     }
 
@@ -138,6 +180,7 @@ async fn rank_task(
     worker_id: String,
     rank: u32,
     outlet: Arc<Outlet>,
+    dropped: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
     let mut counter = 0u64;
@@ -153,6 +196,15 @@ async fn rank_task(
             },
             () = tokio::time::sleep_until(deadline) => None,
         };
+        if sample.is_none() && dropped.swap(false, Ordering::Relaxed) {
+            // Passes ran, unseen: not idle.
+            deadline = Instant::now() + IDLE_HEARTBEAT_INTERVAL;
+            continue;
+        }
+        if !outlet.wanted() {
+            deadline = Instant::now() + IDLE_HEARTBEAT_INTERVAL;
+            continue;
+        }
         counter += 1;
         let snapshot = sample
             .as_ref()

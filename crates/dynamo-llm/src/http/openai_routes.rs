@@ -8,6 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
+use bytes::BytesMut;
 use dynamo_runtime::Context;
 
 use super::Shared;
@@ -205,7 +206,12 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
         Surface::Completions => "cmpl",
     };
     let ctx = Context::default();
-    let factory = ResponseFactory::new(format!("{id_prefix}-{}", ctx.id()), model.clone());
+    // (Sized up front: `format!` grew the string, an allocation more per request.)
+    let mut response_id = String::with_capacity(id_prefix.len() + 1 + ctx.id().len());
+    response_id.push_str(id_prefix);
+    response_id.push('-');
+    response_id.push_str(ctx.id());
+    let factory = ResponseFactory::new(response_id, model.clone());
     // Parse first: a body that is not a valid request is a 400 whatever its model.
     let parsed = match surface {
         Surface::Chat => openai::parse_chat_request(&body).map(Parsed::Chat),
@@ -840,7 +846,7 @@ impl Merged {
         index: u32,
         piece: Piece,
         finish: Option<openai::OpenAiFinishReason>,
-        out: &mut Vec<u8>,
+        out: &mut BytesMut,
     ) {
         let events = match piece {
             Piece::Text(text) => return self.chunk(index, &text, finish, out),
@@ -923,7 +929,7 @@ impl Merged {
         index: u32,
         text: &str,
         finish: Option<openai::OpenAiFinishReason>,
-        out: &mut Vec<u8>,
+        out: &mut BytesMut,
     ) {
         let first = self.surface == Surface::Chat
             && self
@@ -969,18 +975,25 @@ pub(super) fn sse_headers(body: Body) -> Response {
         .unwrap_or_else(|e| HttpError::internal(e.to_string()).into_response())
 }
 
+/// The SSE frame buffer of a streamed response: room for a response of 16 tokens or so.
+const FRAME_BUFFER: usize = 4096;
+/// Free room a frame starts with (a chunk is about 200 bytes; more grows the buffer).
+const FRAME_ROOM: usize = 1024;
+
 fn sse_response(run: TokenRun) -> Response {
     use futures_util::{FutureExt as _, StreamExt as _};
     // The body owns the run: a client that disconnects drops it, and with it the worker
     // streams, which stops the request on the workers.
     // Boxed: the state moves in and out of each frame's future.
-    // One buffer for the response's frames, copied out per frame: a fresh `Vec` per
-    // frame grew (512 bytes hold two chunks; under load a frame carries several) and was
-    // one of the frontend's most frequent allocations.
-    let state = (Box::new(run.merge()), Vec::with_capacity(2048));
+    // One buffer for the response's frames, each split off it: a frame is a slice of the
+    // buffer, and once the connection has written and dropped the earlier frames (before
+    // the next token, as a rule) `reserve` takes the same allocation back. A fresh buffer
+    // or a copy per frame were among the frontend's most frequent allocations, and the
+    // larger ones (over 1 KiB) make glibc consolidate its free lists.
+    let state = (Box::new(run.merge()), BytesMut::with_capacity(FRAME_BUFFER));
     let stream = futures_util::stream::unfold(Some(state), |state| async move {
         let (mut m, mut out) = state?;
-        out.clear();
+        out.reserve(FRAME_ROOM);
         let first = m.events.next().await;
         let mut going = m.emit(first, &mut out);
         // Events already waiting go into the same body frame: one HTTP chunk and one socket
@@ -992,7 +1005,7 @@ fn sse_response(run: TokenRun) -> Response {
                 None => break,
             }
         }
-        let frame = Bytes::copy_from_slice(&out);
+        let frame = out.split().freeze();
         Some((Ok::<_, Infallible>(frame), going.then_some((m, out))))
     });
     sse_headers(Body::from_stream(stream))
@@ -1001,7 +1014,7 @@ fn sse_response(run: TokenRun) -> Response {
 impl Merged {
     /// Appends the SSE bytes for one event of the merged choice streams (`None`: they all
     /// ended) and says whether the response goes on.
-    fn emit(&mut self, event: Option<Event>, out: &mut Vec<u8>) -> bool {
+    fn emit(&mut self, event: Option<Event>, out: &mut BytesMut) -> bool {
         let Some(event) = event else {
             let e = HttpError::internal("the response ended early");
             out.extend_from_slice(&sse_error(&e));

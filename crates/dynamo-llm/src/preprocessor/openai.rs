@@ -8,6 +8,7 @@
 //! argument supplied: …", HTTP 400): see [`parse_chat_request`] and
 //! [`parse_completion_request`].
 
+use bytes::BufMut;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -1316,7 +1317,9 @@ impl SseChunkWriter {
         } else {
             "text_completion"
         };
-        let mut head = Vec::with_capacity(96 + factory.id.len() + factory.model.len());
+        // The fixed parts take 97 bytes with the longest object name and a 10-digit time,
+        // and the id and model may need escaping: room enough not to grow.
+        let mut head = Vec::with_capacity(128 + factory.id.len() + factory.model.len());
         head.extend_from_slice(b"data: {\"id\":");
         json_str(&mut head, &factory.id);
         head.extend_from_slice(b",\"object\":");
@@ -1331,35 +1334,34 @@ impl SseChunkWriter {
     }
 
     /// Append the chunk of choice `index` carrying `text` (chat: with `role: assistant`
-    /// when `first`; ignored for completions).
-    pub fn write(
+    /// when `first`; ignored for completions) to `out` (a `Vec<u8>` or a `BytesMut`).
+    pub fn write<B: BufMut>(
         &self,
-        out: &mut Vec<u8>,
+        out: &mut B,
         index: u32,
         text: &str,
         first: bool,
         finish: Option<OpenAiFinishReason>,
     ) {
-        out.reserve(self.head.len() + text.len() + 96);
-        out.extend_from_slice(&self.head);
+        out.put_slice(&self.head);
         let mut digits = [0u8; 10];
-        out.extend_from_slice(decimal(index, &mut digits));
+        out.put_slice(decimal(index, &mut digits));
         if self.chat {
-            out.extend_from_slice(b",\"delta\":{");
+            out.put_slice(b",\"delta\":{");
             if first {
-                out.extend_from_slice(b"\"role\":\"assistant\",");
+                out.put_slice(b"\"role\":\"assistant\",");
             }
-            out.extend_from_slice(b"\"content\":");
+            out.put_slice(b"\"content\":");
             json_str(out, text);
-            out.extend_from_slice(b"},\"finish_reason\":");
+            out.put_slice(b"},\"finish_reason\":");
             json_finish(out, finish);
-            out.extend_from_slice(b"}],\"usage\":null}\n\n");
+            out.put_slice(b"}],\"usage\":null}\n\n");
         } else {
-            out.extend_from_slice(b",\"text\":");
+            out.put_slice(b",\"text\":");
             json_str(out, text);
-            out.extend_from_slice(b",\"finish_reason\":");
+            out.put_slice(b",\"finish_reason\":");
             json_finish(out, finish);
-            out.extend_from_slice(b",\"logprobs\":null}],\"usage\":null}\n\n");
+            out.put_slice(b",\"logprobs\":null}],\"usage\":null}\n\n");
         }
     }
 }
@@ -1378,13 +1380,13 @@ fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
 }
 
 /// `s` as a JSON string (`serde_json`'s escaping).
-fn json_str(out: &mut Vec<u8>, s: &str) {
-    // Writing into a `Vec` cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
+fn json_str<B: BufMut>(out: &mut B, s: &str) {
+    // Writing into memory cannot fail.
+    let _ = serde_json::to_writer((&mut *out).writer(), s);
 }
 
-fn json_finish(out: &mut Vec<u8>, finish: Option<OpenAiFinishReason>) {
-    out.extend_from_slice(match finish {
+fn json_finish<B: BufMut>(out: &mut B, finish: Option<OpenAiFinishReason>) {
+    out.put_slice(match finish {
         None => b"null".as_slice(),
         Some(OpenAiFinishReason::Stop) => b"\"stop\"",
         Some(OpenAiFinishReason::Length) => b"\"length\"",

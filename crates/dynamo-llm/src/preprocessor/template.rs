@@ -20,8 +20,9 @@ const TEMPLATE_NAME: &str = "chat";
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
     env: Arc<Environment<'static>>,
-    /// `bos_token`, `eos_token`, `unk_token`, `pad_token` as the template sees them.
-    special_tokens: Map<String, Json>,
+    /// `bos_token`, `eos_token`, `unk_token`, `pad_token` as the template sees them
+    /// (names and values made template values once: each render shares them).
+    special_tokens: Vec<(&'static str, Value)>,
 }
 
 /// A token in `tokenizer_config.json`: a string or an `AddedToken` object.
@@ -144,12 +145,13 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| strftime_now(&fmt));
         env.add_template_owned(TEMPLATE_NAME, source.to_owned())
             .map_err(|e| Error::Template(format!("cannot compile: {e:#}")))?;
-        let mut special_tokens = Map::new();
-        for key in ["bos_token", "eos_token", "unk_token", "pad_token"] {
-            if let Some(t) = tokenizer_config.get(key).and_then(token_text) {
-                special_tokens.insert(key.to_owned(), Json::String(t));
-            }
-        }
+        let special_tokens = ["bos_token", "eos_token", "unk_token", "pad_token"]
+            .into_iter()
+            .filter_map(|key| {
+                let text = tokenizer_config.get(key).and_then(token_text)?;
+                Some((key, Value::from(text)))
+            })
+            .collect();
         Ok(Self {
             env: Arc::new(env),
             special_tokens,
@@ -190,7 +192,10 @@ impl ChatTemplate {
 
     /// The special token the template sees as `name` (e.g. `bos_token`).
     pub fn special_token(&self, name: &str) -> Option<&str> {
-        self.special_tokens.get(name).and_then(Json::as_str)
+        self.special_tokens
+            .iter()
+            .find(|(key, _)| *key == name)
+            .and_then(|(_, v)| v.as_str())
     }
 
     /// Render `messages` (each a JSON object with at least `role` and `content`).
@@ -207,29 +212,43 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         extra: &Map<String, Json>,
     ) -> Result<String> {
-        let mut ctx = self.special_tokens.clone();
-        for (k, v) in extra {
-            ctx.insert(k.clone(), v.clone());
-        }
-        ctx.insert("messages".to_owned(), Json::Array(messages.to_vec()));
-        ctx.insert(
-            "add_generation_prompt".to_owned(),
-            Json::Bool(add_generation_prompt),
+        // Later pairs override earlier ones: `extra` can shadow a special token, not the
+        // messages or the flag. The JSON is converted straight into template values (no
+        // intermediate copy of the conversation).
+        let ctx = Value::from_pairs(
+            self.special_tokens
+                .iter()
+                .map(|(k, v)| (Value::from(*k), v.clone()))
+                .chain(extra.iter().map(|(k, v)| {
+                    (
+                        Value::from(k.as_str()),
+                        Value::from(minijinja::value::Serde(v)),
+                    )
+                }))
+                .chain([
+                    (
+                        Value::from("messages"),
+                        Value::from(minijinja::value::Serde(messages)),
+                    ),
+                    (
+                        Value::from("add_generation_prompt"),
+                        Value::from(add_generation_prompt),
+                    ),
+                ]),
         );
         let tmpl = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Template(e.to_string()))?;
-        tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| {
-                // `raise_exception` messages are the template author's words: pass them through.
-                match e.kind() {
-                    ErrorKind::InvalidOperation => {
-                        Error::Template(e.detail().unwrap_or("invalid operation").to_owned())
-                    }
-                    _ => Error::Template(format!("{e:#}")),
+        tmpl.render(ctx).map_err(|e| {
+            // `raise_exception` messages are the template author's words: pass them through.
+            match e.kind() {
+                ErrorKind::InvalidOperation => {
+                    Error::Template(e.detail().unwrap_or("invalid operation").to_owned())
                 }
-            })
+                _ => Error::Template(format!("{e:#}")),
+            }
+        })
     }
 }
 
