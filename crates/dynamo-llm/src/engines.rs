@@ -154,7 +154,7 @@ impl MockTokenEngine {
 impl TokenEngine for MockTokenEngine {
     fn generate(
         &self,
-        request: PreprocessedRequest,
+        mut request: PreprocessedRequest,
         context: Context,
     ) -> BoxFuture<'static, Result<TokenStream>> {
         let runner = self.runner.clone();
@@ -180,7 +180,7 @@ impl TokenEngine for MockTokenEngine {
                         .as_ref()
                         .map(|m| m.block_mm_infos.clone())
                         .unwrap_or_default(),
-                    ..MockRequest::new(id, request.token_ids.clone(), max)
+                    ..MockRequest::new(id, std::mem::take(&mut request.token_ids), max)
                 })
                 .await
                 .map_err(|e| Error::InvalidRequest {
@@ -197,7 +197,10 @@ impl TokenEngine for MockTokenEngine {
                     if done {
                         return None;
                     }
+                    // Biased: a token already waiting is taken without polling the stop
+                    // future (each poll of it takes the context token's lock).
                     let o = tokio::select! {
+                        biased;
                         o = rx.recv() => o?,
                         () = ctx.stopped() => return None,
                     };
@@ -272,6 +275,8 @@ async fn serve_request(engine: Arc<dyn TokenEngine>, request: Request, mut out: 
         }
     };
     out.accept();
+    // One encoding buffer for the stream's items (`send` copies each out).
+    let mut bytes = Vec::with_capacity(128);
     while let Some(item) = stream.next().await {
         let item = match item {
             Ok(i) => i,
@@ -281,7 +286,10 @@ async fn serve_request(engine: Arc<dyn TokenEngine>, request: Request, mut out: 
             }
         };
         let finished = item.finish_reason.is_some();
-        let bytes = codec::encode(&Annotated::data(item)).unwrap_or_default();
+        bytes.clear();
+        if codec::encode_into(&mut bytes, &Annotated::data(item)).is_err() {
+            bytes.clear();
+        }
         match out.send(&bytes) {
             Ok(SendStatus::Ready) => {}
             Ok(SendStatus::Wait) => out.credit().await,

@@ -38,6 +38,11 @@ pub fn encode_with_capacity<T: Serialize + ?Sized>(value: &T, capacity: usize) -
     Ok(buf)
 }
 
+/// [`encode`] appending to `buf` (a caller that encodes item after item reuses one buffer).
+pub fn encode_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, value: &T) -> Result<()> {
+    rmp_serde::encode::write_named(buf, value).map_err(|e| Error::Codec(e.to_string()))
+}
+
 /// Decode a request body or response envelope.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
     rmp_serde::from_slice(bytes).map_err(|e| Error::Codec(e.to_string()))
