@@ -310,7 +310,11 @@ impl WorkerStream {
             // fields directly: `request` may borrow `self.request`).
             self.stream = None;
             self.booking = None;
-            let attempt_id = format!("{}#{}", self.context.id(), self.attempts);
+            // Sized up front (`format!` grew it: an allocation more per request).
+            let mut attempt_id = String::with_capacity(self.context.id().len() + 11);
+            attempt_id.push_str(self.context.id());
+            attempt_id.push('#');
+            let _ = std::fmt::Write::write_fmt(&mut attempt_id, format_args!("{}", self.attempts));
             self.attempts += 1;
             let selected = self
                 .selector
