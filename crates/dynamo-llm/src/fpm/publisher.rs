@@ -82,7 +82,7 @@ impl Outlet {
     pub(crate) fn wanted(&self) -> bool {
         self.publisher
             .get()
-            .is_none_or(|p| p.subscriber_count() != Some(0))
+            .is_none_or(EventPublisher::has_audience)
     }
 
     /// Queue a payload (never blocks).

@@ -120,7 +120,7 @@ impl TopicPublisher {
         self.inner
             .publisher
             .get()
-            .is_none_or(|p| p.subscriber_count() != Some(0))
+            .is_none_or(EventPublisher::has_audience)
     }
 
     /// Connected subscribers (brokerless event plane). Over NATS, where the server fans

@@ -460,6 +460,13 @@ impl EventPublisher {
         }
     }
 
+    /// Whether a payload published now can reach anyone: over NATS always (the server
+    /// fans out), over the brokerless transport only while a subscriber is connected (a
+    /// frame sent to none is dropped). Producers check it before encoding.
+    pub fn has_audience(&self) -> bool {
+        self.subscriber_count() != Some(0)
+    }
+
     /// Frames dropped because a subscriber's queue was full (brokerless transport).
     pub fn dropped(&self) -> u64 {
         match &self.inner.sink {
