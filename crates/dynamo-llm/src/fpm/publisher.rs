@@ -196,12 +196,10 @@ async fn rank_task(
             },
             () = tokio::time::sleep_until(deadline) => None,
         };
-        if sample.is_none() && dropped.swap(false, Ordering::Relaxed) {
-            // Passes ran, unseen: not idle.
-            deadline = Instant::now() + IDLE_HEARTBEAT_INTERVAL;
-            continue;
-        }
-        if !outlet.wanted() {
+        // Passes that ran unseen (dropped in `publish`) mean the rank is not idle; and
+        // nothing is numbered or encoded for nobody.
+        let ran_unseen = sample.is_none() && dropped.swap(false, Ordering::Relaxed);
+        if ran_unseen || !outlet.wanted() {
             deadline = Instant::now() + IDLE_HEARTBEAT_INTERVAL;
             continue;
         }

@@ -228,9 +228,16 @@ impl Conn {
         }
     }
 
+    /// The connection ended: every stream it carried is killed.
     fn close(&self) {
         self.is_closed.store(true, Ordering::Release);
         self.closed.cancel();
+        let streams: Vec<_> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        for s in streams {
+            s.state.context.kill();
+            lock(&s.input).take();
+            s.state.credit_notify.notify_waiters();
+        }
     }
 
     fn send(&self, frame: Bytes) {
@@ -540,7 +547,9 @@ impl Server {
         let guard = self.live.guard();
         tokio::spawn(async move {
             cancel.cancelled().await;
-            close_conn(conn);
+            conn.close();
+            // Only the responders hold the connection now: it ends with the last of them.
+            drop(conn);
             // As a TCP connection's writer: the last responders' frames, for a moment.
             let _ =
                 tokio::time::timeout(std::time::Duration::from_secs(1), closed.cancelled()).await;
@@ -603,12 +612,6 @@ impl super::nats::VirtualConn for NatsConn {
 
     fn close(&self) {
         self.conn.close();
-        let streams: Vec<_> = lock(&self.conn.streams).drain().map(|(_, s)| s).collect();
-        for s in streams {
-            s.state.context.kill();
-            lock(&s.input).take();
-            s.state.credit_notify.notify_waiters();
-        }
     }
 }
 
@@ -754,17 +757,6 @@ fn too_large(conn: &Conn, kind: u8, stream: u64, size: usize) {
     }
 }
 
-/// The end of a connection's reader: every stream it carried is killed.
-fn close_conn(conn: Arc<Conn>) {
-    conn.close();
-    let streams: Vec<_> = lock(&conn.streams).drain().map(|(_, s)| s).collect();
-    for s in streams {
-        s.state.context.kill();
-        lock(&s.input).take();
-        s.state.credit_notify.notify_waiters();
-    }
-}
-
 async fn serve_connection(
     sock: TcpStream,
     endpoints: Arc<Mutex<HashMap<String, Arc<EndpointEntry>>>>,
@@ -792,7 +784,8 @@ async fn serve_connection(
             }
         }
     }
-    close_conn(conn);
+    conn.close();
+    drop(conn);
     // The writer ends once every responder (each holds the connection) is gone; give it a
     // moment to flush the final frames.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(1), writer).await;
