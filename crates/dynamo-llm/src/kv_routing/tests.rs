@@ -446,6 +446,22 @@ fn event_stats_count_applied_events_and_lag() {
 /// is published then queues for it) and while a subscriber is connected, and not when
 /// nobody listens: payloads are then dropped before they are queued or encoded.
 #[test]
+fn topic_wanted_before_its_publisher_is_set_up() {
+    // A current-thread runtime runs the set-up task only at the first await, so the
+    // topic is observed before it (on a multi-threaded one the task races the check).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ns = format!("tb{}", fastrand::u32(..));
+        let topic = super::bus::TopicPublisher::new(&runtime(), &ns, "c", "t").unwrap();
+        assert!(topic.wanted(), "not set up yet: payloads must queue");
+        assert_eq!(topic.subscriber_count(), 0);
+    });
+}
+
+#[test]
 fn topic_wanted_only_while_someone_can_receive() {
     use super::bus::{TopicMessage, TopicPublisher, subscribe};
 
@@ -454,7 +470,8 @@ fn topic_wanted_only_while_someone_can_receive() {
         let ns = format!("tw{}", fastrand::u32(..));
         let (publisher_rt, subscriber_rt) = (runtime(), runtime());
         let topic = TopicPublisher::new(&publisher_rt, &ns, "c", "t").unwrap();
-        assert!(topic.wanted(), "not set up yet: payloads must queue");
+        // Whether it is wanted before its set-up task has run is checked on a
+        // current-thread runtime below: on this one that task may already have finished.
         // Set up, nobody subscribed: not wanted, and a payload is dropped.
         tokio::time::timeout(Duration::from_secs(5), async {
             while topic.wanted() {
