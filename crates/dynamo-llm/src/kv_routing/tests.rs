@@ -442,9 +442,7 @@ fn event_stats_count_applied_events_and_lag() {
     });
 }
 
-/// A topic over the brokerless plane is wanted while its publisher is being set up (what
-/// is published then queues for it) and while a subscriber is connected, and not when
-/// nobody listens: payloads are then dropped before they are queued or encoded.
+/// A topic is wanted before its publisher is set up: what is published then queues for it.
 #[test]
 fn topic_wanted_before_its_publisher_is_set_up() {
     // A current-thread runtime runs the set-up task only at the first await, so the
@@ -461,6 +459,9 @@ fn topic_wanted_before_its_publisher_is_set_up() {
     });
 }
 
+/// A topic over the brokerless plane is wanted while its publisher is being set up (what
+/// is published then queues for it) and while a subscriber is connected, and not when
+/// nobody listens: payloads are then dropped before they are queued or encoded.
 #[test]
 fn topic_wanted_only_while_someone_can_receive() {
     use super::bus::{TopicMessage, TopicPublisher, subscribe};
@@ -470,8 +471,8 @@ fn topic_wanted_only_while_someone_can_receive() {
         let ns = format!("tw{}", fastrand::u32(..));
         let (publisher_rt, subscriber_rt) = (runtime(), runtime());
         let topic = TopicPublisher::new(&publisher_rt, &ns, "c", "t").unwrap();
-        // Whether it is wanted before its set-up task has run is checked on a
-        // current-thread runtime below: on this one that task may already have finished.
+        // Whether it is wanted before its set-up task has run is the test above's (on a
+        // current-thread runtime): on this one that task may already have finished.
         // Set up, nobody subscribed: not wanted, and a payload is dropped.
         tokio::time::timeout(Duration::from_secs(5), async {
             while topic.wanted() {

@@ -11,7 +11,7 @@
 //! range merged or taken since leaves its entry behind, skipped then, and the stacks are
 //! swept once they hold twice the live ranges).
 //!
-//! The sweep is incremental: [`SWEEP_STEP`] entries per range listed, stale ones and
+//! The sweep is incremental: [`SWEEP_STEP`] entries per free-id operation, stale ones and
 //! duplicates swapped out. Compacting every stack at once (a validity read per entry, a
 //! random one into the arrays, then a sort to drop duplicates) was the largest apply event
 //! at 1M blocks with 1,000 workers: 0.35-0.6 ms under the write lock, for a one-block
@@ -30,9 +30,10 @@ use super::{NIL, RadixTree};
 /// `run_of` of an id in a free range (no run has this id: see `take_run_slot`).
 pub(super) const FREE: u32 = NIL - 1;
 
-/// Entries of the class stacks checked per range listed while a sweep runs: a pass ends
-/// after `listed / SWEEP_STEP` listings, long before the stacks could double again. (One
-/// under `cfg(test)`, so that the property test's stacks are mostly mid-sweep.)
+/// Entries of the class stacks checked per free-id operation (a free, an allocation)
+/// while a sweep runs: a pass ends after `listed / SWEEP_STEP` operations, each listing at
+/// most one range, long before the stacks could double again. (One under `cfg(test)`, so
+/// that the property test's stacks are mostly mid-sweep.)
 const SWEEP_STEP: usize = if cfg!(test) { 1 } else { 32 };
 /// Entries beyond twice the ranges before a sweep starts (tiny stacks are not swept).
 const SWEEP_SLACK: usize = if cfg!(test) { 2 } else { 64 };
