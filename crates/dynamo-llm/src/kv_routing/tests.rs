@@ -453,7 +453,8 @@ fn topic_wanted_before_its_publisher_is_set_up() {
         .unwrap();
     rt.block_on(async {
         let ns = format!("tb{}", fastrand::u32(..));
-        let topic = super::bus::TopicPublisher::new(&runtime(), &ns, "c", "t").unwrap();
+        let drt = runtime();
+        let topic = super::bus::TopicPublisher::new(&drt, &ns, "c", "t").unwrap();
         assert!(topic.wanted(), "not set up yet: payloads must queue");
         assert_eq!(topic.subscriber_count(), 0);
     });

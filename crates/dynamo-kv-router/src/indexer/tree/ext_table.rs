@@ -569,7 +569,8 @@ impl ExtTable {
 
     /// Free `array`, or when it is large retire it (see [`RETIRE_MIN`]; a retired array
     /// still being released is freed at once then, which takes two growths or releases
-    /// within a few hundred operations).
+    /// of one table within `RETIRE_PACE` operations per MiB of the first: 8,192 for the
+    /// largest, 128 MiB, whose table then needs millions of inserts to grow again).
     fn retire(&mut self, array: Vec<u64>) {
         if array.len() >= RETIRE_MIN {
             self.retired = array;
