@@ -1,16 +1,35 @@
 //! Runtime configuration from the environment (the reference's variable names). Empty
 //! values count as unset.
+//!
+//! This module sits at the bottom of the crate: it holds plain settings types (and the
+//! defaults of the settings other layers own, such as the event codec or the canary
+//! timing) and imports nothing of the crate but the error type and the wire constants of
+//! [`crate::transport`]'s root, which itself imports nothing. Every other module may read
+//! it without creating an import circle.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::discovery::file::FileStore;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
 use crate::error::{Error, Result};
-use crate::events::EventCodec;
-use crate::system::CanaryConfig;
 use crate::transport::DEFAULT_MAX_MESSAGE_SIZE;
 
-/// Settings of one [`crate::DistributedRuntime`].
+/// Default capacity of a subscriber's merged queue
+/// (`DYN_ZMQ_EVENT_SUBSCRIBER_CHANNEL_CAPACITY`). When the consumer falls behind, readers
+/// stop reading, TCP pushes back, and publishers drop (visible as gaps). Re-exported as
+/// `events::DEFAULT_SUBSCRIBER_CAPACITY`.
+pub const DEFAULT_SUBSCRIBER_CAPACITY: usize = 100_000;
+
+/// Default lease TTL of the file store, matching the reference (and etcd's default lease).
+/// Public as `discovery::file::DEFAULT_TTL`; defined here so that the defaults of
+/// [`RuntimeConfig`] need nothing from the discovery layer.
+pub(crate) const DEFAULT_FILE_KV_TTL: Duration = Duration::from_secs(10);
+
+/// Settings of one `DistributedRuntime` (a plain type: it does not link to the runtime,
+/// which imports this module).
 #[derive(Debug, Clone)]
 pub struct RuntimeConfig {
     /// Largest request body or response item (`DYN_TCP_MAX_MESSAGE_SIZE`, 32 MiB).
@@ -89,12 +108,12 @@ impl Default for RuntimeConfig {
             request_timeout: Duration::from_secs(10),
             graceful_shutdown_timeout: Duration::from_secs(900),
             inhibited_duration: Duration::from_secs(5),
-            file_kv_root: crate::discovery::file::private_default_root(),
-            file_kv_ttl: crate::discovery::file::DEFAULT_TTL,
+            file_kv_root: private_file_kv_root(),
+            file_kv_ttl: DEFAULT_FILE_KV_TTL,
             event_plane: None,
             event_codec: EventCodec::default(),
             event_host: None,
-            event_subscriber_capacity: crate::events::DEFAULT_SUBSCRIBER_CAPACITY,
+            event_subscriber_capacity: DEFAULT_SUBSCRIBER_CAPACITY,
             nats_server: "nats://localhost:4222".into(),
             nats_server_set: false,
             nats_auth: NatsAuth::None,
@@ -244,10 +263,46 @@ impl RuntimeConfig {
         if let Some(v) = secs("DYN_HEALTH_CHECK_REQUEST_TIMEOUT")? {
             c.canary.timeout = v;
         }
-        c.file_kv_root = FileStore::default_root();
-        c.file_kv_ttl = FileStore::default_ttl();
+        c.file_kv_root = file_kv_root_from_env();
+        c.file_kv_ttl = file_kv_ttl_from_env();
         Ok(c)
     }
+}
+
+/// The file store's root: `$DYN_FILE_KV`, else [`private_file_kv_root`] (see
+/// `FileStore::default_root`, which returns this).
+pub(crate) fn file_kv_root_from_env() -> PathBuf {
+    match std::env::var_os("DYN_FILE_KV") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => private_file_kv_root(),
+    }
+}
+
+/// The file store's lease TTL from `DYN_FILE_KV_TTL_SECS` (seconds, may be fractional),
+/// else [`DEFAULT_FILE_KV_TTL`] (see `FileStore::default_ttl`, which returns this).
+pub(crate) fn file_kv_ttl_from_env() -> Duration {
+    std::env::var("DYN_FILE_KV_TTL_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map(Duration::from_secs_f64)
+        .unwrap_or(DEFAULT_FILE_KV_TTL)
+}
+
+/// The per-user default directory of the file store: `$XDG_RUNTIME_DIR/dynamo_store_kv`
+/// when that is set, else `$TMPDIR/dynamo_store_kv-<uid>` (a shared, world-writable
+/// `/tmp/dynamo_store_kv` would let any local user plant or read discovery entries).
+pub(crate) fn private_file_kv_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
+        && dir.is_absolute()
+        && dir.is_dir()
+    {
+        return dir.join("dynamo_store_kv");
+    }
+    // The owner of `/proc/self` is this process's effective uid (no `unsafe` getuid).
+    let uid =
+        std::fs::metadata("/proc/self").map_or_else(|_| "user".to_owned(), |m| m.uid().to_string());
+    std::env::temp_dir().join(format!("dynamo_store_kv-{uid}"))
 }
 
 /// PEM files for TLS to etcd (all `None`: plain `http://`).
@@ -427,6 +482,58 @@ impl EventPlane {
             Self::Tcp
         }
     }
+}
+
+/// Codec of envelopes and typed payloads (`DYN_EVENT_PLANE_CODEC`). Re-exported as
+/// `events::EventCodec`; defined here because [`RuntimeConfig`] carries one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventCodec {
+    /// JSON (`serde_json`).
+    Json,
+    /// MessagePack with named fields (`rmp-serde`), the default.
+    #[default]
+    Msgpack,
+}
+
+impl EventCodec {
+    /// Parse `json` or `msgpack` (case-insensitive).
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "json" => Ok(Self::Json),
+            "msgpack" => Ok(Self::Msgpack),
+            _ => Err(Error::InvalidArgument(format!(
+                "invalid event plane codec {s:?}: expected 'json' or 'msgpack'"
+            ))),
+        }
+    }
+
+    /// Encode a value.
+    pub fn encode<T: Serialize + ?Sized>(self, value: &T) -> Result<Vec<u8>> {
+        match self {
+            Self::Json => serde_json::to_vec(value).map_err(|e| Error::Codec(e.to_string())),
+            Self::Msgpack => {
+                rmp_serde::to_vec_named(value).map_err(|e| Error::Codec(e.to_string()))
+            }
+        }
+    }
+
+    /// Decode a value.
+    pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T> {
+        match self {
+            Self::Json => serde_json::from_slice(bytes).map_err(|e| Error::Codec(e.to_string())),
+            Self::Msgpack => rmp_serde::from_slice(bytes).map_err(|e| Error::Codec(e.to_string())),
+        }
+    }
+}
+
+/// Health-check settings (`DYN_HEALTH_CHECK_*`, `DYN_CANARY_WAIT_TIME`). Re-exported as
+/// `system::CanaryConfig`; defined here because [`RuntimeConfig`] carries one.
+#[derive(Debug, Clone, Copy)]
+pub struct CanaryConfig {
+    /// Idle time before a canary is sent.
+    pub wait: Duration,
+    /// Bound on the canary's first response item.
+    pub timeout: Duration,
 }
 
 /// Parse an `event_plane` argument: `nats`, `zmq`, or empty (derived from discovery).

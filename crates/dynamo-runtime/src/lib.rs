@@ -64,6 +64,7 @@ mod nats;
 pub mod planner;
 pub mod router;
 pub mod runtime;
+mod status;
 pub mod system;
 pub mod transport;
 

@@ -10,21 +10,24 @@
 //! it down again, and the request is retried elsewhere). If every discovered instance is
 //! down, all of them are tried again rather than failing outright.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, watch};
 
-use crate::context::{Context, lock};
+use crate::context::Context;
 use crate::discovery::{Instance, TransportAddress};
 use crate::error::{Error, Result};
 use crate::names::EndpointId;
 use crate::runtime::DistributedRuntime;
 use crate::transport::ErrorKind;
 use crate::transport::client::ResponseStream;
+
+// The shared down set lives with the runtime that holds it (this module imports the
+// runtime, not the reverse); its public path stays here.
+pub use crate::runtime::DownInstances;
 
 /// Pause between re-sends to a NATS worker while the connection settles after a broker
 /// restart (a worker re-subscribes within about a reconnection delay).
@@ -39,62 +42,6 @@ pub enum Route {
     Random,
     /// This instance.
     Direct(u64),
-}
-
-/// The instances this runtime saw fail, shared by all its clients and routers. Keyed by
-/// the whole discovery entry, so a re-registered worker with a changed entry (new address
-/// or endpoint) is a different key and routable at once.
-#[derive(Default)]
-pub struct DownInstances {
-    down: Mutex<HashMap<Instance, Instant>>,
-}
-
-impl DownInstances {
-    /// Mark `instance` down (again: the time restarts).
-    pub fn mark(&self, instance: &Instance) {
-        let fresh = lock(&self.down)
-            .insert(instance.clone(), Instant::now())
-            .is_none();
-        if fresh {
-            tracing::info!(
-                instance_id = instance.instance_id,
-                address = instance.transport.address(),
-                "instance marked down"
-            );
-        }
-    }
-
-    /// A request to `instance` succeeded: it is up.
-    pub fn clear(&self, instance: &Instance) {
-        let mut down = lock(&self.down);
-        // The usual case, checked before hashing the entry's strings.
-        if down.is_empty() {
-            return;
-        }
-        if down.remove(instance).is_some() {
-            tracing::info!(instance_id = instance.instance_id, "instance up again");
-        }
-    }
-
-    /// Of `live` (the discovered instances of `endpoint`), those down for less than
-    /// `ttl`. Forgets the entries of `endpoint` that expired or that discovery dropped or
-    /// changed.
-    pub fn down_among(&self, endpoint: &EndpointId, live: &[Instance], ttl: Duration) -> Vec<u64> {
-        let mut down = lock(&self.down);
-        if down.is_empty() {
-            return Vec::new();
-        }
-        down.retain(|i, at| {
-            let mine = i.namespace == endpoint.namespace
-                && i.component == endpoint.component
-                && i.endpoint == endpoint.name;
-            !mine || (at.elapsed() < ttl && live.contains(i))
-        });
-        live.iter()
-            .filter(|i| down.contains_key(*i))
-            .map(|i| i.instance_id)
-            .collect()
-    }
 }
 
 struct ClientInner {
@@ -123,8 +70,16 @@ fn split_address(t: &TransportAddress) -> Result<(&str, &str)> {
     }
 }
 
+impl DistributedRuntime {
+    /// A client of `endpoint`, following its instances live. Must be called inside the
+    /// tokio runtime.
+    pub fn client(&self, endpoint: &EndpointId) -> Client {
+        Client::new(self.clone(), endpoint.clone())
+    }
+}
+
 impl Client {
-    pub(crate) fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Self {
+    fn new(runtime: DistributedRuntime, endpoint: EndpointId) -> Self {
         let instances = runtime.discovery().watch(&endpoint);
         Self {
             inner: Arc::new(ClientInner {

@@ -1,5 +1,5 @@
 //! [`DistributedRuntime`]: discovery, the request-plane server and connection pool, served
-//! endpoints, and the shutdown sequence.
+//! endpoints, the event plane's entry points, and the shutdown sequence.
 //!
 //! Shutdown ([`DistributedRuntime::shutdown`]) runs once, in three phases as in the
 //! reference:
@@ -8,15 +8,23 @@
 //!    `graceful_shutdown_timeout`);
 //! 3. the listener and every connection close, discovery withdraws what is left, and the
 //!    `serve_endpoint` futures resolve.
+//!
+//! Layering: this module imports configuration, discovery, transport, metrics, the
+//! status server's state and the event plane, and none of them imports it back. Code that
+//! needs a whole runtime handle lives above it, in `impl DistributedRuntime` blocks of the
+//! modules that import it: `client` beside `Client` in `router.rs`, and the
+//! `serve_endpoint*` methods in `system.rs`, because a health-checked endpoint's canary is
+//! a client of the endpoint. The halves of serving that touch the runtime's internals stay
+//! here (`start_serving`, `stop_serving`).
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-
-use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Notify, OnceCell};
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::{DiscoveryBackend, EventPlane, RequestPlane, RuntimeConfig};
 use crate::context::lock;
@@ -27,10 +35,10 @@ use crate::discovery::{
     Discovery, Instance, KvDiscovery, KvStore, TransportAddress, random_instance_id,
 };
 use crate::error::{Error, Result};
-use crate::metrics::MetricsRegistry;
+use crate::events::{EventPublisher, EventScope, EventSubscriber, Link};
+use crate::metrics::{EndpointMetrics, MetricsRegistry};
 use crate::names::EndpointId;
-use crate::router::Client;
-use crate::system::{EngineRoute, SystemHealth, SystemState};
+use crate::status::{EngineRoute, SystemHealth, SystemState};
 use crate::transport::client::ConnectionPool;
 use crate::transport::server::{EndpointEntry, Handler, Server};
 
@@ -78,8 +86,9 @@ pub(crate) struct Inner {
     server: OnceCell<Arc<Server>>,
     pub(crate) pool: ConnectionPool,
     /// Instances seen failing, shared by every client and router of this runtime.
-    pub(crate) down: crate::router::DownInstances,
-    endpoint_shutdown: CancellationToken,
+    pub(crate) down: DownInstances,
+    /// Cancelled when shutdown starts: every served endpoint begins phase 1.
+    pub(crate) endpoint_shutdown: CancellationToken,
     pub(crate) primary: CancellationToken,
     served: Mutex<HashMap<String, Served>>,
     draining: AtomicUsize,
@@ -181,7 +190,7 @@ impl DistributedRuntime {
                     Ok(h) => h,
                     Err(_) => tokio_runtime()?.handle().clone(),
                 };
-                Some(crate::system::start(
+                Some(crate::status::start(
                     &config.system_host,
                     port,
                     Arc::clone(&system),
@@ -210,7 +219,7 @@ impl DistributedRuntime {
                 system_address,
                 server: OnceCell::new(),
                 pool,
-                down: crate::router::DownInstances::default(),
+                down: DownInstances::default(),
                 endpoint_shutdown: CancellationToken::new(),
                 primary,
                 served: Mutex::new(HashMap::new()),
@@ -305,47 +314,16 @@ impl DistributedRuntime {
             .await
     }
 
-    /// Serve `endpoint` with `handler` until the runtime shuts down. Resolves after the
-    /// endpoint stopped, its in-flight streams drained (when `graceful`) and the runtime
-    /// finished shutting down.
-    pub async fn serve_endpoint(
+    /// First half of serving `endpoint` with `handler` (the `serve_endpoint*` methods, in
+    /// `system.rs` with the health checks they start in between): subscribe the NATS
+    /// subject when that is the request plane, add the endpoint to the server and publish
+    /// its instance in discovery. On error nothing stays registered.
+    pub(crate) async fn start_serving(
         &self,
         endpoint: &EndpointId,
         handler: Arc<dyn Handler>,
-        graceful: bool,
-    ) -> Result<()> {
-        self.serve_endpoint_until(endpoint, handler, graceful, CancellationToken::new())
-            .await
-    }
-
-    /// [`DistributedRuntime::serve_endpoint`] that also stops when `stop` is cancelled:
-    /// the endpoint alone then leaves discovery, drains (when `graceful`) and the future
-    /// resolves without waiting for the runtime.
-    pub async fn serve_endpoint_until(
-        &self,
-        endpoint: &EndpointId,
-        handler: Arc<dyn Handler>,
-        graceful: bool,
-        stop: CancellationToken,
-    ) -> Result<()> {
-        let options = ServeOptions {
-            graceful,
-            ..ServeOptions::default()
-        };
-        self.serve_endpoint_with(endpoint, handler, options, stop)
-            .await
-    }
-
-    /// [`DistributedRuntime::serve_endpoint_until`] with metrics labels and a health-check
-    /// payload.
-    pub async fn serve_endpoint_with(
-        &self,
-        endpoint: &EndpointId,
-        handler: Arc<dyn Handler>,
-        options: ServeOptions,
-        stop: CancellationToken,
-    ) -> Result<()> {
-        let graceful = options.graceful;
+        options: &ServeOptions,
+    ) -> Result<Serving> {
         if self.is_shutting_down() {
             return Err(Error::ShuttingDown);
         }
@@ -355,7 +333,7 @@ impl DistributedRuntime {
         // Cancelled once the endpoint has drained: callers' STOP and CREDIT frames must
         // still arrive while it drains.
         let nats_ingress = CancellationToken::new();
-        let _nats_ingress_stop = nats_ingress.clone().drop_guard();
+        let nats_ingress_stop = nats_ingress.clone().drop_guard();
         if let TransportAddress::NatsTcp(subject) = &instance.transport {
             let client = self.nats().await?;
             server
@@ -389,33 +367,36 @@ impl DistributedRuntime {
             return Err(e);
         }
         tracing::debug!(endpoint = %endpoint, instance_id = instance.instance_id, "serving");
-        let health_name = endpoint.to_string();
-        let health = Arc::clone(&self.inner.system.health);
-        let canary_stop = self.inner.endpoint_shutdown.child_token();
-        let canary_payload = options
-            .health_check_payload
-            .filter(|_| self.inner.config.health_check_enabled);
-        // A health-checked endpoint is not ready until it has answered (a canary or real
-        // traffic), as in the reference; any other endpoint is ready while it serves.
-        health.set_endpoint(&health_name, canary_payload.is_none());
-        if let Some(payload) = canary_payload {
-            crate::system::spawn_canary(
-                self.clone(),
-                endpoint.clone(),
-                payload,
-                metrics,
-                Arc::clone(&health),
-                self.inner.config.canary,
-                canary_stop.clone(),
-            );
-        }
-        let runtime_stopping = tokio::select! {
-            () = self.inner.endpoint_shutdown.cancelled() => true,
-            () = stop.cancelled() => false,
-        };
-        canary_stop.cancel();
-        health.remove_endpoint(&health_name);
+        Ok(Serving {
+            server,
+            path,
+            instance,
+            entry,
+            metrics,
+            nats_ingress,
+            drain_guard,
+            _nats_ingress_stop: nats_ingress_stop,
+        })
+    }
 
+    /// Second half of serving: phases 1 and 2 of the shutdown sequence for this endpoint
+    /// (stop taking work and withdraw from discovery, then drain when `graceful`), then
+    /// take it off the server.
+    pub(crate) async fn stop_serving(
+        &self,
+        endpoint: &EndpointId,
+        serving: Serving,
+        graceful: bool,
+    ) {
+        let Serving {
+            server,
+            path,
+            instance,
+            entry,
+            nats_ingress,
+            drain_guard,
+            ..
+        } = serving;
         // Phase 1: stop taking work, withdraw from discovery.
         entry.set_accepting(false);
         if let Err(e) = self.inner.discovery.unregister(&instance).await {
@@ -438,11 +419,6 @@ impl DistributedRuntime {
         // server's `flushed` waits for them).
         nats_ingress.cancel();
         drop(drain_guard);
-        if runtime_stopping {
-            // Phase 3 is run by `shutdown`; resolve once it is done.
-            self.inner.primary.cancelled().await;
-        }
-        Ok(())
     }
 
     /// The discovery record of this process's instance of `endpoint`: id
@@ -518,10 +494,57 @@ impl DistributedRuntime {
         Ok(all)
     }
 
-    /// A client of `endpoint`, following its instances live. Must be called inside the
-    /// tokio runtime.
-    pub fn client(&self, endpoint: &EndpointId) -> Client {
-        Client::new(self.clone(), endpoint.clone())
+    /// The event-plane transport of this runtime.
+    pub fn event_plane(&self) -> EventPlane {
+        self.inner.event_plane
+    }
+
+    /// The transport of a new publisher or subscriber: over NATS, the runtime's connection
+    /// (made on first use).
+    async fn event_link(&self) -> Result<Link> {
+        Ok(match self.inner.event_plane {
+            EventPlane::Tcp => Link::Tcp,
+            EventPlane::Nats => Link::Nats(self.nats().await?),
+        })
+    }
+
+    /// A publisher on channel `(scope, topic)`. Brokerless: binds a listener and advertises
+    /// it in discovery before returning, so subscribers can find it.
+    pub async fn event_publisher(&self, scope: &EventScope, topic: &str) -> Result<EventPublisher> {
+        scope.check(topic)?;
+        if self.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        let link = self.event_link().await?;
+        EventPublisher::open(
+            self.config(),
+            link,
+            Arc::clone(&self.inner.store),
+            scope,
+            topic,
+            self.inner.primary.child_token(),
+        )
+        .await
+    }
+
+    /// Subscribe to channel `(scope, topic)`: events of every current and future publisher.
+    /// Brokerless: publishers are connected in the background; see
+    /// [`EventSubscriber::wait_for_publishers`].
+    pub async fn subscribe(&self, scope: &EventScope, topic: &str) -> Result<EventSubscriber> {
+        scope.check(topic)?;
+        if self.is_shutting_down() {
+            return Err(Error::ShuttingDown);
+        }
+        let link = self.event_link().await?;
+        EventSubscriber::open(
+            self.config(),
+            link,
+            Arc::clone(&self.inner.store),
+            scope,
+            topic,
+            self.inner.primary.child_token(),
+        )
+        .await
     }
 
     /// Start the shutdown sequence (idempotent; returns at once). Must be called inside the
@@ -535,7 +558,7 @@ impl DistributedRuntime {
     }
 }
 
-/// How [`DistributedRuntime::serve_endpoint_with`] serves an endpoint.
+/// How `DistributedRuntime::serve_endpoint_with` serves an endpoint.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
     /// Drain in-flight streams at shutdown (default true).
@@ -554,6 +577,79 @@ impl Default for ServeOptions {
             health_check_payload: None,
         }
     }
+}
+
+/// The instances this runtime saw fail, shared by all its clients and routers (public as
+/// `router::DownInstances`; defined here because the runtime holds the set). Keyed by
+/// the whole discovery entry, so a re-registered worker with a changed entry (new address
+/// or endpoint) is a different key and routable at once.
+#[derive(Default)]
+pub struct DownInstances {
+    down: Mutex<HashMap<Instance, Instant>>,
+}
+
+impl DownInstances {
+    /// Mark `instance` down (again: the time restarts).
+    pub fn mark(&self, instance: &Instance) {
+        let fresh = lock(&self.down)
+            .insert(instance.clone(), Instant::now())
+            .is_none();
+        if fresh {
+            tracing::info!(
+                instance_id = instance.instance_id,
+                address = instance.transport.address(),
+                "instance marked down"
+            );
+        }
+    }
+
+    /// A request to `instance` succeeded: it is up.
+    pub fn clear(&self, instance: &Instance) {
+        let mut down = lock(&self.down);
+        // The usual case, checked before hashing the entry's strings.
+        if down.is_empty() {
+            return;
+        }
+        if down.remove(instance).is_some() {
+            tracing::info!(instance_id = instance.instance_id, "instance up again");
+        }
+    }
+
+    /// Of `live` (the discovered instances of `endpoint`), those down for less than
+    /// `ttl`. Forgets the entries of `endpoint` that expired or that discovery dropped or
+    /// changed.
+    pub fn down_among(&self, endpoint: &EndpointId, live: &[Instance], ttl: Duration) -> Vec<u64> {
+        let mut down = lock(&self.down);
+        if down.is_empty() {
+            return Vec::new();
+        }
+        down.retain(|i, at| {
+            let mine = i.namespace == endpoint.namespace
+                && i.component == endpoint.component
+                && i.endpoint == endpoint.name;
+            !mine || (at.elapsed() < ttl && live.contains(i))
+        });
+        live.iter()
+            .filter(|i| down.contains_key(*i))
+            .map(|i| i.instance_id)
+            .collect()
+    }
+}
+
+/// An endpoint between [`DistributedRuntime::start_serving`] and
+/// [`DistributedRuntime::stop_serving`].
+pub(crate) struct Serving {
+    server: Arc<Server>,
+    path: String,
+    instance: Instance,
+    entry: Arc<EndpointEntry>,
+    /// The endpoint's metrics (the health canary watches its response count).
+    pub(crate) metrics: Arc<EndpointMetrics>,
+    nats_ingress: CancellationToken,
+    // Last: fields drop in declaration order, so a serve future dropped while serving
+    // releases its drain count before it stops the NATS subject.
+    drain_guard: DrainGuard,
+    _nats_ingress_stop: DropGuard,
 }
 
 struct DrainGuard(Arc<Inner>);

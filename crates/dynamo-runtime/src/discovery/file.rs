@@ -41,6 +41,7 @@ use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use tokio::sync::watch;
 
 use super::{BoxFuture, KvStore};
+use crate::config::private_file_kv_root;
 use crate::context::lock;
 use crate::error::{Error, Result};
 
@@ -55,8 +56,9 @@ pub const FAST_POLL: Duration = Duration::from_millis(5);
 /// Shortest time between two scans that inotify events start.
 const MIN_SCAN_GAP: Duration = Duration::from_millis(1);
 
-/// Default lease TTL, matching the reference (and etcd's default lease).
-pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
+/// Default lease TTL, matching the reference (and etcd's default lease). The value lives in
+/// the configuration layer, whose defaults need it and which must not import discovery.
+pub const DEFAULT_TTL: Duration = crate::config::DEFAULT_FILE_KV_TTL;
 
 /// Largest entry read, in bytes. Discovery values are instance records and model cards
 /// (a few KiB); etcd refuses values over 1.5 MiB by default, so anything that works with
@@ -103,7 +105,7 @@ impl FileStore {
             .recursive(true)
             .mode(0o700)
             .create(&root)?;
-        if root == private_default_root() {
+        if root == private_file_kv_root() {
             check_private(&root)?;
         }
         let state = Arc::new(State {
@@ -137,20 +139,14 @@ impl FileStore {
     /// `$TMPDIR/dynamo_store_kv-<uid>` (a shared, world-writable `/tmp/dynamo_store_kv`
     /// would let any local user plant or read discovery entries).
     pub fn default_root() -> PathBuf {
-        match std::env::var_os("DYN_FILE_KV") {
-            Some(p) if !p.is_empty() => PathBuf::from(p),
-            _ => private_default_root(),
-        }
+        // Read by `RuntimeConfig::from_env` too: the environment parsing lives with the
+        // configuration, below discovery.
+        crate::config::file_kv_root_from_env()
     }
 
     /// The lease TTL from `DYN_FILE_KV_TTL_SECS` (seconds, may be fractional), else 10 s.
     pub fn default_ttl() -> Duration {
-        std::env::var("DYN_FILE_KV_TTL_SECS")
-            .ok()
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .map(Duration::from_secs_f64)
-            .unwrap_or(DEFAULT_TTL)
+        crate::config::file_kv_ttl_from_env()
     }
 }
 
@@ -158,20 +154,6 @@ impl Drop for FileStore {
     fn drop(&mut self) {
         self.state.stop.store(true, Ordering::Release);
     }
-}
-
-/// The per-user default directory (see [`FileStore::default_root`]).
-pub(crate) fn private_default_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from)
-        && dir.is_absolute()
-        && dir.is_dir()
-    {
-        return dir.join("dynamo_store_kv");
-    }
-    // The owner of `/proc/self` is this process's effective uid (no `unsafe` getuid).
-    let uid =
-        fs::metadata("/proc/self").map_or_else(|_| "user".to_owned(), |m| m.uid().to_string());
-    std::env::temp_dir().join(format!("dynamo_store_kv-{uid}"))
 }
 
 /// Refuse a default directory that someone else owns, or that others may write to (it
@@ -583,6 +565,8 @@ impl KvStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::{Discovery, Instance, KvDiscovery, TransportAddress};
+    use crate::names::EndpointId;
 
     #[tokio::test]
     async fn dir_watch_reports_entries_not_temporary_files_or_lease_refreshes() {
@@ -713,9 +697,74 @@ mod tests {
         let file = dir.path().join("f");
         fs::write(&file, "").unwrap();
         assert!(check_private(&file).is_err());
-        let root = private_default_root();
+        let root = private_file_kv_root();
         let name = root.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with("dynamo_store_kv"), "{name}");
         assert_ne!(root, std::env::temp_dir().join("dynamo_store_kv"));
+    }
+
+    // Discovery over file stores is tested here rather than in `discovery/mod.rs`: the
+    // parent does not import its `file` child, which imports the parent's `KvStore`.
+
+    fn instance(ep: &EndpointId, id: u64) -> Instance {
+        Instance::new(
+            ep,
+            id,
+            TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
+        )
+    }
+
+    async fn until(rx: &mut watch::Receiver<Arc<Vec<Instance>>>, ids: &[u64]) {
+        let deadline = Duration::from_millis(700); // well under the 1 s safety-net re-list
+        tokio::time::timeout(deadline, async {
+            loop {
+                let now: Vec<u64> = rx.borrow().iter().map(|i| i.instance_id).collect();
+                if now == ids {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("watch did not reach {ids:?}"));
+    }
+
+    #[tokio::test]
+    async fn file_watchers_see_joins_and_quick_leaves_across_stores() {
+        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open(p, t)).await;
+    }
+
+    /// The same where the watch threads poll the directory's mtime (no inotify instance).
+    #[tokio::test]
+    async fn polling_file_watchers_see_joins_and_quick_leaves_across_stores() {
+        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open_polling(p, t)).await;
+    }
+
+    async fn file_watchers_see_joins_and_quick_leaves(
+        open: fn(&std::path::Path, Duration) -> crate::error::Result<FileStore>,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let ttl = Duration::from_secs(10);
+        let a = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 1);
+        let ep = EndpointId::parse("ns.comp.ep").unwrap();
+        for _ in 0..3 {
+            // A fresh store whose poller has not scanned yet: its watcher's first list sees
+            // the entry, and the removal right after must still be noticed.
+            let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
+            a.register(&instance(&ep, 1)).await.unwrap();
+            let mut rx = b.watch(&ep);
+            until(&mut rx, &[1]).await;
+            a.unregister(&instance(&ep, 1)).await.unwrap();
+            until(&mut rx, &[]).await;
+            b.shutdown().await;
+        }
+        let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
+        let mut rx = b.watch(&ep);
+        b.register(&instance(&ep, 2)).await.unwrap();
+        a.register(&instance(&ep, 1)).await.unwrap();
+        until(&mut rx, &[1, 2]).await;
+        assert_eq!(b.list(&ep).await.unwrap().len(), 2);
+        a.shutdown().await;
+        until(&mut rx, &[2]).await;
     }
 }

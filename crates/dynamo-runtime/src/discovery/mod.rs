@@ -78,7 +78,7 @@ pub struct Instance {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_type: Option<String>,
     /// The payload codec of its request plane (`"msgpack"`, as the reference advertises;
-    /// see [`crate::transport::codec`]). Absent in entries written by older versions.
+    /// see `transport::codec`). Absent in entries written by older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_plane_codec: Option<String>,
 }
@@ -271,75 +271,5 @@ pub fn random_instance_id() -> u64 {
         if id != 0 {
             return id;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::discovery::file::FileStore;
-
-    fn instance(ep: &EndpointId, id: u64) -> Instance {
-        Instance::new(
-            ep,
-            id,
-            TransportAddress::Tcp(format!("127.0.0.1:1/{}", ep.path())),
-        )
-    }
-
-    async fn until(rx: &mut watch::Receiver<Arc<Vec<Instance>>>, ids: &[u64]) {
-        let deadline = Duration::from_millis(700); // well under the 1 s safety-net re-list
-        tokio::time::timeout(deadline, async {
-            loop {
-                let now: Vec<u64> = rx.borrow().iter().map(|i| i.instance_id).collect();
-                if now == ids {
-                    return;
-                }
-                rx.changed().await.unwrap();
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("watch did not reach {ids:?}"));
-    }
-
-    #[tokio::test]
-    async fn file_watchers_see_joins_and_quick_leaves_across_stores() {
-        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open(p, t)).await;
-    }
-
-    /// The same where the watch threads poll the directory's mtime (no inotify instance).
-    #[tokio::test]
-    async fn polling_file_watchers_see_joins_and_quick_leaves_across_stores() {
-        file_watchers_see_joins_and_quick_leaves(|p, t| FileStore::open_polling(p, t)).await;
-    }
-
-    async fn file_watchers_see_joins_and_quick_leaves(
-        open: fn(&std::path::Path, Duration) -> crate::error::Result<FileStore>,
-    ) {
-        let dir = tempfile::tempdir().unwrap();
-        let ttl = Duration::from_secs(10);
-        let a = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 1);
-        let ep = EndpointId::parse("ns.comp.ep").unwrap();
-        for _ in 0..3 {
-            // A fresh store whose poller has not scanned yet: its watcher's first list sees
-            // the entry, and the removal right after must still be noticed.
-            let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
-            a.register(&instance(&ep, 1)).await.unwrap();
-            let mut rx = b.watch(&ep);
-            until(&mut rx, &[1]).await;
-            a.unregister(&instance(&ep, 1)).await.unwrap();
-            until(&mut rx, &[]).await;
-            b.shutdown().await;
-        }
-        let b = KvDiscovery::new(Arc::new(open(dir.path(), ttl).unwrap()), 2);
-        let mut rx = b.watch(&ep);
-        b.register(&instance(&ep, 2)).await.unwrap();
-        a.register(&instance(&ep, 1)).await.unwrap();
-        until(&mut rx, &[1, 2]).await;
-        assert_eq!(b.list(&ep).await.unwrap().len(), 2);
-        a.shutdown().await;
-        until(&mut rx, &[2]).await;
     }
 }

@@ -79,22 +79,21 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::config::EventPlane;
+use crate::config::RuntimeConfig;
 use crate::context::lock;
 use crate::discovery::{KvStore, random_instance_id};
 use crate::error::{Error, Result};
 use crate::names::EndpointId;
-use crate::runtime::DistributedRuntime;
+
+// The codec and the queue default are settings `RuntimeConfig` carries, so they are
+// defined in the configuration layer (which must not import this one) and re-exported
+// here under their public names.
+pub use crate::config::{DEFAULT_SUBSCRIBER_CAPACITY, EventCodec};
 
 /// Frames a brokerless publisher queues per subscriber before it drops (the reference's
 /// ZMQ high-water mark): deep enough to absorb a burst of KV events while a subscriber is
 /// briefly descheduled, bounded so a dead subscriber cannot grow a publisher's memory.
 pub const PUBLISHER_QUEUE: usize = 100_000;
-
-/// Default capacity of a subscriber's merged queue
-/// (`DYN_ZMQ_EVENT_SUBSCRIBER_CHANNEL_CAPACITY`). When the consumer falls behind, readers
-/// stop reading, TCP pushes back, and publishers drop (visible as gaps).
-pub const DEFAULT_SUBSCRIBER_CAPACITY: usize = 100_000;
 
 /// Where a channel lives: a namespace, a component or an endpoint.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -194,54 +193,14 @@ impl EventScope {
         s
     }
 
-    fn check(&self, topic: &str) -> Result<()> {
+    /// Refuse an empty topic or scope name.
+    pub(crate) fn check(&self, topic: &str) -> Result<()> {
         if topic.is_empty() || self.parts().iter().any(|(_, v)| v.is_empty()) {
             return Err(Error::InvalidArgument(
                 "event scope names and topic must not be empty".into(),
             ));
         }
         Ok(())
-    }
-}
-
-/// Codec of envelopes and typed payloads (`DYN_EVENT_PLANE_CODEC`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EventCodec {
-    /// JSON (`serde_json`).
-    Json,
-    /// MessagePack with named fields (`rmp-serde`), the default.
-    #[default]
-    Msgpack,
-}
-
-impl EventCodec {
-    /// Parse `json` or `msgpack` (case-insensitive).
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "json" => Ok(Self::Json),
-            "msgpack" => Ok(Self::Msgpack),
-            _ => Err(Error::InvalidArgument(format!(
-                "invalid event plane codec {s:?}: expected 'json' or 'msgpack'"
-            ))),
-        }
-    }
-
-    /// Encode a value.
-    pub fn encode<T: Serialize + ?Sized>(self, value: &T) -> Result<Vec<u8>> {
-        match self {
-            Self::Json => serde_json::to_vec(value).map_err(|e| Error::Codec(e.to_string())),
-            Self::Msgpack => {
-                rmp_serde::to_vec_named(value).map_err(|e| Error::Codec(e.to_string()))
-            }
-        }
-    }
-
-    /// Decode a value.
-    pub fn decode<T: DeserializeOwned>(self, bytes: &[u8]) -> Result<T> {
-        match self {
-            Self::Json => serde_json::from_slice(bytes).map_err(|e| Error::Codec(e.to_string())),
-            Self::Msgpack => rmp_serde::from_slice(bytes).map_err(|e| Error::Codec(e.to_string())),
-        }
     }
 }
 
@@ -675,30 +634,38 @@ pub(crate) fn channel_address(value: &str) -> Option<String> {
     Some(ep.strip_prefix("tcp://").unwrap_or(ep).to_owned())
 }
 
-impl DistributedRuntime {
-    /// The event-plane transport of this runtime.
-    pub fn event_plane(&self) -> EventPlane {
-        self.inner.event_plane
-    }
+/// The transport of one publisher or subscriber, as the runtime resolved it. The runtime
+/// owns the process's NATS connection (made on first use, shared with the request plane),
+/// so it connects before handing the client over; this layer never needs the runtime.
+pub(crate) enum Link {
+    /// Brokerless TCP.
+    Tcp,
+    /// Core NATS over the runtime's connection.
+    Nats(async_nats::Client),
+}
 
-    /// A publisher on channel `(scope, topic)`. Brokerless: binds a listener and advertises
-    /// it in discovery before returning, so subscribers can find it.
-    pub async fn event_publisher(&self, scope: &EventScope, topic: &str) -> Result<EventPublisher> {
-        scope.check(topic)?;
-        if self.is_shutting_down() {
-            return Err(Error::ShuttingDown);
-        }
+impl EventPublisher {
+    /// A publisher on channel `(scope, topic)` over `link`, cancelled with `cancel`.
+    /// Brokerless: binds a listener and advertises it in `store` before returning, so
+    /// subscribers can find it. `DistributedRuntime::event_publisher` checks the scope and
+    /// the runtime's state first.
+    pub(crate) async fn open(
+        config: &RuntimeConfig,
+        link: Link,
+        store: Arc<dyn KvStore>,
+        scope: &EventScope,
+        topic: &str,
+        cancel: CancellationToken,
+    ) -> Result<Self> {
         let publisher_id = random_instance_id();
         let subject = scope.subject(topic);
-        let cancel = self.inner.primary.child_token();
         let channel_key = format!("{}{publisher_id:x}", scope.channel_prefix(topic));
-        let (sink, transport) = match self.inner.event_plane {
-            EventPlane::Tcp => {
-                let host = self
-                    .config()
+        let (sink, transport) = match link {
+            Link::Tcp => {
+                let host = config
                     .event_host
                     .clone()
-                    .unwrap_or_else(|| self.config().tcp_host.clone());
+                    .unwrap_or_else(|| config.tcp_host.clone());
                 let p = tcp::TcpPublisher::bind(&host, cancel.clone()).await?;
                 let endpoint = format!("tcp://{}", p.address());
                 (
@@ -709,8 +676,7 @@ impl DistributedRuntime {
                     },
                 )
             }
-            EventPlane::Nats => {
-                let client = self.nats().await?;
+            Link::Nats(client) => {
                 let p = nats::NatsPublisher::new(client, subject.clone(), cancel.clone());
                 (
                     Sink::Nats(p),
@@ -729,14 +695,13 @@ impl DistributedRuntime {
             transport,
         };
         let value = serde_json::to_string(&entry).map_err(|e| Error::Codec(e.to_string()))?;
-        let store = Arc::clone(&self.inner.store);
         store.put(&channel_key, &value).await?;
         Ok(EventPublisher {
             inner: Arc::new(PublisherInner {
                 publisher_id,
                 subject,
                 topic: topic.to_owned(),
-                codec: self.config().event_codec,
+                codec: config.event_codec,
                 sequence: Mutex::new(0),
                 sink,
                 channel_key,
@@ -745,18 +710,23 @@ impl DistributedRuntime {
             }),
         })
     }
+}
 
-    /// Subscribe to channel `(scope, topic)`: events of every current and future publisher.
-    /// Brokerless: publishers are connected in the background; see
-    /// [`EventSubscriber::wait_for_publishers`].
-    pub async fn subscribe(&self, scope: &EventScope, topic: &str) -> Result<EventSubscriber> {
-        scope.check(topic)?;
-        if self.is_shutting_down() {
-            return Err(Error::ShuttingDown);
-        }
-        let (tx, rx) = mpsc::channel(self.config().event_subscriber_capacity.max(1));
+impl EventSubscriber {
+    /// Subscribe to channel `(scope, topic)` over `link` until `cancel` (or the subscriber
+    /// is dropped). Brokerless: the publishers advertised in `store` are connected in the
+    /// background. `DistributedRuntime::subscribe` checks the scope and the runtime's state
+    /// first.
+    pub(crate) async fn open(
+        config: &RuntimeConfig,
+        link: Link,
+        store: Arc<dyn KvStore>,
+        scope: &EventScope,
+        topic: &str,
+        cancel: CancellationToken,
+    ) -> Result<Self> {
+        let (tx, rx) = mpsc::channel(config.event_subscriber_capacity.max(1));
         let (connected_tx, connected) = watch::channel(0usize);
-        let cancel = self.inner.primary.child_token();
         let stats = Arc::new(SubscriberStats::default());
         let feed = Feed {
             tx,
@@ -766,15 +736,14 @@ impl DistributedRuntime {
             topic: topic.to_owned(),
         };
         let subject = scope.subject(topic);
-        match self.inner.event_plane {
-            EventPlane::Tcp => tcp::spawn_subscriber(
-                Arc::clone(&self.inner.store),
+        match link {
+            Link::Tcp => tcp::spawn_subscriber(
+                store,
                 scope.channel_prefix(topic),
                 feed,
-                self.config().max_message_size,
+                config.max_message_size,
             ),
-            EventPlane::Nats => {
-                let client = self.nats().await?;
+            Link::Nats(client) => {
                 nats::subscribe(client, subject.clone(), feed).await?;
             }
         }

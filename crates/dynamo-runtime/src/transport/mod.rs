@@ -9,6 +9,7 @@
 pub mod client;
 pub mod codec;
 pub mod frame;
+mod live;
 pub mod nats;
 pub mod server;
 

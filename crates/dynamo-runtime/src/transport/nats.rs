@@ -26,7 +26,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::frame;
-use super::server::LiveConnections;
+use super::live::LiveConnections;
+use super::{ErrorKind, WireError};
 
 /// Worker → caller keep-alive period while streams are open.
 pub const PING_INTERVAL: Duration = Duration::from_millis(500);
@@ -125,8 +126,8 @@ pub(crate) async fn pump(
 /// Shutdown order matters: `cancel` must come only after the endpoint drained (callers'
 /// `STOP` and `CREDIT` frames arrive on this subscription while it drains). Then every
 /// virtual connection closes and its publisher sends what is queued, flushes, and ends;
-/// `live` counts the serving task and each publisher until then, so
-/// [`super::server::Server::flushed`] waits for the last `END` frames to reach the NATS
+/// `live` counts the serving task and each publisher until then, so the server's
+/// `flushed` ([`LiveConnections::idle`]) waits for the last `END` frames to reach the NATS
 /// server before the runtime drains and closes the NATS connection (a publish after
 /// `drain` is dropped silently, and the caller would only notice after
 /// [`LIVENESS_TIMEOUT`]).
@@ -165,7 +166,7 @@ pub(crate) async fn serve_subject(
                 let reply = reply.clone();
                 tokio::spawn(async move {
                     pump(client.clone(), reply, None, rx, |stream, size, max| {
-                        Some(super::server::oversize_error_frame(stream, size, max))
+                        Some(oversize_error_frame(stream, size, max))
                     })
                     .await;
                     // Everything queued was handed to the client; make sure it left.
@@ -187,6 +188,23 @@ pub(crate) async fn serve_subject(
         drop(serving);
     });
     Ok(())
+}
+
+/// An `ERROR` frame for a response item that NATS cannot carry.
+fn oversize_error_frame(stream: u64, size: usize, max: usize) -> Bytes {
+    let err = WireError::new(
+        ErrorKind::InvalidArgument,
+        format!(
+            "message of {size} bytes exceeds the NATS server's max_payload of {max} bytes \
+             (raise max_payload in the nats-server configuration, or use the tcp request plane)"
+        ),
+        false,
+    );
+    frame::encode(
+        frame::ERROR,
+        stream,
+        &[&serde_json::to_vec(&err).unwrap_or_default()],
+    )
 }
 
 /// Bound on the final flush of a closing virtual connection (the NATS server is local or

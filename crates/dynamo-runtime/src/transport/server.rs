@@ -29,6 +29,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::frame::{self, Read};
+use super::live::LiveConnections;
 use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
 use crate::context::{Context, lock};
 use crate::error::{Error, Result};
@@ -421,33 +422,6 @@ pub struct Server {
 /// records), for callers of the same process ([`Server::in_process`]).
 static IN_PROCESS: Mutex<Vec<(String, Weak<Server>)>> = Mutex::new(Vec::new());
 
-/// Count of connection tasks still running (to let the last frames flush at shutdown):
-/// TCP connections, and for the NATS request plane each subject's serving task and each
-/// virtual connection's publisher.
-#[derive(Default)]
-pub(crate) struct LiveConnections {
-    count: AtomicUsize,
-    idle: Notify,
-}
-
-impl LiveConnections {
-    /// Count one more live task until the guard drops.
-    pub(crate) fn guard(self: &Arc<Self>) -> LiveGuard {
-        self.count.fetch_add(1, Ordering::AcqRel);
-        LiveGuard(Arc::clone(self))
-    }
-}
-
-pub(crate) struct LiveGuard(Arc<LiveConnections>);
-
-impl Drop for LiveGuard {
-    fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.idle.notify_waiters();
-        }
-    }
-}
-
 impl Server {
     /// Bind `host:port` (port 0: OS-assigned) and start accepting.
     pub async fn bind(host: &str, port: u16, max_message: usize) -> Result<Arc<Self>> {
@@ -561,34 +535,8 @@ impl Server {
     /// Resolves when every connection task has flushed its last frames and ended (or after
     /// `timeout`).
     pub async fn flushed(&self, timeout: std::time::Duration) {
-        let wait = async {
-            loop {
-                let notified = self.live.idle.notified();
-                if self.live.count.load(Ordering::Acquire) == 0 {
-                    return;
-                }
-                notified.await;
-            }
-        };
-        let _ = tokio::time::timeout(timeout, wait).await;
+        self.live.idle(timeout).await;
     }
-}
-
-/// An `ERROR` frame for a response item that NATS cannot carry.
-pub(crate) fn oversize_error_frame(stream: u64, size: usize, max: usize) -> Bytes {
-    let err = WireError::new(
-        ErrorKind::InvalidArgument,
-        format!(
-            "message of {size} bytes exceeds the NATS server's max_payload of {max} bytes \
-             (raise max_payload in the nats-server configuration, or use the tcp request plane)"
-        ),
-        false,
-    );
-    frame::encode(
-        frame::ERROR,
-        stream,
-        &[&serde_json::to_vec(&err).unwrap_or_default()],
-    )
 }
 
 /// One caller inbox of the NATS request plane, served like a TCP connection.
