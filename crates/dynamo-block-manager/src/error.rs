@@ -1,7 +1,7 @@
 //! The error type of the block manager.
 
 /// Which tier a pool serves.
-pub use crate::pool::Tier;
+pub use crate::tier::Tier;
 
 /// Errors of the block manager. Every absence of CUDA (no driver library, a stub library, no
 /// device) is [`Error::CudaUnavailable`]; nothing in this crate panics because of it.

@@ -51,6 +51,7 @@
 pub mod block;
 #[cfg(feature = "cuda")]
 mod cuda;
+mod cuda_probe;
 pub mod dlpack;
 pub mod dtype;
 pub mod error;
@@ -59,9 +60,11 @@ pub mod layout;
 pub mod manager;
 pub mod pool;
 pub mod storage;
+mod tier;
 pub mod transfer;
 
 pub use block::{BlockState, KvbmRequest, TensorDesc, TokenBlock};
+pub use cuda_probe::{cuda_available, cuda_device_count};
 pub use dtype::{DType, DTypeCode};
 pub use error::{Error, Result};
 pub use events::{EventSink, NullEventSink, RecordingEventSink, RouterEvent};
@@ -69,28 +72,3 @@ pub use layout::{BlockLayout, LayoutConfig, LayoutKind};
 pub use manager::{KvBlockManager, KvBlockManagerConfig, TierConfig};
 pub use pool::{BlockPool, ImmutableBlock, MutableBlock, Tier};
 pub use storage::{MemoryKind, Storage, StorageRequest};
-
-/// Whether CUDA device 0 is usable: the driver library loads, initialises and reports a
-/// device. Always false without the `cuda` feature. Never panics.
-pub fn cuda_available() -> bool {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::available()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        false
-    }
-}
-
-/// Number of usable CUDA devices (0 without CUDA).
-pub fn cuda_device_count() -> usize {
-    #[cfg(feature = "cuda")]
-    {
-        cuda::device_count()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        0
-    }
-}

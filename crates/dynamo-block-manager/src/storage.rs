@@ -105,7 +105,7 @@ impl Storage {
         match request {
             StorageRequest::System => Self::system(size),
             StorageRequest::PinnedOrSystem => {
-                if crate::cuda_available() {
+                if crate::cuda_probe::cuda_available() {
                     Self::pinned(size)
                 } else {
                     Self::system(size)
@@ -364,7 +364,7 @@ mod tests {
     #[test]
     fn pinned_or_system_falls_back_without_cuda() {
         let s = Storage::allocate(StorageRequest::PinnedOrSystem, 4096).unwrap();
-        if crate::cuda_available() {
+        if crate::cuda_probe::cuda_available() {
             assert_eq!(s.kind(), MemoryKind::Pinned);
         } else {
             assert_eq!(s.kind(), MemoryKind::System);

@@ -36,24 +36,7 @@ use crate::error::{Error, Result};
 use crate::events::Registry;
 use crate::layout::BlockLayout;
 
-/// The tier a pool serves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Tier {
-    /// G1: GPU memory.
-    Device,
-    /// G2: host memory.
-    Host,
-}
-
-impl fmt::Display for Tier {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Tier::Device => "Device",
-            Tier::Host => "Host",
-        })
-    }
-}
+pub use crate::tier::Tier;
 
 #[derive(Debug)]
 struct Slot {

@@ -9,7 +9,7 @@ use super::*;
 use crate::Error;
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
-    KvCacheStoredBlockData,
+    KvCacheStoredBlockData, WorkerWithDpRank,
 };
 
 fn w(id: u64) -> WorkerWithDpRank {

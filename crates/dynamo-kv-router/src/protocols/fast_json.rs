@@ -11,7 +11,7 @@
 //! Invariant (tested against `serde_json` by a property test and the fuzz target): when
 //! this parser returns `Some(event)`, `serde_json` returns `Ok(event)` for the same bytes.
 
-use super::{
+use super::events::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheRemoveData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,
 };

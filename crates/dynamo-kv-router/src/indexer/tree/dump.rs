@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{NIL, RadixTree};
+use super::state::{NIL, RadixTree};
 use crate::protocols::{
     ExternalSequenceBlockHash, KvCacheEvent, KvCacheEventData, KvCacheStoreData,
     KvCacheStoredBlockData, RouterEvent, StorageTier,

@@ -25,10 +25,7 @@
 //! round 20); the tags, a few reads and writes next to the ids the run had or gets.
 
 use super::arena::Arena;
-use super::{NIL, RadixTree};
-
-/// `run_of` of an id in a free range (no run has this id: see `take_run_slot`).
-pub(super) const FREE: u32 = NIL - 1;
+use super::state::{FREE, FreeIds, NIL, RadixTree};
 
 /// Entries of the class stacks checked per free-id operation (a free, an allocation)
 /// while a sweep runs: a pass ends after `listed / SWEEP_STEP` operations, each listing at
@@ -55,21 +52,6 @@ fn range_at(run_of: &Arena<u32>, local: &Arena<u64>, start: u32) -> Option<u32> 
 fn range_ending_at(run_of: &Arena<u32>, local: &Arena<u64>, end: u32) -> Option<u32> {
     let e = end as usize;
     (e > 0 && e <= run_of.len() && run_of[e - 1] == FREE).then(|| end - local[e - 1] as u32)
-}
-
-/// The class stacks (the ranges themselves are in the block arrays).
-#[derive(Debug, Default)]
-pub(super) struct FreeIds {
-    /// Starts of ranges by size class, possibly stale (see the module docs).
-    classes: Vec<Vec<u32>>,
-    /// Entries in `classes`.
-    listed: usize,
-    /// Number of free ranges.
-    ranges: usize,
-    /// The sweep in progress, if any: the stack and position it is at.
-    sweep: Option<(usize, usize)>,
-    /// The current (or last) sweep's number, marked on the ranges it kept (never 0).
-    pass: u32,
 }
 
 impl FreeIds {
@@ -166,6 +148,16 @@ impl RadixTree {
         );
         self.grow(n);
         start
+    }
+
+    /// Append `n` unused ids to the block arrays (allocation past the end).
+    fn grow(&mut self, n: u32) {
+        let n = n as usize;
+        self.local.extend_with(n, 0);
+        self.run_of.extend_with(n, NIL);
+        self.key.extend_with(n, 0);
+        let words = self.local.len().div_ceil(64);
+        self.keyed.extend_with(words - self.keyed.len(), 0);
     }
 
     /// `n` ids from a range that fits, if any.

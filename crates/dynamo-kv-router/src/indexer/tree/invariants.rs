@@ -2,7 +2,8 @@
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use super::{NIL, RadixTree, child_tag, mix, tag_of};
+use super::ext_table::tag_of;
+use super::state::{NIL, RadixTree, child_tag, mix};
 
 impl RadixTree {
     /// The children of `run`.

@@ -6,6 +6,10 @@
 //! the event's hashes, or are new), [`RadixTree::remove_canonical`] (a removal without own
 //! hashes) and the query walk. Everything else (own hashes, holes, moved hashes) goes
 //! through [`RadixTree::add_residency`] and [`RadixTree::release`], block by block.
+//!
+//! The tree's fields and records are defined in `state.rs`, below every file that adds to
+//! its behaviour: this one (events and queries), `free_ids.rs` (block-id allocation, which
+//! the events here call), `dump.rs` and `invariants.rs`.
 
 mod arena;
 mod dump;
@@ -13,21 +17,20 @@ mod ext_table;
 mod free_ids;
 mod id_set;
 mod invariants;
+mod state;
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use rustc_hash::{FxHashMap, FxHashSet};
-use smallvec::SmallVec;
 
 use self::arena::Arena;
 use self::ext_table::{ExtTable, prefetch_read, tag_of};
-use self::free_ids::{FREE, FreeIds};
 use self::id_set::IdSet;
-use super::{IndexSlots, OverlapScores};
+use self::state::{FREE, FREED, FreeIds, Holders, NIL, RecentUses, Run, Slot, child_tag, mix};
+use super::scores::{IndexSlots, OverlapScores};
 use crate::error::{Error, Result};
 use crate::hashing::LocalBlockHash;
 use crate::protocols::{
@@ -35,92 +38,12 @@ use crate::protocols::{
     KvCacheStoredBlockData, WorkerWithDpRank,
 };
 
-/// "No run / no block / the root".
-const NIL: u32 = u32::MAX;
+pub use self::state::{EventCounters, RadixTree};
 
 /// Queries whose first run has fewer holders list no index slots
 /// (`OverlapScores::index_slots`): for a short list, a scheduler's lookups cost less than
 /// the second allocation per query. Tests list them always, so the model checks see them.
 const INDEX_SLOTS_MIN: usize = if cfg!(test) { 1 } else { 32 };
-
-/// The child table's tag of the run under `parent` whose first block is `local`.
-#[inline]
-fn child_tag(parent: u32, local: u64) -> u32 {
-    tag_of(mix(
-        local ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
-    ))
-}
-
-/// Counters of event outcomes (the reference's `kv_cache_events_applied{status}`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EventCounters {
-    /// Events applied without any problem.
-    pub applied: u64,
-    /// `stored` events rejected because the parent is unknown to the worker rank.
-    pub parent_not_found: u64,
-    /// Hashes of `removed` events that the worker rank did not hold (skipped).
-    pub block_not_found: u64,
-    /// `stored` events rejected because they contain their own parent.
-    pub invalid_sequence: u64,
-}
-
-/// Finalizer of MurmurHash3: a full-avalanche mix of a 64-bit key. Keys are engine hashes
-/// (often already random) but tests and some engines use small integers, so they are mixed.
-#[inline]
-fn mix(mut x: u64) -> u64 {
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
-    x ^= x >> 33;
-    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    x ^ (x >> 33)
-}
-
-/// A run's holders, the first two in the run's record: most runs have one or two (a
-/// prefix shared by the whole fleet has many), and a list on the heap was a cache miss
-/// after the run's own on every store, removal and query step of such a run. Same size
-/// as a `Vec` (24 bytes, with smallvec's `union` layout).
-type Holders = SmallVec<[(u32, u32); 2]>;
-
-/// A chain of blocks without a branch inside it (see the module docs).
-#[derive(Clone, Debug)]
-struct Run {
-    /// First block id; the run's blocks are `start..start + len`.
-    start: u32,
-    /// Number of blocks; 0 for a freed run.
-    len: u32,
-    /// Ids reserved for the run: `start..start + cap` (`cap >= len`). A run cut back
-    /// keeps its ids (free again in the block arrays, but not in the free ranges) until
-    /// it is less than half full, so that evicting a run's blocks one at a time and
-    /// storing them again costs no free-range work.
-    cap: u32,
-    /// The run whose last block this one follows (`NIL`: the root).
-    parent: u32,
-    /// The longest holder's length (0: no rank holds any block of the run).
-    held: u32,
-    /// `(worker slot, blocks held from the run's start)`, each length `1..=len`, sorted
-    /// by slot.
-    holders: Holders,
-    /// The first child run (`NIL`: none); the others follow through `next`.
-    kid: u32,
-    /// The next child of the same parent (`NIL`: the last).
-    next: u32,
-    /// The previous child of the same parent (`NIL`: the first), so that a child leaves
-    /// the list in O(1) (a prefix run can have a child per conversation that shares it).
-    prev: u32,
-}
-
-/// A freed run.
-const FREED: Run = Run {
-    start: 0,
-    len: 0,
-    cap: 0,
-    parent: NIL,
-    held: 0,
-    holders: Holders::new_const(),
-    kid: NIL,
-    next: NIL,
-    prev: NIL,
-};
 
 impl Run {
     const fn has_kids(&self) -> bool {
@@ -180,20 +103,6 @@ impl Held {
     }
 }
 
-/// Per-worker-rank bookkeeping.
-#[derive(Clone, Copy, Debug, Default)]
-struct Slot {
-    /// Its residencies.
-    count: usize,
-}
-
-/// Per-block access timestamps for `OverlapScores::frequencies`.
-#[derive(Debug)]
-struct RecentUses {
-    window: Duration,
-    uses: Mutex<FxHashMap<u32, VecDeque<Instant>>>,
-}
-
 /// Per-thread query scratch: the score per worker slot while a result is assembled (all
 /// zero between queries), and the first run's holders.
 #[derive(Default)]
@@ -205,54 +114,6 @@ struct Scratch {
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-}
-
-/// The run tree (not synchronized). See the module docs.
-#[derive(Debug)]
-pub struct RadixTree {
-    /// `tokens_hash` of each block id (at both ends of a free range: its length).
-    local: Arena<u64>,
-    /// The run of each block id (`NIL`: unused, in a run's reserved ids; [`FREE`]: in a
-    /// free range).
-    run_of: Arena<u32>,
-    /// The canonical key of each block, while some rank holds it under that key (valid
-    /// where its bit in `keyed` is set).
-    key: Arena<u64>,
-    keyed: Arena<u64>,
-    /// Free block ids: maximal ranges tagged in `run_of` and `local`, listed by size
-    /// class (`free_ids.rs`).
-    free: FreeIds,
-    live_blocks: usize,
-    runs: Arena<Run>,
-    free_runs: Vec<u32>,
-    /// `(parent run or NIL, first tokens_hash)` -> run.
-    children: ExtTable,
-    /// Canonical key -> block: a tag table (`ext_table.rs`: 8-byte buckets of block id and
-    /// the key's mixed high half, grown incrementally, never rehashed in one event); the
-    /// key itself is the block's `key`.
-    hashes: ExtTable,
-    /// `(slot, hash)` -> block, for residencies under another hash than the block's
-    /// canonical key.
-    own: FxHashMap<(u32, u64), u32>,
-    /// `(slot, block)` -> how many of the slot's residencies at the block are in `own`.
-    own_count: FxHashMap<(u32, u32), u32>,
-    /// `(slot, block)` pairs held only under hashes of the slot's own.
-    no_canon: FxHashSet<(u32, u32)>,
-    slots: Vec<Option<Slot>>,
-    slot_worker: Vec<WorkerWithDpRank>,
-    free_slots: Vec<u32>,
-    slot_of: FxHashMap<WorkerWithDpRank, u32>,
-    /// Names the current assignment of slots to ranks (see [`IndexSlots::epoch`]).
-    slot_epoch: u64,
-    /// Live residencies (`(worker rank, external hash)` pairs).
-    residencies: usize,
-    /// Runs an event may have left with an unheld tail, trimmed at its end.
-    pending: Vec<u32>,
-    /// Where the last holder looked up was in its run's list: an event's blocks are one
-    /// rank's, mostly in the same few runs, so this saves most scans of wide lists.
-    hint: AtomicU32,
-    recent: Option<RecentUses>,
-    counters: EventCounters,
 }
 
 impl Default for RadixTree {
@@ -1293,15 +1154,6 @@ impl RadixTree {
     }
 
     // ----- block ids ---------------------------------------------------------------------
-
-    fn grow(&mut self, n: u32) {
-        let n = n as usize;
-        self.local.extend_with(n, 0);
-        self.run_of.extend_with(n, NIL);
-        self.key.extend_with(n, 0);
-        let words = self.local.len().div_ceil(64);
-        self.keyed.extend_with(words - self.keyed.len(), 0);
-    }
 
     /// Mark ids `start..start + n` (no residency left on them) unused.
     fn clear_ids(&mut self, start: u32, n: u32) {
