@@ -319,7 +319,7 @@ def main() -> None:
         cmd = f"python benches/bench_kserve.py --rounds {args.rounds} --seconds {args.seconds}"
         args.out.write_text(
             "# KServe gRPC ingress benchmark\n\n"
-            f"Command: `{cmd}` (reference: `REF_PYTHON=/work/refvenv/bin/python`, "
+            f"Command: `{cmd}` (reference: the venv of `benches/setup_reference.sh`, "
             "ai-dynamo-runtime 1.6.1). Machine: "
             f"{machine()}, shared with other jobs while measured; medians of "
             f"{args.rounds} alternating rounds of {args.seconds:g} s per phase.\n\n"

@@ -135,7 +135,7 @@ def main() -> None:
         f"`KvRouterConfig(use_kv_events=False)`, block size {BLOCK_SIZE}; the prompt is fully",
         "cached (recorded once with `update_indexer=True`). Each call is awaited in turn on the",
         f"event loop for {SECONDS} s after {WARMUP} warm-up calls.",
-        "Reproduce: `REF_PYTHON=/work/refvenv/venv/bin/python python benches/bench_kv_router.py`.",
+        "Reproduce: `bash benches/setup_reference.sh && python benches/bench_kv_router.py`.",
         "",
         "| call | ISL | dynamo-rs median (µs) | reference median (µs) | ratio | "
         "dynamo-rs p99 | reference p99 |",

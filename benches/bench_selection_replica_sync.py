@@ -15,8 +15,9 @@ bursts spread evenly (max - min <= 1).
 * ``sync-off``: two services without replica sync.
 
 Usage: ``python benches/bench_selection_replica_sync.py [--bursts 50] [--burst 4]
-[--gap-ms 2] [--reference /work/refvenv/bin/python]``. The reference's services run with
-the reference's interpreter (black box, subprocess only).
+[--gap-ms 2] [--reference PYTHON]``. The reference's services run with the reference's
+interpreter (black box, subprocess only): ``--reference`` or ``REF_PYTHON``, by default the
+venv of ``benches/setup_reference.sh``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import free_port, machine
+from _common import DEFAULT_REF_PYTHON, free_port, machine
 
 WORKERS = 4
 BS = 16
@@ -175,7 +176,7 @@ def main() -> None:
     p.add_argument("--bursts", type=int, default=50)
     p.add_argument("--burst", type=int, default=WORKERS)
     p.add_argument("--gap-ms", type=float, default=2.0)
-    p.add_argument("--reference", default="/work/refvenv/bin/python")
+    p.add_argument("--reference", default=os.environ.get("REF_PYTHON", str(DEFAULT_REF_PYTHON)))
     p.add_argument("--only", choices=["ours", "reference"], default=None)
     args = p.parse_args()
     ctx = zmq.Context()

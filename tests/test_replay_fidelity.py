@@ -1,7 +1,7 @@
 """Fidelity regression: the offline replay reproduces the reference's summaries.
 
 `docs/benchmarks/replay_reference_summaries.json` holds the reference's (ai-dynamo-runtime
-1.6.1) summaries of `shared/data/mooncake/synthetic_trace.jsonl` (3,993 requests) on 8
+1.6.1) summaries of the Mooncake synthetic trace (`tests/data/mooncake/`, 3,993 requests) on 8
 workers of 16,384 blocks of 64 tokens, trace block 512, arrivals sped up 2x and 4x (see
 docs/benchmarks/replay.md). Round robin runs the same simulator with the same policy, so its
 summary must match exactly; the KV router is ours, so its figures must stay within 5% of the
@@ -11,7 +11,6 @@ reference's.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,28 +19,13 @@ from dynamo._core import run_mocker_trace_replay
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = REPO / "docs" / "benchmarks" / "replay_reference_summaries.json"
+TRACE = REPO / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
 KEYS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "prefix_cache_reused_ratio")
-
-
-def trace_path() -> Path:
-    """The shared trace: `shared/` beside the clone (CI), or under `DYNAMO_SHARED_DIR`."""
-    candidates = [REPO.parent / "shared"]
-    if os.environ.get("DYNAMO_SHARED_DIR"):
-        candidates.insert(0, Path(os.environ["DYNAMO_SHARED_DIR"]))
-    for base in candidates:
-        p = base / "data" / "mooncake" / "synthetic_trace.jsonl"
-        if p.is_file():
-            return p
-    # shared/ is always present for CI: a missing trace is a broken checkout, not a skip.
-    pytest.fail(
-        "fidelity trace not found: expected shared/data/mooncake/synthetic_trace.jsonl beside "
-        f"the repository (looked in {', '.join(str(c) for c in candidates)})"
-    )
 
 
 def replay(mode: str, speedup: float) -> dict:
     return run_mocker_trace_replay(
-        [trace_path()],
+        [TRACE],
         extra_engine_args={"engine": {"num_gpu_blocks": 16384, "block_size": 64}},
         num_workers=8,
         router_mode=mode,

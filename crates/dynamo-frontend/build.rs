@@ -9,7 +9,7 @@ fn main() {
         .generate_default_stubs(true)
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
-        .compile_protos(&["proto/grpc_service.proto"], &["proto"])
+        .compile_protos(&["proto/kserve.proto"], &["proto"])
         .unwrap_or_else(|e| {
             panic!("cannot compile the KServe protocol (is protoc installed?): {e}")
         });

@@ -6,7 +6,7 @@
 //! Run: `cargo +nightly fuzz run parsers` (from the repository root).
 #![no_main]
 
-use dynamo_llm::parsers::{
+use dynamo_parsers::{
     ChatParser, ParseEvent, RequestTools, reasoning_parser_names, tool_parser_names,
 };
 use libfuzzer_sys::fuzz_target;

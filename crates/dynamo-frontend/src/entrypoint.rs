@@ -15,17 +15,18 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dynamo_kv_router::protocols::WorkerWithDpRank;
+use dynamo_llm::discovery::register_model;
+use dynamo_llm::engines::{EchoEngine, TokenEngine, TokenEngineHandler};
+use dynamo_llm::kv_routing::KvEventPublisher;
+use dynamo_llm::model_card::{ModelDeploymentCard, ModelInput, ModelType, RegisterModelArgs};
+use dynamo_mocker::MockEngineArgs;
+use dynamo_mocker::runner::MockEngineRunner;
+use dynamo_mocker::token_engine::MockTokenEngine;
 use dynamo_runtime::{DistributedRuntime, EndpointId};
 
-use crate::discovery::register_model;
-use crate::engines::{EchoEngine, MockTokenEngine, TokenEngine, TokenEngineHandler};
 use crate::error::{Error, Result};
 use crate::http::static_engine::StaticTokenModel;
 use crate::http::{FrontendConfig, HttpService};
-use crate::kv_routing::KvEventPublisher;
-use crate::mocker::MockEngineArgs;
-use crate::mocker::runner::MockEngineRunner;
-use crate::model_card::{ModelDeploymentCard, ModelInput, ModelType, RegisterModelArgs};
 
 /// Which in-process engine.
 #[derive(Debug, Clone)]
@@ -47,9 +48,9 @@ pub struct LocalEngine {
     /// The engine.
     pub kind: LocalEngineKind,
     /// Media decoding the card enables (images for multimodal tests of the mocker).
-    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
+    pub media_decoder: Option<dynamo_llm::multimodal::MediaDecoderConfig>,
     /// Media fetcher settings of the card.
-    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
+    pub media_fetcher: Option<dynamo_llm::multimodal::MediaFetcherConfig>,
 }
 
 /// `vocab_size` of a model directory's `config.json`.
@@ -62,7 +63,7 @@ fn model_vocab_size(dir: &Path) -> Option<u32> {
 }
 
 fn runtime_err(e: dynamo_runtime::Error) -> Error {
-    Error::Runtime(e.to_string())
+    dynamo_llm::Error::Runtime(e.to_string()).into()
 }
 
 impl LocalEngine {
@@ -75,7 +76,7 @@ impl LocalEngine {
             LocalEngineKind::Mocker(args) => u32::try_from(args.block_size).ok().filter(|b| *b > 0),
             LocalEngineKind::Echo => None,
         };
-        RegisterModelArgs {
+        Ok(RegisterModelArgs {
             model_input: ModelInput::Tokens,
             model_type: ModelType::CHAT.union(ModelType::COMPLETIONS),
             model_path: self.model_path.clone(),
@@ -85,7 +86,7 @@ impl LocalEngine {
             media_fetcher: self.media_fetcher.clone(),
             ..Default::default()
         }
-        .build_card()
+        .build_card()?)
     }
 
     /// Start the engine for `card`. A mocker serving `endpoint` publishes its KV events
@@ -104,24 +105,24 @@ impl LocalEngine {
                 let mut args = args.clone();
                 let vocab = model_vocab_size(&card.local_dir()).unwrap_or(args.vocab_size);
                 args.vocab_size = vocab;
-                let (events, fpm): (crate::mocker::runner::EventSink, _) = match endpoint {
+                let (events, fpm): (dynamo_mocker::runner::EventSink, _) = match endpoint {
                     // KV events go to routers on the event plane (with a worker-local index
                     // for their gap recovery), numbered per rank like a real engine's.
                     Some((runtime, ep)) => {
                         let worker = WorkerWithDpRank::new(runtime.connection_id(), 0);
                         let publisher = Arc::new(
                             KvEventPublisher::new_raw(runtime, ep, worker, true)
-                                .map_err(|e| Error::Runtime(e.to_string()))?,
+                                .map_err(|e| dynamo_llm::Error::Runtime(e.to_string()))?,
                         );
                         // Each simulated pass is also published as forward-pass metrics
                         // (worker id: the instance id in decimal, as planners expect).
-                        let fpm = crate::fpm::FpmDirectPublisher::new(
+                        let fpm = dynamo_llm::fpm::FpmDirectPublisher::new(
                             runtime,
                             ep,
                             &runtime.connection_id().to_string(),
                             1,
                         );
-                        let sink: crate::mocker::runner::FpmSink = Box::new(move |sample| {
+                        let sink: dynamo_mocker::runner::FpmSink = Box::new(move |sample| {
                             let _ = fpm.publish(0, sample);
                         });
                         (publisher.event_sink(), Some(sink))
@@ -131,13 +132,13 @@ impl LocalEngine {
                 // `zmq_kv_events_port`: also publish them on ZMQ like a vLLM engine.
                 let zmq = match args.zmq_kv_events_port {
                     Some(port) => {
-                        let sink = crate::mocker::zmq_events::ZmqKvEventSink::bind(
+                        let sink = dynamo_mocker::zmq_events::ZmqKvEventSink::bind(
                             port,
                             args.zmq_replay_port,
                             args.block_size,
                             0,
                         )?;
-                        let f: crate::mocker::runner::EngineEventSink =
+                        let f: dynamo_mocker::runner::EngineEventSink =
                             Box::new(move |events, tokens| sink.publish(events, tokens));
                         Some(f)
                     }
@@ -171,7 +172,7 @@ impl LocalEngine {
     pub fn static_model(&self) -> Result<StaticTokenModel> {
         let card = self.card()?;
         let engine = self.start(&card, None)?;
-        StaticTokenModel::new(card, engine)
+        Ok(StaticTokenModel::new(card, engine)?)
     }
 }
 
@@ -209,7 +210,7 @@ pub async fn serve_http(
 /// [`serve_http`] with extension routes next to the built-in ones.
 ///
 /// # Errors
-/// As [`serve_http`], and [`crate::Error::Route`] when a route takes a built-in path or
+/// As [`serve_http`], and [`dynamo_llm::Error::Route`] when a route takes a built-in path or
 /// two share one (before anything is served).
 pub async fn serve_http_with_routes(
     runtime: DistributedRuntime,
@@ -240,7 +241,7 @@ pub async fn serve_http_with_factory(
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }
-    service.run(runtime).await
+    Ok(service.run(runtime).await?)
 }
 
 /// Serve the KServe v2 gRPC ingress on `config.host:config.port`: discovered models, plus
@@ -257,5 +258,5 @@ pub async fn serve_grpc(
     if let Some(local) = local {
         service.statics().add_token_model(local.static_model()?);
     }
-    service.run(runtime).await
+    Ok(service.run(runtime).await?)
 }

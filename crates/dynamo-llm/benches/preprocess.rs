@@ -17,7 +17,7 @@ use std::hint::black_box;
 use std::path::Path;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use dynamo_llm::http::engine::Annotated;
+use dynamo_llm::engines::Annotated;
 use dynamo_llm::preprocessor::{LLMEngineOutput, OutputProcessor, Preprocessor, openai};
 use dynamo_runtime::transport::codec;
 

@@ -7,13 +7,14 @@
 //! * [`EchoEngine`]: streams the prompt's tokens back, one per item, `DYN_TOKEN_ECHO_DELAY_MS`
 //!   (default 10 ms) apart, and ends with `finish_reason = stop`; the answer of a chat request
 //!   is therefore its templated prompt (without end-of-sequence tokens, which would end it).
-//! * [`MockTokenEngine`]: the simulated engine ([`MockEngineRunner`]).
+//!
+//! The simulated engine's token engine (`MockTokenEngine`) lives in the mocker crate, which
+//! builds on this one.
 //!
 //! Cancellation: every engine watches the request's [`Context`]; a stopped context ends the
 //! stream, and dropping the stream cancels the request in the engine.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dynamo_runtime::Context;
@@ -24,9 +25,6 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use crate::error::{Error, Result};
-use crate::http::engine::Annotated;
-use crate::mocker::MockRequest;
-use crate::mocker::runner::MockEngineRunner;
 use crate::preprocessor::{FinishReason, LLMEngineOutput, PreprocessedRequest};
 
 /// The items of one token-engine request.
@@ -44,6 +42,32 @@ pub trait TokenEngine: Send + Sync + 'static {
         request: PreprocessedRequest,
         context: Context,
     ) -> BoxFuture<'static, Result<TokenStream>>;
+}
+
+/// One response item on the request plane: the runtime's annotated envelope
+/// `{"data": item, "id"?, "event"?, "comment"?}` (what Python handlers' items become).
+#[derive(serde::Deserialize, serde::Serialize)]
+pub struct Annotated<T> {
+    /// The item (absent on pure annotations).
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub data: Option<T>,
+    /// `"error"` ends the stream with the comments as message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// Annotations or the error message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<Vec<String>>,
+}
+
+impl<T> Annotated<T> {
+    /// Wrap an item.
+    pub fn data(item: T) -> Self {
+        Self {
+            data: Some(item),
+            event: None,
+            comment: None,
+        }
+    }
 }
 
 /// Default delay between echoed tokens (the reference's `DYN_TOKEN_ECHO_DELAY_MS`): slow
@@ -125,102 +149,6 @@ impl TokenEngine for EchoEngine {
                     };
                     Some((Ok(item), (it, ctx, false)))
                 });
-            Ok(stream.boxed())
-        })
-    }
-}
-
-/// Output tokens when a request does not say (`max_tokens` unset and no context length).
-const DEFAULT_MAX_TOKENS: usize = 256;
-
-/// The mocker as a [`TokenEngine`].
-pub struct MockTokenEngine {
-    runner: MockEngineRunner,
-    next: AtomicU64,
-    vocab_size: u32,
-}
-
-impl MockTokenEngine {
-    /// Serve `runner`, whose tokens fall below `vocab_size`.
-    pub fn new(runner: MockEngineRunner, vocab_size: u32) -> Self {
-        Self {
-            runner,
-            next: AtomicU64::new(0),
-            vocab_size: vocab_size.max(2),
-        }
-    }
-}
-
-impl TokenEngine for MockTokenEngine {
-    fn generate(
-        &self,
-        mut request: PreprocessedRequest,
-        context: Context,
-    ) -> BoxFuture<'static, Result<TokenStream>> {
-        let runner = self.runner.clone();
-        let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let vocab = self.vocab_size;
-        Box::pin(async move {
-            let max = request
-                .stop_conditions
-                .max_tokens
-                .map_or(DEFAULT_MAX_TOKENS, |m| m as usize);
-            if max == 0 {
-                let item = LLMEngineOutput {
-                    finish_reason: Some(FinishReason::Length),
-                    ..Default::default()
-                };
-                return Ok(futures_util::stream::iter([Ok(item)]).boxed());
-            }
-            let id = format!("{}-{seq}", context.id());
-            let rx = runner
-                .submit(MockRequest {
-                    block_mm_infos: request
-                        .mm_routing_info
-                        .as_ref()
-                        .map(|m| m.block_mm_infos.clone())
-                        .unwrap_or_default(),
-                    ..MockRequest::new(id, std::mem::take(&mut request.token_ids), max)
-                })
-                .await
-                .map_err(|e| Error::InvalidRequest {
-                    message: e.to_string(),
-                    param: None,
-                })?;
-            let eos = Arc::new(request.eos_token_ids);
-            // Dropping the stream drops the receiver, which cancels an unfinished request
-            // in the engine.
-            let state = (rx, context, false);
-            let stream = futures_util::stream::unfold(state, move |(mut rx, ctx, done)| {
-                let eos = Arc::clone(&eos);
-                async move {
-                    if done {
-                        return None;
-                    }
-                    // Biased: a token already waiting is taken without polling the stop
-                    // future (each poll of it takes the context token's lock).
-                    let o = tokio::select! {
-                        biased;
-                        o = rx.recv() => o?,
-                        () = ctx.stopped() => return None,
-                    };
-                    // The mocker samples ids at random: keep them off the eos ids, so a
-                    // request runs to `max_tokens` as a real model asked to ignore eos would.
-                    let mut token = o.token_id % vocab;
-                    while eos.contains(&token) {
-                        token = (token + 1) % vocab;
-                    }
-                    let item = LLMEngineOutput {
-                        token_ids: vec![token],
-                        finish_reason: o.finished.then_some(FinishReason::Length),
-                        completion_usage: o.cached_tokens.map(
-                            |c| serde_json::json!({"prompt_tokens_details": {"cached_tokens": c}}),
-                        ),
-                        ..Default::default()
-                    };
-                    Some((Ok(item), (rx, ctx, o.finished)))
-                }
-            });
             Ok(stream.boxed())
         })
     }

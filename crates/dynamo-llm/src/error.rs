@@ -1,4 +1,5 @@
-//! Errors of the LLM layer.
+//! Errors of the LLM layer (model cards, preprocessing, discovery). The frontend, mocker
+//! and selection crates above define their own and wrap this one where they call into it.
 
 use std::path::PathBuf;
 
@@ -9,28 +10,6 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An engine argument is invalid.
-    #[error("invalid mocker argument {field}: {reason}")]
-    InvalidEngineArgs {
-        /// Name of the argument.
-        field: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// A request can never be served (e.g. its prompt needs more KV blocks than exist).
-    #[error("request {request_id:?} rejected: {reason}")]
-    RequestRejected {
-        /// The request.
-        request_id: String,
-        /// Why.
-        reason: String,
-    },
-    /// The engine task has stopped.
-    #[error("the engine has stopped")]
-    EngineStopped,
-    /// A request id is already in use.
-    #[error("request {0:?} is already in the engine")]
-    DuplicateRequest(String),
     /// A model could not be found: not a local directory and not in the offline Hugging Face
     /// cache. `tried` lists every path that was looked at.
     #[error("model {name:?} not found: it is not a local directory and not in the Hugging Face cache (no download is attempted); tried: {}", display_paths(.tried))]
@@ -89,14 +68,11 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("timed out: {0}")]
     Timeout(String),
-    /// A frontend extension route was refused.
-    #[error(transparent)]
-    Route(#[from] crate::http::extensions::RouteError),
 }
 
 impl Error {
     /// Shorthand for [`Error::InvalidConfig`].
-    pub(crate) fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
+    pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidConfig {
             field: field.into(),
             reason: reason.into(),
@@ -104,7 +80,7 @@ impl Error {
     }
 
     /// Shorthand for [`Error::InvalidRequest`].
-    pub(crate) fn request(message: impl Into<String>, param: Option<&str>) -> Self {
+    pub fn request(message: impl Into<String>, param: Option<&str>) -> Self {
         Self::InvalidRequest {
             message: message.into(),
             param: param.map(str::to_owned),

@@ -2,7 +2,7 @@
 //! simulated mocker workers with finite KV caches.
 //!
 //! ```text
-//! cargo bench -p dynamo-llm --bench routing_quality [-- --workers 8 --blocks 4096 ...]
+//! cargo bench -p dynamo-mocker --bench routing_quality [-- --workers 8 --blocks 4096 ...]
 //! ```
 //!
 //! A discrete-event simulation (simulated time, no sleeping): requests arrive at the trace's
@@ -28,7 +28,7 @@ use dynamo_kv_router::protocols::{KvCacheEvent, KvCacheEventData, WorkerWithDpRa
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::{LoadThresholds, TierOverlap, WorkerCapacity};
 use dynamo_kv_router::scheduling::{Scheduler, SchedulingRequest};
-use dynamo_llm::mocker::{MockEngine, MockEngineArgs, MockRequest};
+use dynamo_mocker::{MockEngine, MockEngineArgs, MockRequest};
 use rustc_hash::FxHashMap;
 
 const MOONCAKE_BLOCK: usize = 512;
@@ -344,7 +344,7 @@ fn arg(name: &str, default: f64) -> f64 {
 fn main() {
     let default_trace = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../../shared/data/mooncake/synthetic_trace.jsonl"
+        "/../../tests/data/mooncake/synthetic_trace.jsonl"
     );
     let path = std::env::var("MOONCAKE_TRACE").unwrap_or_else(|_| default_trace.to_owned());
     let limit = arg("--requests", f64::INFINITY);

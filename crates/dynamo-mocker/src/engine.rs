@@ -1,22 +1,5 @@
-//! A GPU-free simulated inference engine.
-//!
-//! [`MockEngine`] is a discrete-time model of one engine rank: a vLLM-style continuous
-//! batching scheduler (running and waiting queues, a per-pass token budget, chunked
-//! prefill, recompute preemption under memory pressure) over a paged [`kv_cache::KvCache`]
-//! with prefix reuse and LRU eviction. Each call to [`MockEngine::step`] simulates one
-//! forward pass and returns how long it took ([`timing`], scaled by `speedup_ratio`), the
-//! tokens it produced and the KV events the cache emitted, in the router's event format,
-//! with the router's block and sequence hashes, so a KV router fed by these events sees
-//! exactly what a real engine would report.
-//!
-//! The engine has no clock and no threads: callers drive it (the serving layer sleeps for
-//! `duration_ms` between steps; benchmarks advance a simulated clock).
-
-pub mod args;
-pub mod kv_cache;
-pub mod runner;
-pub mod timing;
-pub mod zmq_events;
+//! The engine model: one rank's scheduler and paged KV cache, stepped one forward pass at a
+//! time ([`MockEngine::step`]), with no clock and no threads of its own.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -27,11 +10,10 @@ use dynamo_kv_router::hashing::{
 use dynamo_kv_router::protocols::KvCacheEventData;
 use rustc_hash::FxHashSet;
 
-pub use args::{MockEngineArgs, MockWorkerType, PreemptionMode};
-use kv_cache::KvCache;
-use timing::PrefillChunk;
-
+use crate::args::{MockEngineArgs, PreemptionMode};
 use crate::error::{Error, Result};
+use crate::kv_cache::KvCache;
+use crate::timing::{self, PrefillChunk};
 
 /// A generation request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +76,7 @@ pub struct StepResult {
     /// Requests preempted (they will be recomputed).
     pub preempted: Vec<String>,
     /// The pass as forward-pass metrics (with per-request lengths for the variances).
-    pub fpm: crate::fpm::FpmSample,
+    pub fpm: dynamo_llm::fpm::FpmSample,
 }
 
 /// Load figures of the engine, as published to routers.
@@ -556,8 +538,8 @@ impl MockEngine {
         chunks: &[PrefillChunk],
         decode_lengths: Vec<u64>,
         duration_ms: f64,
-    ) -> crate::fpm::FpmSample {
-        let mut lengths = crate::fpm::FpmLengths {
+    ) -> dynamo_llm::fpm::FpmSample {
+        let mut lengths = dynamo_llm::fpm::FpmLengths {
             scheduled_prefill: chunks.iter().map(|c| c.new_tokens as u64).collect(),
             scheduled_decode_kv: decode_lengths,
             ..Default::default()
@@ -570,7 +552,7 @@ impl MockEngine {
             }
         }
         let sum = |v: &[u64]| v.iter().sum::<u64>();
-        crate::fpm::FpmSample {
+        dynamo_llm::fpm::FpmSample {
             scheduled_num_prefill_requests: chunks.len() as u64,
             scheduled_sum_prefill_tokens: sum(&lengths.scheduled_prefill),
             scheduled_sum_prefill_kv_tokens: chunks.iter().map(|c| c.context_tokens as u64).sum(),

@@ -33,7 +33,7 @@ pub type EventSink = Box<dyn FnMut(Vec<KvCacheEventData>) + Send>;
 pub type EngineEventSink = Box<dyn FnMut(&[KvCacheEventData], &[Vec<u32>]) + Send>;
 
 /// Receives the forward-pass metrics of each step, in order.
-pub type FpmSink = Box<dyn FnMut(crate::fpm::FpmSample) + Send>;
+pub type FpmSink = Box<dyn FnMut(dynamo_llm::fpm::FpmSample) + Send>;
 
 enum Command {
     Add(

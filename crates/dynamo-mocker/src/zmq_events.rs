@@ -9,7 +9,7 @@
 //! `dynamo_kv_router::engine_events` (the KV relay, the selection services) and the
 //! reference's consumers decode. Block hashes are the mocker's sequence hashes (the
 //! consumer recomputes content hashes from `token_ids`). With a replay port, the last
-//! [`crate::kv_routing::zmq_pub::DEFAULT_REPLAY_BUFFER`] messages are served on a ROUTER
+//! [`dynamo_llm::kv_routing::zmq_pub::DEFAULT_REPLAY_BUFFER`] messages are served on a ROUTER
 //! socket (vLLM's replay protocol, see `kv_routing::zmq_pub`).
 //!
 //! Image (multimodal) block information is not carried: consumers hash the tokens alone.
@@ -17,10 +17,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use dynamo_kv_router::protocols::KvCacheEventData;
+use dynamo_llm::kv_routing::zmq_pub::{DEFAULT_REPLAY_BUFFER, EnginePublisher};
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::kv_routing::zmq_pub::{DEFAULT_REPLAY_BUFFER, EnginePublisher};
 
 #[derive(Serialize)]
 #[serde(tag = "type")]

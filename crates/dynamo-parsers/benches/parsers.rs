@@ -5,13 +5,13 @@
 //! Throughput is in tokens: ns/token = 1e3 / (Melem/s).
 //!
 //! ```text
-//! cargo bench -p dynamo-llm --bench parsers -- --warm-up-time 1 --measurement-time 3
+//! cargo bench -p dynamo-parsers --bench parsers -- --warm-up-time 1 --measurement-time 3
 //! ```
 
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use dynamo_llm::parsers::{ChatParser, ParseEvent, RequestTools};
+use dynamo_parsers::{ChatParser, ParseEvent, RequestTools};
 
 /// Output tokens per run: the issue's 2k-token output.
 const TOKENS: usize = 2048;

@@ -10,7 +10,7 @@
 //! its body starts with `{` (see `tool_calls/stream.rs` for the rule when the body
 //! then turns out malformed).
 
-use super::ParseEvent;
+use super::event::ParseEvent;
 use super::text::{find_first, floor_boundary, partial_suffix_len};
 use super::tool_calls::stream::ObjectScan;
 use super::tool_calls::{CallPolicy, RawCall, ToolSet};

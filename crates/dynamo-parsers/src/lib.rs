@@ -20,6 +20,7 @@
 //! send them whole once the call is complete). How malformed output falls back to
 //! content is in `docs/tool_calling.md` and `tool_calls/stream.rs`.
 
+mod event;
 pub mod harmony;
 pub mod reasoning;
 mod text;
@@ -30,27 +31,8 @@ use std::sync::Arc;
 use reasoning::{Channel, ReasoningFormat, ReasoningParser};
 use tool_calls::{CallPolicy, Format, ToolCallParser, ToolEvent, ToolSet};
 
+pub use event::ParseEvent;
 pub use tool_calls::RawCall;
-
-/// What a parser decided about a piece of output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ParseEvent {
-    /// `reasoning_content` text.
-    Reasoning(String),
-    /// `content` text.
-    Content(String),
-    /// A tool call begins: its function name, and the id the model wrote when its format
-    /// has one. Its arguments follow as [`ParseEvent::CallArgs`] pieces.
-    CallStart {
-        /// The function name.
-        name: String,
-        /// The model's call id, if any.
-        id: Option<String>,
-    },
-    /// A piece of the JSON arguments of the call last started (the pieces of a call
-    /// concatenate to its arguments).
-    CallArgs(String),
-}
 
 /// Tool-call parser names (aliases included) and the format each one means.
 const TOOL_PARSERS: &[(&str, Option<&str>)] = &[

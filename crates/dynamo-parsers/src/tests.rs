@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::*;
 
-const GOLDENS: &str = include_str!("../../../../tests/data/parser_goldens.json");
+const GOLDENS: &str = include_str!("../../../tests/data/parser_goldens.json");
 
 /// What an output parsed into: reasoning, content, calls (name, arguments value, id).
 #[derive(Debug, Clone, PartialEq)]

@@ -358,3 +358,12 @@ where
     }
     Ok(py_future)
 }
+
+/// An awaitable of `fut` on the running loop (cancelling it aborts `fut`).
+pub(crate) fn py_async<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    py_future(py, fut, true)
+}

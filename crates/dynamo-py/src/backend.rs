@@ -16,7 +16,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
-use crate::llm::PyModelInput;
+use crate::llm::model_card::PyModelInput;
 
 /// Register the `backend` submodule on `m` (and in `sys.modules`).
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -10,7 +10,8 @@
 //! ```
 
 use pyo3::exceptions::{
-    PyBufferError, PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError,
+    PyBufferError, PyException, PyFileNotFoundError, PyIndexError, PyMemoryError, PyRuntimeError,
+    PyTimeoutError, PyValueError,
 };
 use pyo3::prelude::*;
 
@@ -135,6 +136,49 @@ pub(crate) fn block_manager_error(err: dynamo_block_manager::Error) -> PyErr {
         E::NotContiguous => PyBufferError::new_err(msg),
         E::HostAllocation(_) => PyMemoryError::new_err(msg),
         _ => PyRuntimeError::new_err(msg),
+    }
+}
+
+/// Map an LLM-layer error to Python: missing files and models → `FileNotFoundError`;
+/// invalid arguments, configs, cards and requests → `ValueError`; a timeout →
+/// `TimeoutError`; anything else → `dynamo._core.Unknown`.
+pub(crate) fn llm_error(err: dynamo_llm::Error) -> PyErr {
+    use dynamo_llm::Error as E;
+    match &err {
+        E::FileNotFound(_) | E::ModelNotFound { .. } => {
+            PyFileNotFoundError::new_err(err.to_string())
+        }
+        E::InvalidConfig { .. }
+        | E::Deserialize { .. }
+        | E::ModelFile { .. }
+        | E::InvalidRequest { .. }
+        | E::Template(_)
+        | E::Tokenizer(_) => PyValueError::new_err(err.to_string()),
+        E::Timeout(_) => PyTimeoutError::new_err(err.to_string()),
+        _ => Unknown::new_err(err.to_string()),
+    }
+}
+
+/// Map a mocker error to Python: invalid engine arguments → `ValueError`; anything else
+/// (a rejected request, a stopped engine, a port that cannot be bound) →
+/// `dynamo._core.Unknown`.
+pub(crate) fn mocker_error(err: dynamo_mocker::Error) -> PyErr {
+    match &err {
+        dynamo_mocker::Error::InvalidEngineArgs { .. } => PyValueError::new_err(err.to_string()),
+        _ => Unknown::new_err(err.to_string()),
+    }
+}
+
+/// Map a frontend error to Python: what a lower layer reported maps as that layer's; a
+/// refused extension route → `ValueError`; a failed in-process request →
+/// `dynamo._core.Unknown`.
+pub(crate) fn frontend_error(err: dynamo_frontend::Error) -> PyErr {
+    use dynamo_frontend::Error as E;
+    match err {
+        E::Llm(e) => llm_error(e),
+        E::Mocker(e) => mocker_error(e),
+        E::Route(e) => PyValueError::new_err(e.to_string()),
+        other => Unknown::new_err(other.to_string()),
     }
 }
 

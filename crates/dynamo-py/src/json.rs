@@ -126,3 +126,26 @@ pub(crate) fn from_value<'py>(py: Python<'py>, value: &Value) -> PyResult<Bound<
         }
     })
 }
+
+/// Convert a JSON value to a Python object (via the `json` module: exact for every JSON
+/// type, and not a hot path).
+pub(crate) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
+    let json = py.import("json")?;
+    Ok(json.call_method1("loads", (value.to_string(),))?.unbind())
+}
+
+/// Convert a JSON-able Python object to a JSON value (`TypeError` from `json.dumps`
+/// otherwise).
+pub(crate) fn py_to_json(obj: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
+    let text: String = obj
+        .py()
+        .import("json")?
+        .call_method1("dumps", (obj,))?
+        .extract()?;
+    serde_json::from_str(&text).map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// [`py_to_json`] of an optional argument (`None` and a missing one are both `None`).
+pub(crate) fn opt_json(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<serde_json::Value>> {
+    obj.filter(|o| !o.is_none()).map(py_to_json).transpose()
+}

@@ -1,12 +1,12 @@
 //! `run_mocker_trace_replay` / `run_mocker_synthetic_trace_replay`: thin bindings over
-//! `dynamo_llm::replay`. Arguments are converted here; the simulation, validation and report
+//! `dynamo_mocker::replay`. Arguments are converted here; the simulation, validation and report
 //! live in the core crate. The GIL is released while a replay runs.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use dynamo_llm::replay::{
+use dynamo_mocker::replay::{
     self, ReplayError, ReplayOptions, ReplayOutput, RouterMode, SyntheticWorkload, Workload,
 };
 use pyo3::exceptions::{PyFileNotFoundError, PyRuntimeError, PyTypeError, PyValueError};
@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::json::from_value;
 use crate::llm::mocker_args::PyMockEngineArgs;
-use crate::router::PyKvRouterConfig;
+use crate::llm::router::PyKvRouterConfig;
 
 fn replay_error(e: ReplayError) -> PyErr {
     match e {

@@ -12,8 +12,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use clap::Error as ArgsError;
-pub use clap::Parser;
 use dynamo_kv_router::scheduling::config::{KvRouterConfig, TrackingHash};
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +21,9 @@ use super::http::{AccessLog, HttpState, select_router};
 use super::recovery::{self, RecoveryMetrics};
 use super::replica::{self, ReplicaHub};
 use super::service::{SelectionService, ServiceOptions};
+
+pub use clap::Error as ArgsError;
+pub use clap::Parser;
 
 /// Flags shared by the services that write an access log.
 #[derive(Debug, Clone, clap::Args)]

@@ -38,13 +38,14 @@ use axum::routing::{delete, get, post};
 use serde::Serialize;
 
 use super::error::SelectionError;
+use super::group::lock;
 use super::prom::{Kind, PromText};
 use super::recovery::RecoveryMetrics;
 use super::requests::{
     OutputBlockRequest, PromptRequest, ReservationRequest, WithTokenIds, parse_classified,
     parse_with_tokens,
 };
-use super::service::{SelectionService, lock};
+use super::service::SelectionService;
 
 /// Where access-log lines go, and which header carries the trace id.
 pub struct AccessLog {

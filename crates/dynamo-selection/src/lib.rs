@@ -17,7 +17,7 @@
 //!   [`recovery`]: loading a peer's `/dump` into the indexes at start-up.
 //!
 //! ```
-//! use dynamo_llm::selection::{SelectionService, ServiceOptions, WorkerRequest, parse};
+//! use dynamo_selection::{SelectionService, ServiceOptions, WorkerRequest, parse};
 //!
 //! let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
 //! let svc = SelectionService::new(ServiceOptions::default(), rt.handle().clone())?;
@@ -33,6 +33,7 @@ pub mod cache;
 pub mod catalog;
 pub mod cli;
 pub mod error;
+pub mod group;
 pub mod http;
 pub mod indexer;
 pub mod listener;

@@ -26,17 +26,17 @@
 //!   the tree scores device prefixes.
 
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dynamo_kv_router::engine_events::{EngineEvent, decode_engine_batch, decode_sequence};
 use dynamo_kv_router::protocols::{RouterEvent, StorageTier, WorkerWithDpRank};
 use dynamo_kv_router::publisher::{PublishInput, PublisherCore};
-use std::sync::Mutex;
+use dynamo_llm::kv_routing::zmq::{Backoff, Frames, SubConnection, dial_address, request_replay};
 use tokio_util::sync::CancellationToken;
 
-use super::service::{Group, lock};
-use crate::kv_routing::zmq::{Backoff, Frames, SubConnection, dial_address, request_replay};
+use super::group::{Group, lock};
 
 /// Most router events built from one connection's buffered messages before they are
 /// applied (bounds how long one tree write lock is held).
@@ -86,7 +86,7 @@ pub struct ListenerMetrics {
 /// the mocker's) convention is one replay port per rank, `base_port + offset`. `None` when
 /// `replay_endpoint` is not a `tcp://host:port` address.
 pub(crate) fn rank_replay_address(replay_endpoint: &str, offset: u32) -> Option<String> {
-    let address = crate::selection::catalog::zmq_tcp_address(replay_endpoint).ok()?;
+    let address = crate::catalog::zmq_tcp_address(replay_endpoint).ok()?;
     let (host, port) = address.rsplit_once(':')?;
     let port = port.parse::<u32>().ok()?.checked_add(offset)?;
     let port = u16::try_from(port).ok()?;

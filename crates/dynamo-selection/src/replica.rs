@@ -46,12 +46,11 @@ use dynamo_kv_router::scheduling::replica_sync::{
     BookingRecord, BookingTracker, ReplicaSync, ReplicaSyncConfig, SyncAction, SyncBody,
     SyncMessage,
 };
+use dynamo_llm::kv_routing::zmq::{LinkState, subscribe_loop_observed};
+use dynamo_llm::kv_routing::zmq_pub::PubSocket;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-use crate::kv_routing::zmq::{LinkState, subscribe_loop_observed};
-use crate::kv_routing::zmq_pub::PubSocket;
 
 use super::prom::{Kind, PromText};
 
@@ -88,7 +87,7 @@ impl ReplicaSyncOptions {
             host: host.to_owned(),
             port,
             peers,
-            config: crate::kv_routing::replica_sync::config_from_env(),
+            config: dynamo_llm::kv_routing::replica_sync::config_from_env(),
         }
     }
 }

@@ -34,11 +34,11 @@ use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 use super::catalog::DEFAULT_GROUP;
+use super::group::lock;
 use super::http::{body, error_response, json, not_found, ok, ok_with, prometheus_response};
 use super::prom::{Kind, PromText};
 use super::replica::{ReplicaHub, SyncTarget};
 use super::requests::{Hash64, LoadEntry};
-use super::service::lock;
 
 type Key = (String, String);
 

@@ -17,13 +17,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use dynamo_llm::discovery::ModelWatcher;
 use dynamo_runtime::DistributedRuntime;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tower_service::Service;
 
 use super::LocalEngine;
-use crate::discovery::ModelWatcher;
 use crate::error::{Error, Result};
 use crate::http::{FrontendConfig, HttpService};
 
@@ -194,7 +194,7 @@ pub async fn chat(
     let request = Request::post("/v1/chat/completions")
         .header(header::CONTENT_TYPE, "application/json")
         .body(Body::from(body.to_string()))
-        .map_err(|e| Error::Runtime(e.to_string()))?;
+        .map_err(|e| Error::Request(e.to_string()))?;
     let mut svc = router.clone();
     let response = match Service::<Request<Body>>::call(&mut svc, request).await {
         Ok(r) => r,
@@ -207,17 +207,17 @@ pub async fn chat(
         while let Some(Ok(b)) = body.next().await {
             bytes.extend_from_slice(&b);
         }
-        return Err(Error::Runtime(error_message(status.as_u16(), &bytes)));
+        return Err(Error::Request(error_message(status.as_u16(), &bytes)));
     }
     let mut parser = SseParser::default();
     let mut answer = String::new();
     while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| Error::Runtime(e.to_string()))?;
+        let chunk = chunk.map_err(|e| Error::Request(e.to_string()))?;
         for event in parser.push(&chunk) {
             match event {
                 SseEvent::Done => return Ok(answer),
                 SseEvent::Error(data) => {
-                    return Err(Error::Runtime(error_message(500, data.as_bytes())));
+                    return Err(Error::Request(error_message(500, data.as_bytes())));
                 }
                 SseEvent::Data(data) => {
                     let text = delta_text(&data);
@@ -305,9 +305,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::engines::EchoEngine;
     use crate::http::StaticTokenModel;
-    use crate::model_card::{ModelInput, ModelType, RegisterModelArgs};
+    use dynamo_llm::engines::EchoEngine;
+    use dynamo_llm::model_card::{ModelInput, ModelType, RegisterModelArgs};
 
     #[test]
     fn sse_events_split_across_reads() {
@@ -337,7 +337,11 @@ mod tests {
         let card = RegisterModelArgs {
             model_input: ModelInput::Tokens,
             model_type: ModelType::CHAT.union(ModelType::COMPLETIONS),
-            model_path: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-model").into(),
+            model_path: concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../dynamo-llm/tests/data/tiny-model"
+            )
+            .into(),
             model_name: Some("echo".into()),
             ..Default::default()
         }

@@ -45,14 +45,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
+use dynamo_llm::discovery::ModelWatcher;
+use dynamo_llm::error::{Error, Result};
+use dynamo_llm::model_card::ModelRuntimeConfig;
 use dynamo_runtime::DistributedRuntime;
+use tensor::TensorModelConfig;
 use tokio::sync::watch;
 
-use crate::discovery::ModelWatcher;
-use crate::error::{Error, Result};
 use crate::http::{FrontendConfig, HttpService, OpenAiEngine, StaticModels};
-use crate::model_card::ModelRuntimeConfig;
-use tensor::TensorModelConfig;
 
 /// The reference's default port of `KserveGrpcService`.
 pub const DEFAULT_GRPC_PORT: u16 = 8787;

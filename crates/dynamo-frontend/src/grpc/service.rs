@@ -6,6 +6,8 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use bytes::Bytes;
+use dynamo_llm::discovery::{ModelEntry, ModelManager};
+use dynamo_llm::model_card::ModelRuntimeConfig;
 use dynamo_runtime::{Context, Route};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
@@ -29,11 +31,9 @@ use super::tensor::{
 };
 use super::text::{self, SseEvent, SseParser, TextRequest};
 use super::{StaticTensorModel, TensorModels};
-use crate::discovery::{ModelEntry, ModelManager};
 use crate::http::HttpError;
 use crate::http::StaticModels;
 use crate::http::engine::{decode_item, route_error};
-use crate::model_card::ModelRuntimeConfig;
 
 /// Responses buffered per `ModelStreamInfer` stream before its requests wait for the
 /// client: absorbs a burst of chunks, keeps a slow reader's memory small.
@@ -468,7 +468,6 @@ impl GrpcInferenceService for Kserve {
                     name: m.name.clone(),
                     data_type: m.data_type.triton_config_type(),
                     dims: m.shape.clone(),
-                    ..Default::default()
                 })
                 .collect(),
             output: config
@@ -478,7 +477,6 @@ impl GrpcInferenceService for Kserve {
                     name: m.name.clone(),
                     data_type: m.data_type.triton_config_type(),
                     dims: m.shape.clone(),
-                    ..Default::default()
                 })
                 .collect(),
             // Text models answer one response per chunk on ModelStreamInfer.
@@ -487,7 +485,6 @@ impl GrpcInferenceService for Kserve {
                 .runtime_config_of(name)
                 .map(|rc| config_parameters(&rc))
                 .unwrap_or_default(),
-            ..Default::default()
         };
         Ok(Response::new(ModelConfigResponse {
             config: Some(config),

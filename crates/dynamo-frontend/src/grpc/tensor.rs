@@ -119,10 +119,10 @@ impl TensorModelConfig {
     /// Parse a `tensor_model_config` dict.
     ///
     /// # Errors
-    /// [`crate::Error::InvalidConfig`] with the reference's wording ("Failed to convert
+    /// [`dynamo_llm::Error::InvalidConfig`] with the reference's wording ("Failed to convert
     /// tensor_model_config: ...").
-    pub fn from_json(value: serde_json::Value) -> crate::Result<Self> {
-        serde_json::from_value(value).map_err(|e| crate::Error::InvalidConfig {
+    pub fn from_json(value: serde_json::Value) -> dynamo_llm::Result<Self> {
+        serde_json::from_value(value).map_err(|e| dynamo_llm::Error::InvalidConfig {
             field: "tensor_model_config".into(),
             reason: format!("Failed to convert tensor_model_config: {e}"),
         })

@@ -30,8 +30,8 @@ use super::chat_stream::{
     ChatEvent, ChatStream, ChatUsage, arguments_object, count_prompt_tokens, new_id,
 };
 use super::error::HttpError;
-use super::openai_routes::{json_response, sse_headers};
 use super::request_body::JsonBody;
+use super::respond::{json_response, sse_headers};
 use super::surfaces::{bad, json_object, model_field};
 
 /// Top-level request fields this surface knows; anything else is a 400, as Anthropic

@@ -149,7 +149,7 @@ pub(super) async fn get_busy_thresholds(State(shared): State<Arc<Shared>>) -> Re
         .iter()
         .map(|m| ModelThresholds::new(&m.name, shared.busy.get(&m.name)))
         .collect();
-    super::openai_routes::json_response(&serde_json::json!({ "thresholds": thresholds }))
+    super::respond::json_response(&serde_json::json!({ "thresholds": thresholds }))
 }
 
 /// `POST /busy_threshold`.
@@ -194,7 +194,7 @@ pub(super) async fn set_busy_threshold(
         ..update
     };
     match shared.busy.update(&update) {
-        Ok(t) => super::openai_routes::json_response(&ModelThresholds::new(&update.model, t)),
+        Ok(t) => super::respond::json_response(&ModelThresholds::new(&update.model, t)),
         Err(e) => error(StatusCode::BAD_REQUEST, e),
     }
 }

@@ -19,6 +19,7 @@ use super::Shared;
 use super::error::HttpError;
 use super::openai_routes;
 use super::realtime::SseLines;
+use super::respond;
 
 /// One step of a chat completion, surface-neutral.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -307,9 +308,9 @@ pub(super) fn count_prompt_tokens(
         param: e.param.as_deref().map(rename),
         ..e
     };
-    let request = crate::preprocessor::openai::parse_chat_request(chat.to_string().as_bytes())
+    let request = dynamo_llm::preprocessor::openai::parse_chat_request(chat.to_string().as_bytes())
         .map_err(|e| rename_err(e.into()))?;
-    let count = |p: &crate::preprocessor::Preprocessor| {
+    let count = |p: &dynamo_llm::preprocessor::Preprocessor| {
         p.preprocess_chat(&request)
             .map(|r| r.token_ids.len() as u64)
             .map_err(|e| rename_err(e.into()))
@@ -322,7 +323,7 @@ pub(super) fn count_prompt_tokens(
             Some("model".into()),
         )
     };
-    match shared.statics.resolve(model, openai_routes::Surface::Chat) {
+    match shared.statics.resolve(model, respond::Surface::Chat) {
         Some(StaticTarget::Tokens(m)) => return count(&m.preprocessor),
         Some(StaticTarget::OpenAi(_)) => return Err(no_tokenizer()),
         None => {}

@@ -17,14 +17,14 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
+use dynamo_llm::model_card::ModelType;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::error::HttpError;
-use super::openai_routes::json_response;
 use super::request_body::JsonBody;
+use super::respond::json_response;
 use super::surfaces::{self, Record, Surface};
-use crate::model_card::ModelType;
 
 /// The most inputs one request may carry (OpenAI's limit).
 pub(super) const MAX_INPUTS: usize = 2048;
@@ -306,7 +306,7 @@ fn response(model: &str, out: Output, options: &Options) -> Value {
 /// The token ids of `inputs` for a `ModelInput::Tokens` model (its tokenizer, special
 /// tokens added), each at most the model's context length.
 pub(super) fn token_ids(
-    entry: &crate::discovery::ModelEntry,
+    entry: &dynamo_llm::discovery::ModelEntry,
     inputs: Inputs,
 ) -> Result<Vec<Vec<u32>>, HttpError> {
     let token_ids = match (inputs, entry.preprocessor.as_ref()) {
@@ -314,7 +314,7 @@ pub(super) fn token_ids(
         (Inputs::Text(texts), Some(pre)) => texts
             .iter()
             .map(|t| pre.encode(t, true))
-            .collect::<crate::Result<Vec<_>>>()?,
+            .collect::<dynamo_llm::Result<Vec<_>>>()?,
         (Inputs::Text(_), None) => {
             return Err(HttpError::internal("the model has no tokenizer"));
         }

@@ -25,6 +25,9 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::engines::Annotated;
+use dynamo_llm::preprocessor::{LLMEngineOutput, PreprocessedRequest};
 use dynamo_runtime::transport::ErrorKind;
 use dynamo_runtime::transport::client::ResponseStream;
 use dynamo_runtime::{Client, Context, Route};
@@ -32,8 +35,6 @@ use futures_util::future::BoxFuture;
 
 use super::error::HttpError;
 use super::metrics::{Metrics, MigrationType};
-use crate::discovery::ModelEntry;
-use crate::preprocessor::{LLMEngineOutput, PreprocessedRequest};
 
 /// Retries of a request that failed before producing anything, on other workers, not
 /// counted as migrations. Bounds the cost of a burst of dead workers (each failed attempt
@@ -115,9 +116,9 @@ pub trait RequestBooking: Send + 'static {
     fn on_output(&mut self, tokens: usize);
 }
 
-impl RequestBooking for crate::kv_routing::Booking {
+impl RequestBooking for dynamo_llm::kv_routing::Booking {
     fn on_output(&mut self, tokens: usize) {
-        crate::kv_routing::Booking::on_output(self, tokens);
+        dynamo_llm::kv_routing::Booking::on_output(self, tokens);
     }
 }
 
@@ -147,32 +148,6 @@ pub struct SimpleSelector(pub Route);
 impl WorkerSelector for SimpleSelector {
     fn select(&self, _: &ModelEntry, _: &Client, _: &RoutedRequest<'_>) -> Route {
         self.0
-    }
-}
-
-/// One response item on the request plane: the runtime's annotated envelope
-/// `{"data": item, "id"?, "event"?, "comment"?}` (what Python handlers' items become).
-#[derive(serde::Deserialize, serde::Serialize)]
-pub struct Annotated<T> {
-    /// The item (absent on pure annotations).
-    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
-    pub data: Option<T>,
-    /// `"error"` ends the stream with the comments as message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event: Option<String>,
-    /// Annotations or the error message.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub comment: Option<Vec<String>>,
-}
-
-impl<T> Annotated<T> {
-    /// Wrap an item.
-    pub fn data(item: T) -> Self {
-        Self {
-            data: Some(item),
-            event: None,
-            comment: None,
-        }
     }
 }
 
@@ -491,7 +466,7 @@ mod codec_tests {
     use dynamo_runtime::transport::codec;
 
     use super::*;
-    use crate::preprocessor::FinishReason;
+    use dynamo_llm::preprocessor::FinishReason;
 
     /// A worker item as a Python handler's bridge writes it: a map with `data`.
     fn python_item(write_data: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {

@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use dynamo_llm::discovery::{ModelEntry, ModelManager};
+use dynamo_llm::model_card::ModelDeploymentCard;
+use dynamo_llm::preprocessor::PreprocessedRequest;
 use dynamo_runtime::{Context, EndpointId};
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
@@ -31,9 +34,6 @@ use super::engine::WorkerSelector;
 use super::error::HttpError;
 use super::metrics::Metrics;
 use super::static_engine::{ChunkStream, OpenAiEngine, StaticModels};
-use crate::discovery::{ModelEntry, ModelManager};
-use crate::model_card::ModelDeploymentCard;
-use crate::preprocessor::PreprocessedRequest;
 
 /// Longest wait between two calls of a failing factory.
 const MAX_RETRY_DELAY: Duration = Duration::from_secs(30);

@@ -105,11 +105,11 @@ fn overload_status() -> u16 {
     })
 }
 
-impl From<crate::Error> for HttpError {
-    fn from(e: crate::Error) -> Self {
+impl From<dynamo_llm::Error> for HttpError {
+    fn from(e: dynamo_llm::Error) -> Self {
         let param = match &e {
-            crate::Error::InvalidRequest { param, .. } => param.clone(),
-            crate::Error::Template(_) => Some("messages".into()),
+            dynamo_llm::Error::InvalidRequest { param, .. } => param.clone(),
+            dynamo_llm::Error::Template(_) => Some("messages".into()),
             _ => None,
         };
         Self {

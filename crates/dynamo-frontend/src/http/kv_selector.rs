@@ -22,15 +22,15 @@ use std::sync::{Arc, Mutex};
 
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
+use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::kv_routing::{self, KvRouter, RouteOptions};
+use dynamo_llm::model_card::DEFAULT_KV_CACHE_BLOCK_SIZE;
 use dynamo_runtime::{Client, DistributedRuntime, Route};
 use futures_util::future::BoxFuture;
 
 use super::busy::BusyThresholds;
 use super::engine::{RoutedRequest, Selected, WorkerSelector};
 use super::error::HttpError;
-use crate::discovery::ModelEntry;
-use crate::kv_routing::{self, KvRouter, RouteOptions};
-use crate::model_card::DEFAULT_KV_CACHE_BLOCK_SIZE;
 
 /// The KV-routing selector.
 pub struct KvSelector {

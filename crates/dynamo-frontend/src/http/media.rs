@@ -11,15 +11,15 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use dynamo_llm::model_card::ModelType;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::engine::decode_item;
 use super::error::HttpError;
-use super::openai_routes::{DONE, json_response, sse_data, sse_headers};
 use super::request_body::{AnyBody, JsonBody};
+use super::respond::{DONE, json_response, sse_data, sse_headers};
 use super::surfaces::{self, Record, Surface, bad};
-use crate::model_card::ModelType;
 
 /// The longest prompt or speech input accepted, in characters (OpenAI's image limit).
 pub(super) const MAX_PROMPT_CHARS: usize = 32_000;

@@ -21,12 +21,12 @@
 //! the body limit ([`DEFAULT_BODY_LIMIT`]), the header-read and body-read timeouts
 //! ([`DEFAULT_HEADER_READ_TIMEOUT`], [`DEFAULT_BODY_READ_TIMEOUT`]), the per-client
 //! connection limit ([`DEFAULT_MAX_CONNECTIONS_PER_IP`]), and prompts refused by length
-//! without being tokenised whole ([`crate::preprocessor::COUNT_CHUNK_BYTES`]).
+//! without being tokenised whole ([`dynamo_llm::preprocessor::COUNT_CHUNK_BYTES`]).
 //!
-//! Models come from a [`ModelManager`] that a [`crate::discovery::ModelWatcher`] keeps in
+//! Models come from a [`ModelManager`] that a [`dynamo_llm::discovery::ModelWatcher`] keeps in
 //! step with the cards workers register. For `ModelInput::Tokens` models the frontend
-//! templates and tokenizes ([`crate::preprocessor::Preprocessor`]), sends a
-//! [`crate::preprocessor::PreprocessedRequest`] and turns the worker's token stream back
+//! templates and tokenizes ([`dynamo_llm::preprocessor::Preprocessor`]), sends a
+//! [`dynamo_llm::preprocessor::PreprocessedRequest`] and turns the worker's token stream back
 //! into text with the stop conditions applied; `ModelInput::Text` models receive the raw
 //! OpenAI body and stream OpenAI chunks back.
 //!
@@ -54,6 +54,7 @@ mod openapi;
 mod realtime;
 mod request_body;
 mod rerank;
+mod respond;
 mod responses;
 mod serve;
 pub mod static_engine;
@@ -65,6 +66,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use dynamo_llm::discovery::{ModelManager, ModelWatcher};
+use dynamo_llm::error::{Error, Result};
 use dynamo_runtime::{DistributedRuntime, Route};
 use tokio::sync::watch;
 
@@ -75,9 +78,6 @@ pub use engine::{
 pub use error::HttpError;
 pub use metrics::Metrics;
 pub use static_engine::{OpenAiEngine, PreCommit, StaticModels, StaticTokenModel};
-
-use crate::discovery::{ModelManager, ModelWatcher};
-use crate::error::{Error, Result};
 
 /// Default request body limit, `DYN_HTTP_BODY_LIMIT_MB` (the reference's default is 192 MiB).
 ///
@@ -132,7 +132,7 @@ pub struct FrontendConfig {
     pub wait_for_first_item: bool,
     /// Tool-call / reasoning parsers of models whose card names none
     /// (`--dyn-tool-call-parser`, `--dyn-reasoning-parser`).
-    pub parsers: crate::parsers::ParserNames,
+    pub parsers: dynamo_parsers::ParserNames,
     /// Serve the Anthropic Messages API (`/v1/messages`, `/v1/messages/count_tokens`);
     /// default from `DYN_ENABLE_ANTHROPIC_API`.
     pub enable_anthropic_api: bool,
@@ -211,7 +211,7 @@ pub(crate) struct Shared {
     /// Per-model busy thresholds (`/busy_threshold`).
     pub(crate) busy: Arc<busy::BusyThresholds>,
     /// The frontend's default parsers (see [`FrontendConfig::parsers`]).
-    pub(crate) parsers: crate::parsers::ParserNames,
+    pub(crate) parsers: dynamo_parsers::ParserNames,
     /// The Anthropic Messages API is served.
     pub(crate) anthropic_api: bool,
 }
@@ -230,7 +230,7 @@ pub(crate) fn json_status(
     status: axum::http::StatusCode,
     value: &impl serde::Serialize,
 ) -> axum::response::Response {
-    let mut response = openai_routes::json_response(value);
+    let mut response = respond::json_response(value);
     *response.status_mut() = status;
     response
 }

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use dynamo_llm::discovery::ModelManager;
 
 use super::{HttpError, Shared, StaticModels};
-use crate::discovery::ModelManager;
 
 /// Whether a model can serve, and why not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,7 +126,7 @@ pub(super) async fn model_route(
 ) -> Response {
     let view = shared.view();
     if let Some(card) = view.card(&model_id) {
-        return super::openai_routes::json_response(&card);
+        return super::respond::json_response(&card);
     }
     if let Some(model) = model_id.strip_suffix("/ready")
         && let Some(r) = view.readiness(model)

@@ -9,52 +9,19 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use bytes::BytesMut;
+use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::preprocessor::OutputProcessor;
+use dynamo_llm::preprocessor::openai::{self, ResponseFactory, Usage};
+use dynamo_parsers::{ChatParser, ParseEvent, ParserNames, RequestTools};
 use dynamo_runtime::Context;
 
 use super::Shared;
 use super::engine::{RoutedRequest, WorkerStream, decode_item, route_error};
 use super::error::HttpError;
+use super::respond::{
+    DONE, Inflight, Surface, fail, json_response, sse_data, sse_error, sse_headers,
+};
 use super::static_engine::{self, StaticTarget, TokenSource};
-use crate::discovery::ModelEntry;
-use crate::parsers::{ChatParser, ParseEvent, ParserNames, RequestTools};
-use crate::preprocessor::OutputProcessor;
-use crate::preprocessor::openai::{self, ResponseFactory, Usage};
-
-/// Which OpenAI surface a request came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Surface {
-    Chat,
-    Completions,
-}
-
-impl Surface {
-    fn label(self) -> &'static str {
-        match self {
-            Self::Chat => "chat_completions",
-            Self::Completions => "completions",
-        }
-    }
-
-    /// The `enable_endpoint` type of the surface.
-    fn endpoint_type(self) -> &'static str {
-        match self {
-            Self::Chat => "chat",
-            Self::Completions => "completion",
-        }
-    }
-}
-
-pub(super) fn json_response(value: &impl serde::Serialize) -> Response {
-    match serde_json::to_vec(value) {
-        Ok(v) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/json")],
-            v,
-        )
-            .into_response(),
-        Err(e) => HttpError::internal(e.to_string()).into_response(),
-    }
-}
 
 /// The model of a request, peeked without a full parse (for the 404 before validation).
 fn lookup(shared: &Shared, model: &str, surface: Surface) -> Result<Arc<ModelEntry>, HttpError> {
@@ -72,20 +39,6 @@ fn lookup(shared: &Shared, model: &str, surface: Surface) -> Result<Arc<ModelEnt
     } else {
         Err(HttpError::model_not_found(model))
     }
-}
-
-pub(super) fn fail(
-    shared: &Shared,
-    model: &str,
-    surface: Surface,
-    streaming: bool,
-    e: HttpError,
-) -> Response {
-    shared.metrics.error(model, e.kind());
-    shared
-        .metrics
-        .request(model, surface.label(), streaming, "error");
-    e.into_response()
 }
 
 pub(super) async fn chat_completions(
@@ -291,7 +244,7 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
             // client chose otherwise.
             if parser.is_some()
                 && r.skip_special_tokens.is_none()
-                && crate::parsers::needs_special_tokens(
+                && dynamo_parsers::needs_special_tokens(
                     names.tool_call_parser.as_deref(),
                     names.reasoning_parser.as_deref(),
                 )
@@ -379,79 +332,6 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
     }
 }
 
-/// Records the request's metrics when it ends, however it ends.
-pub(super) struct Inflight {
-    shared: Arc<Shared>,
-    model: String,
-    surface: Surface,
-    streaming: bool,
-    pub(super) status: &'static str,
-    started: Instant,
-    first: Option<Instant>,
-    last: Option<Instant>,
-    tokens: u32,
-}
-
-impl Inflight {
-    /// Count a request in flight until the guard drops.
-    pub(super) fn start(
-        shared: Arc<Shared>,
-        model: String,
-        surface: Surface,
-        streaming: bool,
-        started: Instant,
-    ) -> Self {
-        shared.metrics.inflight(&model, 1);
-        Self {
-            shared,
-            model,
-            surface,
-            streaming,
-            status: "error",
-            started,
-            first: None,
-            last: None,
-            tokens: 0,
-        }
-    }
-
-    /// Record an error of the request.
-    pub(super) fn error(&self, e: &HttpError) {
-        self.shared.metrics.error(&self.model, e.kind());
-    }
-
-    pub(super) fn tokens(&mut self, n: u32) {
-        if n == 0 {
-            return;
-        }
-        let now = Instant::now();
-        if self.first.is_none() {
-            self.first = Some(now);
-            self.shared.metrics.ttft(&self.model, now - self.started);
-        }
-        self.last = Some(now);
-        self.tokens += n;
-    }
-}
-
-impl Drop for Inflight {
-    fn drop(&mut self) {
-        let m = &self.shared.metrics;
-        m.inflight(&self.model, -1);
-        m.request(
-            &self.model,
-            self.surface.label(),
-            self.streaming,
-            self.status,
-        );
-        let itl = match (self.first, self.last) {
-            (Some(f), Some(l)) if self.tokens > 1 => Some((l - f) / (self.tokens - 1)),
-            _ => None,
-        };
-        m.finished(&self.model, self.started.elapsed(), itl, self.tokens);
-    }
-}
-
 /// One choice of a token request: its worker stream and its detokenizer.
 struct ChoiceRun {
     index: u32,
@@ -489,7 +369,7 @@ struct Event {
 }
 
 /// `prompt_tokens_details.cached_tokens` reported by an engine in an item's usage.
-fn engine_cached_tokens(item: &crate::preprocessor::LLMEngineOutput) -> Option<u32> {
+fn engine_cached_tokens(item: &dynamo_llm::preprocessor::LLMEngineOutput) -> Option<u32> {
     let c = item
         .completion_usage
         .as_ref()?
@@ -526,7 +406,7 @@ impl ChoiceRun {
                 Ok(out) => {
                     tokens += out.completion_tokens - before;
                     if let Some(reason) = &out.finish_reason {
-                        if let crate::preprocessor::FinishReason::Error(msg) = reason {
+                        if let dynamo_llm::preprocessor::FinishReason::Error(msg) = reason {
                             return Step::Error(HttpError::internal(format!(
                                 "engine error: {msg}"
                             )));
@@ -803,7 +683,7 @@ impl ParsedMessage {
 /// wrote one); its arguments follow.
 fn tool_call(name: String, id: Option<String>) -> openai::ToolCall {
     openai::ToolCall {
-        id: id.unwrap_or_else(crate::parsers::new_call_id),
+        id: id.unwrap_or_else(dynamo_parsers::new_call_id),
         kind: "function".to_owned(),
         function: openai::FunctionCall {
             name,
@@ -947,32 +827,6 @@ impl Merged {
         };
         sse_data(&v.unwrap_or_default())
     }
-}
-
-pub(super) fn sse_data(json: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(json.len() + 8);
-    out.extend_from_slice(b"data: ");
-    out.extend_from_slice(json);
-    out.extend_from_slice(b"\n\n");
-    out
-}
-
-pub(super) const DONE: &[u8] = b"data: [DONE]\n\n";
-
-/// An SSE `error` event carrying `e`'s envelope.
-pub(super) fn sse_error(e: &HttpError) -> Vec<u8> {
-    let mut out = b"event: error\n".to_vec();
-    out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
-    out
-}
-
-pub(super) fn sse_headers(body: Body) -> Response {
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(header::CONTENT_TYPE, "text/event-stream")
-        .header(header::CACHE_CONTROL, "no-cache")
-        .body(body)
-        .unwrap_or_else(|e| HttpError::internal(e.to_string()).into_response())
 }
 
 /// The SSE frame buffer of a streamed response: room for a response of 16 tokens or so.

@@ -17,15 +17,16 @@ use axum::handler::Handler;
 use axum::http::Method;
 use axum::response::Response;
 use axum::routing::{MethodFilter, MethodRouter, on};
+use dynamo_llm::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 use serde::de::{DeserializeOwned, Visitor};
 use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::openai_routes;
 use super::realtime;
+use super::respond;
 use super::{anthropic, responses};
 use super::{busy, embeddings, media, models, rerank};
-use crate::preprocessor::openai::{ChatCompletionRequest, CompletionRequest};
 
 /// What a route returns on success (its OpenAPI `200` content types).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,7 +290,7 @@ async fn openapi_json(axum::extract::State(shared): axum::extract::State<Arc<Sha
     static DOCS: [OnceLock<Value>; 2] = [OnceLock::new(), OnceLock::new()];
     let anthropic = shared.anthropic_api;
     let doc = DOCS[usize::from(anthropic)].get_or_init(|| document(&routes_with(anthropic)));
-    openai_routes::json_response(doc)
+    respond::json_response(doc)
 }
 
 /// `{*rest}` (axum's catch-all) is `{rest}` in OpenAPI.

@@ -28,7 +28,8 @@ use serde_json::{Value, json};
 
 use super::Shared;
 use super::error::HttpError;
-use super::openai_routes::{self, Surface};
+use super::openai_routes;
+use super::respond::Surface;
 
 /// The route's handler.
 pub(super) async fn realtime(

@@ -13,15 +13,15 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
+use dynamo_llm::model_card::ModelType;
 use serde_json::{Map, Value, json};
 
 use super::Shared;
 use super::embeddings::{self, Inputs};
 use super::error::HttpError;
-use super::openai_routes::json_response;
 use super::request_body::JsonBody;
+use super::respond::json_response;
 use super::surfaces::{self, Record, Surface, bad};
-use crate::model_card::ModelType;
 
 /// The most documents one rerank request may carry.
 pub(super) const MAX_DOCUMENTS: usize = 1000;

@@ -26,8 +26,8 @@ use serde_json::{Map, Value, json};
 use super::Shared;
 use super::chat_stream::{ChatEvent, ChatStream, ChatUsage, count_prompt_tokens, new_id};
 use super::error::HttpError;
-use super::openai_routes::{json_response, sse_headers};
 use super::request_body::JsonBody;
+use super::respond::{json_response, sse_headers};
 use super::surfaces::{bad, json_object, model_field};
 
 /// Top-level request fields this surface knows (OpenAI's `responses.create` parameters and
@@ -879,7 +879,7 @@ async fn create(
             None => {
                 builder.end();
                 let mut out = builder.drain_sse();
-                out.extend_from_slice(super::openai_routes::DONE);
+                out.extend_from_slice(super::respond::DONE);
                 Some((out, None))
             }
         };

@@ -24,20 +24,20 @@ use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use axum::response::{IntoResponse, Response};
+use dynamo_llm::engines::{TokenEngine, TokenStream};
+use dynamo_llm::error::{Error, Result};
+use dynamo_llm::model_card::ModelDeploymentCard;
+use dynamo_llm::preprocessor::openai;
+use dynamo_llm::preprocessor::{LLMEngineOutput, Preprocessor};
 use dynamo_runtime::Context;
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 
 use super::error::HttpError;
-use super::openai_routes::{
+use super::respond::{
     DONE, Inflight, Surface, fail, json_response, sse_data, sse_error, sse_headers,
 };
 use super::{Shared, WorkerStream};
-use crate::engines::{TokenEngine, TokenStream};
-use crate::error::{Error, Result};
-use crate::model_card::ModelDeploymentCard;
-use crate::preprocessor::openai;
-use crate::preprocessor::{LLMEngineOutput, Preprocessor};
 
 /// The chunks of one request: each item is the JSON of one OpenAI response chunk, or the
 /// error that ends the stream.
@@ -318,7 +318,7 @@ impl TokenSource {
 /// Start a token request on an in-process engine.
 pub(super) async fn open_local(
     model: &StaticTokenModel,
-    request: crate::preprocessor::PreprocessedRequest,
+    request: dynamo_llm::preprocessor::PreprocessedRequest,
     context: Context,
 ) -> Result<TokenSource, HttpError> {
     let stream = model.engine.generate(request, context.clone()).await?;

@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
+use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::model_card::ModelType;
 use dynamo_runtime::Context;
 
 use super::Shared;
 use super::engine::{RoutedRequest, decode_item, route_error};
 use super::error::HttpError;
-use crate::discovery::ModelEntry;
-use crate::model_card::ModelType;
 
 /// A non-generative surface: its path (for messages), metrics label and model flag.
 #[derive(Debug, Clone, Copy)]

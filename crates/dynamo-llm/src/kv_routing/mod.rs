@@ -44,7 +44,7 @@ pub mod event_stats;
 mod publisher;
 pub mod replica_sync;
 mod router;
-pub(crate) mod zmq;
+pub mod zmq;
 pub mod zmq_pub;
 
 use std::sync::{Mutex, MutexGuard};

@@ -151,8 +151,8 @@ impl KvEventPublisher {
         )
     }
 
-    /// A publisher of raw events (e.g. the mocker's [`crate::mocker`] event sink, which
-    /// already computes both hashes): [`KvEventPublisher::publish_raw`] numbers them.
+    /// A publisher of raw events (e.g. the mocker's event sink, which already computes
+    /// both hashes): [`KvEventPublisher::publish_raw`] numbers them.
     /// Must be called inside the tokio runtime.
     ///
     /// # Errors
@@ -314,9 +314,9 @@ impl KvEventPublisher {
         ));
     }
 
-    /// A mocker event sink ([`crate::mocker::runner::EventSink`]) that numbers and
-    /// publishes each step's events through this (raw) publisher.
-    pub fn event_sink(self: &Arc<Self>) -> crate::mocker::runner::EventSink {
+    /// An event sink for an engine that reports each step's events (the mocker's runner
+    /// takes one): numbers and publishes them through this (raw) publisher.
+    pub fn event_sink(self: &Arc<Self>) -> Box<dyn FnMut(Vec<KvCacheEventData>) + Send> {
         let me = Arc::clone(self);
         Box::new(move |data| {
             if !data.is_empty()
@@ -421,36 +421,6 @@ impl WorkerMetricsPublisher {
     /// Routers currently connected.
     pub fn subscriber_count(&self) -> usize {
         self.topic.subscriber_count()
-    }
-
-    /// Publish a mocker's `kv_used_blocks` for `dp_rank` after every engine step that
-    /// changed it, until the engine stops. Must be called inside the tokio runtime.
-    pub fn follow_mocker(
-        &self,
-        dp_rank: u32,
-        mut metrics: tokio::sync::watch::Receiver<crate::mocker::MockerMetrics>,
-    ) {
-        let me = self.clone();
-        tokio::spawn(async move {
-            let mut last = None;
-            loop {
-                let m = *metrics.borrow_and_update();
-                if last != Some(m.kv_used_blocks) {
-                    last = Some(m.kv_used_blocks);
-                    me.publish_load(&ActiveLoad {
-                        worker_id: 0,
-                        dp_rank,
-                        active_decode_blocks: Some(m.kv_active_blocks as u64),
-                        kv_used_blocks: Some(m.kv_used_blocks as u64),
-                        total_kv_blocks: Some(m.kv_total_blocks as u64),
-                        max_num_batched_tokens: None,
-                    });
-                }
-                if metrics.changed().await.is_err() {
-                    break;
-                }
-            }
-        });
     }
 }
 

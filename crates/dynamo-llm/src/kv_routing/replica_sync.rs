@@ -41,7 +41,7 @@ pub(super) trait SyncedRouter: Send + Sync + 'static {
 }
 
 /// Timing from the environment (defaults of [`ReplicaSyncConfig`] otherwise).
-pub(crate) fn config_from_env() -> ReplicaSyncConfig {
+pub fn config_from_env() -> ReplicaSyncConfig {
     std::env::var(REPLICA_SYNC_TTL_ENV)
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())

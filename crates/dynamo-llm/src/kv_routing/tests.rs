@@ -210,63 +210,6 @@ fn routes_to_prefix_holder_recovers_and_forgets() {
     });
 }
 
-#[test]
-fn mocker_events_reach_the_router() {
-    use crate::mocker::runner::MockEngineRunner;
-    use crate::mocker::{MockEngineArgs, MockRequest};
-
-    let rt = dynamo_runtime::tokio_runtime().unwrap();
-    rt.block_on(async {
-        let scene = Scene::new("kvm", "mocker", KvRouterConfig::default());
-        let (ep, router) = (&scene.ep, &scene.router);
-        let workers: Vec<DistributedRuntime> = (0..2).map(|_| runtime()).collect();
-        for w in &workers {
-            scene.serve(w, Arc::new(Echo), CancellationToken::new());
-        }
-        until(|| router.core().workers().len() == 2).await;
-        let w1 = &workers[1];
-        let publisher = Arc::new(
-            KvEventPublisher::new_raw(w1, ep, WorkerWithDpRank::new(w1.connection_id(), 0), true)
-                .unwrap(),
-        );
-        until(|| publisher.subscriber_count() == 1).await;
-        let metrics = WorkerMetricsPublisher::new(w1, ep, w1.connection_id()).unwrap();
-        until(|| metrics.subscriber_count() == 1).await;
-        let args = MockEngineArgs {
-            block_size: 4,
-            speedup_ratio: 1000.0,
-            ..Default::default()
-        };
-        let engine = MockEngineRunner::spawn(args, publisher.event_sink()).unwrap();
-        metrics.follow_mocker(0, engine.watch_metrics());
-        let prompt: Vec<u32> = (0..32).collect();
-        let mut out = engine
-            .submit(MockRequest::new("m1", prompt.clone(), 2))
-            .await
-            .unwrap();
-        while out.recv().await.is_some() {}
-        until(|| {
-            router
-                .core()
-                .dump_events()
-                .iter()
-                .filter(|e| e.worker_id == w1.connection_id())
-                .count()
-                >= 8
-        })
-        .await;
-        let sel = router
-            .route(&prompt, &RouteOptions::default())
-            .await
-            .unwrap();
-        assert_eq!(sel.worker.worker_id, w1.connection_id());
-        assert_eq!(sel.overlap_blocks, 8);
-        assert!(publisher.next_event_id() > 0);
-        assert!(publisher.publish_stored(&stored(&prompt, 4, 1)).is_err());
-        scene.shutdown(&workers);
-    });
-}
-
 struct Tokens;
 impl Handler for Tokens {
     fn start(&self, _request: Request, mut out: Responder) {

@@ -158,7 +158,7 @@ pub(crate) async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// `tcp://host:port` (`*` meaning loopback) as a socket address to dial.
-pub(crate) fn dial_address(endpoint: &str) -> String {
+pub fn dial_address(endpoint: &str) -> String {
     endpoint
         .strip_prefix("tcp://")
         .unwrap_or(endpoint)
@@ -173,7 +173,7 @@ const SUB_BUFFER: usize = 256 * 1024;
 /// Bytes are read into one buffer and messages are parsed in place, so a subscriber can
 /// take every message that has already arrived in one go ([`Self::fill`], then
 /// [`Self::next_buffered`] until `None`) without copying frames.
-pub(crate) struct SubConnection {
+pub struct SubConnection {
     stream: TcpStream,
     buf: Vec<u8>,
     /// Start of the unparsed bytes in `buf`.
@@ -210,30 +210,34 @@ fn frame_at(bytes: &[u8], at: usize) -> std::io::Result<Option<(u8, usize, usize
 }
 
 /// The frames of one message, borrowed from a [`SubConnection`]'s buffer.
-pub(crate) struct Frames<'a> {
+pub struct Frames<'a> {
     buf: &'a [u8],
     parts: &'a [(usize, usize)],
 }
 
 impl<'a> Frames<'a> {
     /// Number of frames (at least one).
-    pub(crate) fn len(&self) -> usize {
+    #[expect(
+        clippy::len_without_is_empty,
+        reason = "a parsed message always has a frame: is_empty would always be false"
+    )]
+    pub fn len(&self) -> usize {
         self.parts.len()
     }
 
     /// Frame `i`.
-    pub(crate) fn get(&self, i: usize) -> Option<&'a [u8]> {
+    pub fn get(&self, i: usize) -> Option<&'a [u8]> {
         let &(b, e) = self.parts.get(i)?;
         Some(&self.buf[b..e])
     }
 
     /// The last frame (the payload of an engine message).
-    pub(crate) fn last(&self) -> Option<&'a [u8]> {
+    pub fn last(&self) -> Option<&'a [u8]> {
         self.get(self.parts.len().checked_sub(1)?)
     }
 
     /// Every frame, in order.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         let buf = self.buf;
         self.parts.iter().map(move |&(b, e)| &buf[b..e])
     }
@@ -241,7 +245,7 @@ impl<'a> Frames<'a> {
 
 impl SubConnection {
     /// Connect to `address` (`host:port`), handshake and subscribe to `topic`.
-    pub(crate) async fn connect(address: &str, topic: &[u8]) -> std::io::Result<Self> {
+    pub async fn connect(address: &str, topic: &[u8]) -> std::io::Result<Self> {
         let mut s = TcpStream::connect(address).await?;
         s.set_nodelay(true)?;
         handshake(&mut s, "SUB").await?;
@@ -261,7 +265,7 @@ impl SubConnection {
     ///
     /// # Errors
     /// The connection broke or the publisher closed it.
-    pub(crate) async fn fill(&mut self) -> std::io::Result<()> {
+    pub async fn fill(&mut self) -> std::io::Result<()> {
         if self.start > 0 {
             // Keep only the unparsed tail (a partial message), at the front.
             self.buf.drain(..self.start);
@@ -289,7 +293,7 @@ impl SubConnection {
     /// # Errors
     /// A frame over the size limit or a message with too many parts (the connection
     /// cannot be read further).
-    pub(crate) fn next_buffered(&mut self) -> std::io::Result<Option<Frames<'_>>> {
+    pub fn next_buffered(&mut self) -> std::io::Result<Option<Frames<'_>>> {
         let mut at = self.start;
         self.parts.clear();
         loop {
@@ -320,7 +324,7 @@ impl SubConnection {
     }
 
     /// The next message (commands such as heartbeats are skipped).
-    pub(crate) async fn recv(&mut self) -> std::io::Result<Vec<Vec<u8>>> {
+    pub async fn recv(&mut self) -> std::io::Result<Vec<Vec<u8>>> {
         loop {
             if let Some(m) = self.next_buffered()? {
                 return Ok(m.iter().map(<[u8]>::to_vec).collect());
@@ -415,7 +419,7 @@ pub(crate) async fn subscribe_loop<A, F>(
 /// The state of a subscriber's connection, as reported to [`subscribe_loop_observed`]'s
 /// `on_link` (the selection service shows it in a worker's catalog record).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum LinkState {
+pub enum LinkState {
     /// Handshake done and subscribed.
     Connected,
     /// A connection attempt failed or an established connection broke (the reason).
@@ -423,19 +427,27 @@ pub(crate) enum LinkState {
 }
 
 /// The re-dial delays of a subscriber: 100 ms, doubling up to 2 s, reset on success.
-pub(crate) struct Backoff(Duration);
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Backoff {
-    pub(crate) fn new() -> Self {
+    /// The first delay (100 ms).
+    pub fn new() -> Self {
         Self(Duration::from_millis(100))
     }
 
-    pub(crate) fn reset(&mut self) {
+    /// Back to the first delay, after a successful connection.
+    pub fn reset(&mut self) {
         self.0 = Duration::from_millis(100);
     }
 
     /// Sleep for the current delay (false when `stop` fired meanwhile) and double it.
-    pub(crate) async fn wait(&mut self, stop: &CancellationToken) -> bool {
+    pub async fn wait(&mut self, stop: &CancellationToken) -> bool {
         let d = self.0;
         self.0 = (self.0 * 2).min(Duration::from_secs(2));
         tokio::select! {
@@ -447,7 +459,7 @@ impl Backoff {
 
 /// [`subscribe_loop`], also reporting each connect, failed attempt and lost connection
 /// to `on_link`.
-pub(crate) async fn subscribe_loop_observed<A, F, L>(
+pub async fn subscribe_loop_observed<A, F, L>(
     endpoint: String,
     topic: Vec<u8>,
     stop: CancellationToken,
@@ -501,7 +513,7 @@ pub(crate) const MAX_REPLAY_MESSAGES: usize = 1_000_000;
 ///
 /// # Errors
 /// Connection failures, a malformed answer, or no end sentinel within `timeout`.
-pub(crate) async fn request_replay(
+pub async fn request_replay(
     address: &str,
     start_seq: u64,
     timeout: Duration,

@@ -209,11 +209,11 @@ impl ModelRuntimeConfig {
         Self::check_taints(&self.taints)?;
         // Unknown parser names fail here, at registration, not on the first request.
         if let Some(p) = &self.tool_call_parser {
-            crate::parsers::check_tool_parser(p)
+            dynamo_parsers::check_tool_parser(p)
                 .map_err(|m| Error::config("tool_call_parser", m))?;
         }
         if let Some(p) = &self.reasoning_parser {
-            crate::parsers::check_reasoning_parser(p)
+            dynamo_parsers::check_reasoning_parser(p)
                 .map_err(|m| Error::config("reasoning_parser", m))?;
         }
         Ok(())

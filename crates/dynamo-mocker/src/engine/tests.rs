@@ -1,8 +1,9 @@
-use super::*;
 use dynamo_kv_router::hashing::{BlockHashOptions, compute_block_hash_for_seq};
 use dynamo_kv_router::indexer::SharedRadixTree;
 use dynamo_kv_router::protocols::{KvCacheEvent, WorkerWithDpRank};
 use proptest::prelude::*;
+
+use super::*;
 
 fn args(blocks: usize, bs: usize) -> MockEngineArgs {
     MockEngineArgs {

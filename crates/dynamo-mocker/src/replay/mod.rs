@@ -274,9 +274,9 @@ pub fn engine_descriptor(args: &Value) -> Result<(Value, Option<f64>), ReplayErr
     Ok((Value::Object(desc), startup))
 }
 
-/// The reference mapping form of our [`MockEngineArgs`](crate::mocker::MockEngineArgs), so a
+/// The reference mapping form of our [`MockEngineArgs`](crate::args::MockEngineArgs), so a
 /// `MockEngineArgs` object can be passed as `extra_engine_args` too.
-pub fn engine_args_from_mocker(args: &crate::mocker::MockEngineArgs) -> Value {
+pub fn engine_args_from_mocker(args: &crate::args::MockEngineArgs) -> Value {
     let mut engine = serde_json::json!({
         "backend": args.engine_type,
         "num_gpu_blocks": args.num_gpu_blocks,

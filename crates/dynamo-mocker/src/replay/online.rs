@@ -10,7 +10,7 @@
 //! replay's (the same trace build, the same hash-id token expansion); arrivals follow the
 //! (sped-up) timestamps or a closed loop of `replay_concurrency`.
 //!
-//! Timing is therefore our live mocker's (`crate::mocker`), not the `aisimulate-core`
+//! Timing is therefore our live mocker's (`crate`), not the `aisimulate-core`
 //! engines of the offline replay, plus the runtime's real transport and scheduling delays.
 //! The measured times are fed to `aisimulate-core`'s report collector, so the summary has the
 //! offline keys.
@@ -22,6 +22,10 @@ use aisimulate_core::replay::{ReplayTerminalStatus, TraceCollector};
 use bytes::Bytes;
 use dynamo_kv_router::protocols::WorkerWithDpRank;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
+use dynamo_llm::engines::Annotated;
+use dynamo_llm::engines::TokenEngineHandler;
+use dynamo_llm::kv_routing::{KvEventPublisher, KvRouter, RouteOptions, WorkerMetricsPublisher};
+use dynamo_llm::preprocessor::{LLMEngineOutput, PreprocessedRequest};
 use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
 use dynamo_runtime::transport::codec;
 use dynamo_runtime::{Client, Context, DistributedRuntime, EndpointId, Route, RuntimeConfig};
@@ -34,12 +38,9 @@ use super::{
     ReplayError, ReplayOptions, ReplayOutput, RouterMode, Workload, bad, build_trace,
     check_arrival_process, validate, write_jsonl,
 };
-use crate::engines::{MockTokenEngine, TokenEngineHandler};
-use crate::http::engine::Annotated;
-use crate::kv_routing::{KvEventPublisher, KvRouter, RouteOptions, WorkerMetricsPublisher};
-use crate::mocker::MockEngineArgs;
-use crate::mocker::runner::{EventSink, MockEngineRunner};
-use crate::preprocessor::{LLMEngineOutput, PreprocessedRequest};
+use crate::args::MockEngineArgs;
+use crate::runner::{EventSink, MockEngineRunner};
+use crate::token_engine::MockTokenEngine;
 
 /// How long workers get to appear in discovery (and routers to subscribe to their events).
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -316,7 +317,7 @@ async fn replay(
             if kv.is_some() {
                 let metrics =
                     WorkerMetricsPublisher::new(w, &ep, w.connection_id()).map_err(sim)?;
-                metrics.follow_mocker(0, runner.watch_metrics());
+                crate::publish::follow_load(&metrics, 0, runner.watch_metrics());
                 keep.push(Box::new(metrics) as Box<dyn Send>);
             }
             let handler = Arc::new(TokenEngineHandler::new(Arc::new(MockTokenEngine::new(

@@ -107,7 +107,7 @@ fn engine_args_forms() {
     assert_eq!(d["rank"]["num_gpu_blocks"], 100);
     assert_eq!(d["rank"]["backend"], "vllm");
     assert!(engine_descriptor(&json!({"engine": {}, "bogus": 1})).is_err());
-    let mocker = crate::mocker::MockEngineArgs {
+    let mocker = crate::args::MockEngineArgs {
         num_gpu_blocks: 77,
         block_size: 16,
         ..Default::default()

@@ -4,7 +4,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::{End, Format, RawCall, ToolSet, inner, stream};
+use super::format::{End, Format, RawCall, ToolSet, inner};
+use super::head::{json_head, json_viable};
 
 /// One call object. `arguments` is kept as written (key order and all).
 #[derive(Deserialize)]
@@ -81,7 +82,7 @@ pub(crate) const HERMES: Format = Format {
     leading: &[],
     parse: hermes,
     special_tokens: false,
-    head: Some(stream::json_head),
+    head: Some(json_head),
     viable: None,
 };
 
@@ -102,8 +103,8 @@ pub(crate) const LLAMA3_JSON: Format = Format {
     leading: &["{"],
     parse: llama3,
     special_tokens: true,
-    head: Some(stream::json_head),
-    viable: Some(stream::json_viable),
+    head: Some(json_head),
+    viable: Some(json_viable),
 };
 
 fn phi4(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
@@ -117,7 +118,7 @@ pub(crate) const PHI4: Format = Format {
     leading: &[],
     parse: phi4,
     special_tokens: false,
-    head: Some(stream::json_head),
+    head: Some(json_head),
     viable: None,
 };
 
@@ -132,7 +133,7 @@ pub(crate) const NEMOTRON_DECI: Format = Format {
     leading: &[],
     parse: nemotron_deci,
     special_tokens: false,
-    head: Some(stream::json_head),
+    head: Some(json_head),
     viable: None,
 };
 
@@ -147,7 +148,7 @@ pub(crate) const JAMBA: Format = Format {
     leading: &[],
     parse: jamba,
     special_tokens: false,
-    head: Some(stream::json_head),
+    head: Some(json_head),
     viable: None,
 };
 
@@ -172,6 +173,6 @@ pub(crate) const DEFAULT: Format = Format {
     leading: &["{", "["],
     parse: default,
     special_tokens: false,
-    head: Some(stream::json_head),
-    viable: Some(stream::json_viable),
+    head: Some(json_head),
+    viable: Some(json_viable),
 };

@@ -3,7 +3,8 @@
 //! A small recursive-descent reader of Python literals (strings, numbers, `True`,
 //! `False`, `None`, lists, tuples, dicts) that writes them as JSON.
 
-use super::{End, Format, ObjectText, RawCall, ToolSet, stream};
+use super::format::{End, Format, ObjectText, RawCall, ToolSet};
+use super::head::{MAX_LEAD_NAME, ws};
 
 struct Reader<'a> {
     s: &'a str,
@@ -195,6 +196,30 @@ fn pythonic(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
     (r.i == s.len()).then_some(calls)
 }
 
+/// A leading `[`: a Python list of calls `[name(`. Viable once the first name and its
+/// `(` arrived and the function is allowed.
+fn pythonic_viable(s: &str, allowed: &dyn Fn(&str) -> bool) -> Option<bool> {
+    let b = s.as_bytes();
+    let mut i = ws(b, 0);
+    if *b.get(i)? != b'[' {
+        return Some(false);
+    }
+    i = ws(b, i + 1);
+    let start = i;
+    while i < b.len() && (b[i].is_ascii_alphanumeric() || matches!(b[i], b'_' | b'.' | b'-')) {
+        i += 1;
+    }
+    if i - start > MAX_LEAD_NAME {
+        return Some(false);
+    }
+    let name = &s[start..i];
+    let i = ws(b, i);
+    match b.get(i)? {
+        b'(' if !name.is_empty() => Some(allowed(name)),
+        _ => Some(false),
+    }
+}
+
 /// Pythonic: an output that is a Python list of calls.
 pub(crate) const PYTHONIC: Format = Format {
     name: "pythonic",
@@ -203,5 +228,20 @@ pub(crate) const PYTHONIC: Format = Format {
     parse: pythonic,
     special_tokens: false,
     head: None,
-    viable: Some(stream::pythonic_viable),
+    viable: Some(pythonic_viable),
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leading_viability() {
+        let yes = |_: &str| true;
+        let only_f = |n: &str| n == "f";
+        assert_eq!(pythonic_viable("[1] is", &yes), Some(false));
+        assert_eq!(pythonic_viable("[f", &yes), None);
+        assert_eq!(pythonic_viable("[f(", &only_f), Some(true));
+        assert_eq!(pythonic_viable("[g (", &only_f), Some(false));
+    }
+}

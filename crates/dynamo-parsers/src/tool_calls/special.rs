@@ -1,7 +1,8 @@
 //! Formats built from special-token markers: Mistral, DeepSeek V3 / V3.1, Kimi K2.
 
+use super::format::{End, Format, RawCall, ToolSet, inner};
+use super::head::{Head, json_head, marked, need, object_at, skip_optional, ws};
 use super::json::parse_calls;
-use super::{End, Format, RawCall, ToolSet, inner, stream};
 
 /// A JSON object's text, validated.
 fn object_text(s: &str) -> Option<String> {
@@ -36,6 +37,37 @@ fn mistral(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
         .collect()
 }
 
+/// Mistral: `[TOOL_CALLS]` then JSON call objects (v0.3) or `name[ARGS]{...}`
+/// (optionally `name[CALL_ID]id[ARGS]`), v11.
+fn mistral_head(s: &str) -> Head {
+    let Some(i) = skip_optional(s, 0, &["[TOOL_CALLS]"]) else {
+        return Head::Need;
+    };
+    match s.as_bytes().get(i) {
+        None => return Head::Need,
+        Some(b'[' | b'{' | b'}' | b']' | b',') => return json_head(&s[i..]).shift(i),
+        Some(_) => {}
+    }
+    let Some(p) = s[i..].find("[ARGS]") else {
+        return Head::Need;
+    };
+    let head = &s[i..i + p];
+    let (name, id) = match head.split_once("[CALL_ID]") {
+        Some((n, id)) => (n, Some(id.trim().to_owned())),
+        None => (head, None),
+    };
+    let name = name.trim();
+    if name.is_empty() || name.contains('[') {
+        return Head::Bad;
+    }
+    let args_at = need!(object_at(s, i + p + "[ARGS]".len()));
+    Head::Call {
+        name: name.to_owned(),
+        id,
+        args_at,
+    }
+}
+
 /// Mistral: `[TOOL_CALLS]` then the calls, to the end of the output.
 pub(crate) const MISTRAL: Format = Format {
     name: "mistral",
@@ -43,15 +75,15 @@ pub(crate) const MISTRAL: Format = Format {
     leading: &[],
     parse: mistral,
     special_tokens: true,
-    head: Some(stream::mistral_head),
+    head: Some(mistral_head),
     viable: None,
 };
 
 const DS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 const DS_END: &str = "<｜tool▁calls▁end｜>";
-pub(crate) const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
-pub(crate) const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
-pub(crate) const DS_SEP: &str = "<｜tool▁sep｜>";
+const DS_CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
+const DS_CALL_END: &str = "<｜tool▁call▁end｜>";
+const DS_SEP: &str = "<｜tool▁sep｜>";
 
 /// Both DeepSeek layouts: V3 `function<sep>name\n```json\n{...}\n```` and V3.1
 /// `name<sep>{...}`.
@@ -95,6 +127,48 @@ fn deepseek(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
     Some(calls)
 }
 
+/// DeepSeek V3.1 `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{` and V3
+/// `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name\n```json\n{`.
+fn deepseek_head(s: &str) -> Head {
+    let Some(i) = skip_optional(s, 0, &["```", DS_CALL_END]) else {
+        return Head::Need;
+    };
+    let (head, j) = need!(marked(s, i, DS_CALL_BEGIN, DS_SEP));
+    let head = head.trim();
+    let b = s.as_bytes();
+    let k = ws(b, j);
+    if k == b.len() {
+        return Head::Need;
+    }
+    if head == "function" && b[k] != b'{' {
+        // V3: the name runs to the end of the line, then a fenced JSON block.
+        let Some(nl) = s[j..].find('\n') else {
+            return Head::Need;
+        };
+        let name = s[j..j + nl].trim();
+        let Some(f) = skip_optional(s, j + nl, &["```json", "```"]) else {
+            return Head::Need;
+        };
+        if name.is_empty() {
+            return Head::Bad;
+        }
+        let args_at = need!(object_at(s, f));
+        return Head::Call {
+            name: name.to_owned(),
+            id: None,
+            args_at,
+        };
+    }
+    if head.is_empty() || b[k] != b'{' {
+        return Head::Bad;
+    }
+    Head::Call {
+        name: head.to_owned(),
+        id: None,
+        args_at: k,
+    }
+}
+
 /// DeepSeek V3 (`function<｜tool▁sep｜>name` and a fenced JSON block).
 pub(crate) const DEEPSEEK_V3: Format = Format {
     name: "deepseek_v3",
@@ -102,7 +176,7 @@ pub(crate) const DEEPSEEK_V3: Format = Format {
     leading: &[],
     parse: deepseek,
     special_tokens: true,
-    head: Some(stream::deepseek_head),
+    head: Some(deepseek_head),
     viable: None,
 };
 
@@ -113,15 +187,15 @@ pub(crate) const DEEPSEEK_V3_1: Format = Format {
     leading: &[],
     parse: deepseek,
     special_tokens: true,
-    head: Some(stream::deepseek_head),
+    head: Some(deepseek_head),
     viable: None,
 };
 
 const KIMI_BEGIN: &str = "<|tool_calls_section_begin|>";
 const KIMI_END: &str = "<|tool_calls_section_end|>";
-pub(crate) const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
-pub(crate) const KIMI_CALL_END: &str = "<|tool_call_end|>";
-pub(crate) const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
+const KIMI_CALL_BEGIN: &str = "<|tool_call_begin|>";
+const KIMI_CALL_END: &str = "<|tool_call_end|>";
+const KIMI_ARGS: &str = "<|tool_call_argument_begin|>";
 
 fn kimi(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
     let body = inner(section, KIMI_BEGIN, KIMI_END).trim();
@@ -151,6 +225,26 @@ fn kimi(section: &str, _: &ToolSet) -> Option<Vec<RawCall>> {
     Some(calls)
 }
 
+/// Kimi K2 `<|tool_call_begin|>functions.name:N<|tool_call_argument_begin|>{`.
+fn kimi_head(s: &str) -> Head {
+    let Some(i) = skip_optional(s, 0, &[KIMI_CALL_END]) else {
+        return Head::Need;
+    };
+    let (id, j) = need!(marked(s, i, KIMI_CALL_BEGIN, KIMI_ARGS));
+    let id = id.trim();
+    let name = id.strip_prefix("functions.").unwrap_or(id);
+    let name = name.rsplit_once(':').map_or(name, |(n, _)| n);
+    if name.is_empty() {
+        return Head::Bad;
+    }
+    let args_at = need!(object_at(s, j));
+    Head::Call {
+        name: name.to_owned(),
+        id: Some(id.to_owned()),
+        args_at,
+    }
+}
+
 /// Kimi K2: a section of `<|tool_call_begin|>functions.name:N<|tool_call_argument_begin|>{...}<|tool_call_end|>`.
 pub(crate) const KIMI_K2: Format = Format {
     name: "kimi_k2",
@@ -158,6 +252,6 @@ pub(crate) const KIMI_K2: Format = Format {
     leading: &[],
     parse: kimi,
     special_tokens: true,
-    head: Some(stream::kimi_head),
+    head: Some(kimi_head),
     viable: None,
 };

@@ -1,5 +1,6 @@
 use std::sync::Arc;
 
+use super::format::param_json;
 use super::*;
 
 fn tools() -> Arc<ToolSet> {

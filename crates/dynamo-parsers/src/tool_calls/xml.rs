@@ -1,8 +1,8 @@
 //! XML-like formats whose parameters are separate elements: Qwen3-Coder, GLM-4.5/4.7,
 //! DeepSeek V3.2 (DSML) and MiniMax M2. Parameter values are text, typed by the request's
-//! tool schema (see [`super::param_json`]).
+//! tool schema (see [`super::format::param_json`]).
 
-use super::{End, Format, ObjectText, RawCall, ToolSet, inner, param_json};
+use super::format::{End, Format, ObjectText, RawCall, ToolSet, inner, param_json};
 
 /// The text between `open` and `close` starting at the front of `s` (after blanks), and
 /// what follows.

@@ -13,7 +13,8 @@ use pyo3::exceptions::{PyBufferError, PyIndexError, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::{dlpack, errors};
+use crate::errors;
+use crate::llm::dlpack;
 
 /// A KV block manager with an optional host pool (pinned memory, or system memory without
 /// CUDA) and an optional device pool.

@@ -23,10 +23,11 @@ use std::ffi::CStr;
 use std::sync::Arc;
 
 use dynamo_block_manager::TensorDesc;
-pub(crate) use dynamo_block_manager::dlpack::device_of;
 use dynamo_block_manager::dlpack::{ManagedTensor, release_unconsumed};
 use pyo3::ffi;
 use pyo3::prelude::*;
+
+pub(crate) use dynamo_block_manager::dlpack::device_of;
 
 const LEGACY_NAME: &CStr = c"dltensor";
 const VERSIONED_NAME: &CStr = c"dltensor_versioned";

@@ -1,177 +1,37 @@
-//! Serving bindings: `register_model`, `unregister_model`, `update_model_taints`,
-//! `EngineType`, `EntrypointArgs`, `EngineConfig`, `make_engine`, `run_input`,
-//! `HttpService`, `PythonAsyncEngine`, `HttpAsyncEngine`. Each converts its arguments and
-//! calls one function of [`dynamo_llm::discovery`], [`dynamo_llm::http`] or
-//! [`dynamo_llm::entrypoint`].
+//! Entry points: `EngineType`, `EntrypointArgs`, `EngineConfig`, `make_engine`,
+//! `run_input`, `run_inputs_blocking`. Each converts its arguments and calls one function of
+//! [`dynamo_frontend::entrypoint`].
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use dynamo_frontend::entrypoint::text::TextInput;
+use dynamo_frontend::entrypoint::{LocalEngine, LocalEngineKind, serve_http_with_factory};
+use dynamo_frontend::http::engine_factory::ChatEngineFactory;
+use dynamo_frontend::http::{FrontendConfig, RouterMode};
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
-use dynamo_llm::entrypoint::text::TextInput;
-use dynamo_llm::entrypoint::{LocalEngine, LocalEngineKind, serve_http_with_factory};
-use dynamo_llm::http::engine_factory::ChatEngineFactory;
-use dynamo_llm::http::{FrontendConfig, HttpService as CoreHttpService, OpenAiEngine, RouterMode};
-use dynamo_llm::mocker::MockEngineArgs;
-use dynamo_llm::model_card::RegisterModelArgs;
+use dynamo_mocker::MockEngineArgs;
 use dynamo_runtime::EndpointId;
-use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::errors::runtime_error;
+use crate::aio::py_async;
+use crate::errors::{frontend_error, mocker_error, runtime_error};
 use crate::llm::mocker_args::mock_engine_args_from_py;
-use crate::llm::{
-    PyModelInput, PyModelRuntimeConfig, PyModelType, PyWorkerType, llm_error, py_to_json,
-};
-use crate::llm_static::PyOpenAiEngine;
-use crate::router::PyRouterConfig;
-use crate::runtime::{DistributedRuntime, Endpoint};
+use crate::llm::model_card::PyModelRuntimeConfig;
+use crate::llm::router::PyRouterConfig;
+use crate::runtime::distributed_runtime::DistributedRuntime;
 
-/// Register the serving classes and functions.
+/// Register the entry-point classes and functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(register_model, m)?)?;
-    m.add_function(wrap_pyfunction!(unregister_model, m)?)?;
-    m.add_function(wrap_pyfunction!(update_model_taints, m)?)?;
     m.add_function(wrap_pyfunction!(make_engine, m)?)?;
     m.add_function(wrap_pyfunction!(run_input, m)?)?;
     m.add_function(wrap_pyfunction!(run_inputs_blocking, m)?)?;
     m.add_class::<EngineType>()?;
     m.add_class::<EngineConfig>()?;
     m.add_class::<EntrypointArgs>()?;
-    m.add_class::<HttpService>()?;
-    m.add_class::<PythonAsyncEngine>()?;
-    m.add_class::<HttpAsyncEngine>()?;
-    crate::routed_engine::register(m)?;
     Ok(())
-}
-
-/// An awaitable of `fut` on the running loop (cancelling it aborts `fut`).
-fn py_async<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    crate::aio::py_future(py, fut, true)
-}
-
-fn opt_json(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<serde_json::Value>> {
-    obj.filter(|o| !o.is_none()).map(py_to_json).transpose()
-}
-
-/// Publish this worker's model card in discovery, next to its endpoint instance.
-#[pyfunction]
-#[pyo3(signature = (
-    model_input, model_type, endpoint, model_path, model_name = None, *, worker_type = None,
-    context_length = None, kv_cache_block_size = None, router_mode = None, router_config = None,
-    runtime_config = None, tensor_model_config = None, user_data = None,
-    custom_template_path = None, media_decoder = None, media_fetcher = None,
-    forward_inline_media_in_messages = None, lora_name = None, base_model_path = None,
-    needs = None, self_host_metadata = None, ignore_weights = false, max_gpu_lora_count = None,
-    model_aliases = None, migration_limit = 0
-))]
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the Python signature of register_model"
-)]
-#[expect(unused_variables, reason = "accepted for compatibility; not modelled")]
-fn register_model<'py>(
-    py: Python<'py>,
-    model_input: PyModelInput,
-    model_type: PyModelType,
-    endpoint: &Endpoint,
-    model_path: String,
-    model_name: Option<String>,
-    worker_type: Option<PyWorkerType>,
-    context_length: Option<u32>,
-    kv_cache_block_size: Option<u32>,
-    router_mode: Option<&Bound<'py, PyAny>>,
-    router_config: Option<&Bound<'py, PyAny>>,
-    runtime_config: Option<PyModelRuntimeConfig>,
-    tensor_model_config: Option<&Bound<'py, PyAny>>,
-    user_data: Option<&Bound<'py, PyAny>>,
-    custom_template_path: Option<PathBuf>,
-    media_decoder: Option<&Bound<'py, PyAny>>,
-    media_fetcher: Option<&Bound<'py, PyAny>>,
-    forward_inline_media_in_messages: Option<bool>,
-    lora_name: Option<String>,
-    base_model_path: Option<String>,
-    needs: Option<Vec<Vec<PyWorkerType>>>,
-    self_host_metadata: Option<bool>,
-    ignore_weights: bool,
-    max_gpu_lora_count: Option<u32>,
-    model_aliases: Option<Vec<String>>,
-    migration_limit: u32,
-) -> PyResult<Bound<'py, PyAny>> {
-    let args = RegisterModelArgs {
-        model_input: model_input.into(),
-        model_type: model_type.inner,
-        model_path,
-        model_name,
-        worker_type: worker_type.map(Into::into),
-        kv_cache_block_size,
-        context_length,
-        runtime_config: runtime_config.map(|c| c.inner),
-        tensor_model_config: opt_json(tensor_model_config)?,
-        user_data: opt_json(user_data)?,
-        custom_template_path,
-        lora_name,
-        base_model_path,
-        needs: needs.map(|n| {
-            n.into_iter()
-                .map(|set| set.into_iter().map(Into::into).collect())
-                .collect()
-        }),
-        ignore_weights,
-        max_gpu_lora_count,
-        model_aliases: model_aliases.unwrap_or_default(),
-        migration_limit,
-        media_fetcher: crate::llm::media::fetcher_config(media_fetcher)?,
-        media_decoder: crate::llm::media::decoder_config(media_decoder)?,
-    };
-    let (runtime, id) = endpoint.parts();
-    let (runtime, id) = (runtime.clone(), id.clone());
-    py_async(py, async move {
-        let card = args.build_card().map_err(llm_error)?;
-        dynamo_llm::discovery::register_model(&runtime, &id, &card)
-            .await
-            .map_err(llm_error)
-    })
-}
-
-/// Remove this worker's model card (or its LoRA adapter card).
-#[pyfunction]
-#[pyo3(signature = (endpoint, lora_name = None))]
-fn unregister_model<'py>(
-    py: Python<'py>,
-    endpoint: &Endpoint,
-    lora_name: Option<String>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let (runtime, id) = endpoint.parts();
-    let (runtime, id) = (runtime.clone(), id.clone());
-    py_async(py, async move {
-        dynamo_llm::discovery::unregister_model(&runtime, &id, lora_name.as_deref())
-            .await
-            .map_err(llm_error)
-    })
-}
-
-/// Replace the caller-managed taints of this worker's base model card.
-#[pyfunction]
-#[pyo3(signature = (endpoint, taints))]
-fn update_model_taints<'py>(
-    py: Python<'py>,
-    endpoint: &Endpoint,
-    taints: BTreeSet<String>,
-) -> PyResult<Bound<'py, PyAny>> {
-    let (runtime, id) = endpoint.parts();
-    let (runtime, id) = (runtime.clone(), id.clone());
-    py_async(py, async move {
-        dynamo_llm::discovery::update_model_taints(&runtime, &id, taints)
-            .await
-            .map_err(llm_error)
-    })
 }
 
 /// The engine an entry point runs.
@@ -232,7 +92,7 @@ pub(crate) struct EntrypointArgs {
     namespace: Option<String>,
     migration_limit: u32,
     /// The frontend's default tool-call / reasoning parsers (`runtime_config`'s).
-    parsers: dynamo_llm::parsers::ParserNames,
+    parsers: dynamo_parsers::ParserNames,
     /// Serve the Anthropic Messages API (`None`: `DYN_ENABLE_ANTHROPIC_API`).
     enable_anthropic_api: Option<bool>,
     /// Media settings of a local engine's card (`media_decoder=` / `media_fetcher=`).
@@ -313,13 +173,13 @@ impl EntrypointArgs {
                 let text = std::fs::read_to_string(&path).map_err(|e| {
                     PyValueError::new_err(format!("cannot read {}: {e}", path.display()))
                 })?;
-                Some(MockEngineArgs::from_json(&text).map_err(llm_error)?)
+                Some(MockEngineArgs::from_json(&text).map_err(mocker_error)?)
             }
             (None, None) => None,
         };
         let parsers = runtime_config
             .as_ref()
-            .map(|c| dynamo_llm::parsers::ParserNames {
+            .map(|c| dynamo_parsers::ParserNames {
                 tool_call_parser: c.inner.tool_call_parser.clone(),
                 reasoning_parser: c.inner.reasoning_parser.clone(),
             })
@@ -327,7 +187,7 @@ impl EntrypointArgs {
         parsers.validate().map_err(PyValueError::new_err)?;
         let chat_engine_factory = match chat_engine_factory.filter(|f| !f.is_none()) {
             Some(f) => Some(
-                Arc::new(crate::routed_engine::PyChatEngineFactory::new(py, f)?)
+                Arc::new(crate::llm::routed_engine::PyChatEngineFactory::new(py, f)?)
                     as Arc<dyn ChatEngineFactory>,
             ),
             None => None,
@@ -418,7 +278,7 @@ fn engine_config(args: &EntrypointArgs) -> PyResult<EngineConfig> {
     };
     // Fail here, not at `run_input`, on a model directory that cannot serve.
     if let Some(l) = &local {
-        l.card().map_err(llm_error)?;
+        l.card().map_err(frontend_error)?;
     }
     Ok(EngineConfig {
         frontend,
@@ -439,7 +299,7 @@ fn run_input<'py>(
     frontend_route_extensions: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let routes = match frontend_route_extensions.filter(|f| !f.is_none()) {
-        Some(f) => crate::frontend_routes::routes_from_py(f)?,
+        Some(f) => crate::llm::frontend_routes::routes_from_py(f)?,
         None => Vec::new(),
     };
     if !routes.is_empty() && input != "http" {
@@ -460,7 +320,7 @@ fn input_future(
     drt: dynamo_runtime::DistributedRuntime,
     input: &str,
     engine_config: &EngineConfig,
-    routes: Vec<dynamo_llm::http::extensions::ExtensionRoute>,
+    routes: Vec<dynamo_frontend::http::extensions::ExtensionRoute>,
 ) -> PyResult<InputFuture> {
     let frontend = engine_config.frontend.clone();
     let local = engine_config.local.clone();
@@ -469,21 +329,24 @@ fn input_future(
         return Ok(Box::pin(async move {
             serve_http_with_factory(drt, frontend, local.as_ref(), routes, factory)
                 .await
-                .map_err(llm_error)
+                .map_err(frontend_error)
         }));
     }
     if let Some(text) = TextInput::parse(input) {
         return Ok(Box::pin(async move {
-            dynamo_llm::entrypoint::text::run(drt, text, frontend, local.as_ref())
+            dynamo_frontend::entrypoint::text::run(drt, text, frontend, local.as_ref())
                 .await
-                .map_err(llm_error)
+                .map_err(frontend_error)
         }));
     }
     match (local, input) {
         (Some(local), ep) if ep.starts_with("dyn://") => {
             let endpoint = EndpointId::parse(ep).map_err(runtime_error)?;
             Ok(Box::pin(async move {
-                local.serve_endpoint(drt, endpoint).await.map_err(llm_error)
+                local
+                    .serve_endpoint(drt, endpoint)
+                    .await
+                    .map_err(frontend_error)
             }))
         }
         (None, ep) if ep.starts_with("dyn://") => Err(PyValueError::new_err(
@@ -491,9 +354,9 @@ fn input_future(
         )),
         // The reference serves gRPC on the engine's HTTP host and port.
         (local, "grpc") => Ok(Box::pin(async move {
-            dynamo_llm::entrypoint::serve_grpc(drt, frontend, local.as_ref())
+            dynamo_frontend::entrypoint::serve_grpc(drt, frontend, local.as_ref())
                 .await
-                .map_err(llm_error)
+                .map_err(frontend_error)
         })),
         _ => Err(PyValueError::new_err(format!(
             "unknown input {input:?}: expected \"http\", \"text\", \"stdin\", \"grpc\" or \"dyn://namespace.component.endpoint\""
@@ -521,7 +384,7 @@ fn run_inputs_blocking(
         PyRef<'_, EntrypointArgs>,
     )>,
 ) -> PyResult<()> {
-    let rt = crate::runtime::tokio_runtime()?;
+    let rt = crate::runtime::distributed_runtime::tokio_runtime()?;
     let mut runtimes = Vec::with_capacity(inputs.len());
     let mut futures = Vec::with_capacity(inputs.len());
     for (runtime, input, args) in &inputs {
@@ -600,178 +463,4 @@ async fn run_until_signal(
     }
     shutdown_all();
     first_error.map_or(Ok(()), Err)
-}
-
-/// An OpenAI-compatible HTTP ingress following the runtime's model cards, plus the
-/// in-process models added with `add_chat_completions_model` / `add_completions_model`.
-#[pyclass(module = "dynamo._core", frozen)]
-pub(crate) struct HttpService {
-    inner: Arc<CoreHttpService>,
-}
-
-/// The engine behind a `PythonAsyncEngine` or `HttpAsyncEngine`.
-pub(crate) fn openai_engine(engine: &Bound<'_, PyAny>) -> PyResult<Arc<dyn OpenAiEngine>> {
-    if let Ok(e) = engine.cast::<HttpAsyncEngine>() {
-        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
-    }
-    if let Ok(e) = engine.cast::<PythonAsyncEngine>() {
-        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
-    }
-    Err(PyTypeError::new_err(format!(
-        "engine must be a PythonAsyncEngine or HttpAsyncEngine, not {}",
-        engine.get_type().name()?
-    )))
-}
-
-fn not_found(model: &str) -> PyErr {
-    PyValueError::new_err(format!("Model not found: {model}"))
-}
-
-#[pymethods]
-impl HttpService {
-    #[new]
-    #[pyo3(signature = (port = None, *, wait_for_first_item = false))]
-    fn new(port: Option<u16>, wait_for_first_item: bool) -> Self {
-        let mut c = FrontendConfig::default();
-        if let Some(p) = port {
-            c.port = p;
-        }
-        c.wait_for_first_item = wait_for_first_item;
-        Self {
-            inner: CoreHttpService::new(c),
-        }
-    }
-
-    /// Serve `engine` as chat-completions model `model` (replacing one of that name).
-    #[pyo3(signature = (model, checksum, engine))]
-    fn add_chat_completions_model(
-        &self,
-        model: &str,
-        checksum: &str,
-        engine: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let _ = checksum;
-        self.inner.statics().add_chat(model, openai_engine(engine)?);
-        Ok(())
-    }
-
-    /// Serve `engine` as completions model `model` (replacing one of that name).
-    #[pyo3(signature = (model, checksum, engine))]
-    fn add_completions_model(
-        &self,
-        model: &str,
-        checksum: &str,
-        engine: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
-        let _ = checksum;
-        self.inner
-            .statics()
-            .add_completions(model, openai_engine(engine)?);
-        Ok(())
-    }
-
-    /// Stop serving chat model `model` (`ValueError` when it is not served).
-    #[pyo3(signature = (model))]
-    fn remove_chat_completions_model(&self, model: &str) -> PyResult<()> {
-        if self.inner.statics().remove_chat(model) {
-            Ok(())
-        } else {
-            Err(not_found(model))
-        }
-    }
-
-    /// Stop serving completions model `model` (`ValueError` when it is not served).
-    #[pyo3(signature = (model))]
-    fn remove_completions_model(&self, model: &str) -> PyResult<()> {
-        if self.inner.statics().remove_completions(model) {
-            Ok(())
-        } else {
-            Err(not_found(model))
-        }
-    }
-
-    /// The added chat models, sorted.
-    #[pyo3(signature = ())]
-    fn list_chat_completions_models(&self) -> Vec<String> {
-        self.inner.statics().list_chat()
-    }
-
-    /// The added completions models, sorted.
-    #[pyo3(signature = ())]
-    fn list_completions_models(&self) -> Vec<String> {
-        self.inner.statics().list_completions()
-    }
-
-    /// Turn an endpoint family (`"chat"`, `"completion"`, ...) on or off; a disabled one
-    /// answers 404. All are on by default.
-    #[pyo3(signature = (endpoint_type, enabled))]
-    fn enable_endpoint(&self, endpoint_type: &str, enabled: bool) -> PyResult<()> {
-        self.inner
-            .statics()
-            .enable_endpoint(endpoint_type, enabled)
-            .map_err(llm_error)
-    }
-
-    /// Serve until `shutdown()` or the runtime stops.
-    #[pyo3(signature = (runtime))]
-    fn run<'py>(
-        &self,
-        py: Python<'py>,
-        runtime: &DistributedRuntime,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let service = Arc::clone(&self.inner);
-        let drt = runtime.core().clone();
-        py_async(py, async move { service.run(drt).await.map_err(llm_error) })
-    }
-
-    /// Stop serving.
-    #[pyo3(signature = ())]
-    fn shutdown(&self) {
-        self.inner.shutdown();
-    }
-}
-
-/// A Python async-generator callable wrapped as an in-process engine: `generator(request)`
-/// (or `generator(request, context=...)`) yields OpenAI chunk dicts; it runs on
-/// `event_loop`. Errors: `ValueError`/`TypeError` → 400, anything else → 500.
-#[pyclass(module = "dynamo._core", frozen)]
-pub(crate) struct PythonAsyncEngine {
-    inner: Arc<PyOpenAiEngine>,
-}
-
-#[pymethods]
-impl PythonAsyncEngine {
-    #[new]
-    #[pyo3(signature = (generator, event_loop))]
-    fn new(
-        py: Python<'_>,
-        generator: &Bound<'_, PyAny>,
-        event_loop: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        Ok(Self {
-            inner: crate::llm_static::start(py, generator, event_loop, false)?,
-        })
-    }
-}
-
-/// A `PythonAsyncEngine` whose exceptions with an HTTP `.code` (`HttpError`) answer with
-/// that status and `.message`.
-#[pyclass(module = "dynamo._core", frozen)]
-pub(crate) struct HttpAsyncEngine {
-    inner: Arc<PyOpenAiEngine>,
-}
-
-#[pymethods]
-impl HttpAsyncEngine {
-    #[new]
-    #[pyo3(signature = (generator, event_loop))]
-    fn new(
-        py: Python<'_>,
-        generator: &Bound<'_, PyAny>,
-        event_loop: &Bound<'_, PyAny>,
-    ) -> PyResult<Self> {
-        Ok(Self {
-            inner: crate::llm_static::start(py, generator, event_loop, true)?,
-        })
-    }
 }

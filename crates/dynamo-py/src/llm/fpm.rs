@@ -7,8 +7,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::errors;
-use crate::llm::llm_error;
-use crate::runtime::Endpoint;
+use crate::errors::llm_error;
+use crate::runtime::distributed_runtime::Endpoint;
 
 /// Register the FPM classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -1,10 +1,10 @@
 //! `FrontendRoute`, `FrontendResponse`, `FrontendExtensionContext`: Python handlers as
 //! extension routes of the HTTP frontend. Validation, routing and the failure answer live
-//! in `dynamo_llm::http::extensions`; this file only converts between Python and it.
+//! in `dynamo_frontend::http::extensions`; this file only converts between Python and it.
 
 use std::sync::Arc;
 
-use dynamo_llm::http::extensions::{
+use dynamo_frontend::http::extensions::{
     ExtensionContext, ExtensionHandler, ExtensionResponse, ExtensionRoute, check_routes,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};

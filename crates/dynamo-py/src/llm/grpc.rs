@@ -1,17 +1,19 @@
-//! `KserveGrpcService`: the KServe v2 gRPC ingress ([`dynamo_llm::grpc`]). Each method
+//! `KserveGrpcService`: the KServe v2 gRPC ingress ([`dynamo_frontend::grpc`]). Each method
 //! converts its arguments and calls one function of the core service.
 
 use std::sync::Arc;
 
-use dynamo_llm::grpc::tensor::TensorModelConfig;
-use dynamo_llm::grpc::{DEFAULT_GRPC_PORT, KserveService};
-use dynamo_llm::http::FrontendConfig;
+use dynamo_frontend::grpc::tensor::TensorModelConfig;
+use dynamo_frontend::grpc::{DEFAULT_GRPC_PORT, KserveService};
+use dynamo_frontend::http::FrontendConfig;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::llm::{PyModelRuntimeConfig, llm_error, py_to_json};
-use crate::llm_serving::openai_engine;
-use crate::runtime::DistributedRuntime;
+use crate::errors::llm_error;
+use crate::json::py_to_json;
+use crate::llm::model_card::PyModelRuntimeConfig;
+use crate::llm::python_engine::openai_engine;
+use crate::runtime::distributed_runtime::DistributedRuntime;
 
 /// Register the class.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -15,12 +15,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::aio::py_future;
-use crate::engine::AsyncResponseStream;
 use crate::json::to_json;
-use crate::kv::OverlapScores;
+use crate::llm::kv::OverlapScores;
+use crate::llm::router::{PyKvRouterConfig, PyRoutingConstraints};
 use crate::msgpack::{Wide, to_msgpack};
-use crate::router::{PyKvRouterConfig, PyRoutingConstraints};
-use crate::runtime::Endpoint;
+use crate::runtime::distributed_runtime::Endpoint;
+use crate::runtime::engine::AsyncResponseStream;
 use crate::{convert, errors};
 
 /// Largest `batching_timeout_ms` accepted (as the reference).

@@ -1,4 +1,4 @@
-//! `MockEngineArgs` (wrapping `dynamo_llm::mocker::MockEngineArgs`) and the option classes
+//! `MockEngineArgs` (wrapping `dynamo_mocker::MockEngineArgs`) and the option classes
 //! it takes: `ReasoningConfig`, `SglangArgs`, `TrtllmArgs`.
 //!
 //! No field is plumbed by hand: the constructor and `with_overrides` collect their
@@ -12,11 +12,12 @@
 
 use std::path::PathBuf;
 
-use dynamo_llm::mocker::MockEngineArgs;
+use dynamo_mocker::MockEngineArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use super::{llm_error, py_to_json};
+use crate::errors::mocker_error;
+use crate::json::py_to_json;
 
 /// Mocker reasoning simulation: a share of output tokens is wrapped in thinking markers.
 #[pyclass(
@@ -141,7 +142,7 @@ impl PyMockEngineArgs {
     /// Parse, validate, and drop unmodelled options set to their inert defaults, so that
     /// equal configurations compare equal however they were written.
     fn parse(json: &str) -> PyResult<Self> {
-        let mut inner = MockEngineArgs::from_json(json).map_err(llm_error)?;
+        let mut inner = MockEngineArgs::from_json(json).map_err(mocker_error)?;
         let in_use: Vec<String> = inner
             .unsupported_in_use()
             .into_iter()
@@ -561,7 +562,7 @@ pub(crate) fn mock_engine_args_from_py(obj: &Bound<'_, PyAny>) -> PyResult<MockE
             .getattr("dict")?
             .call1((obj,))?,
     )?;
-    MockEngineArgs::from_launch_config(config).map_err(llm_error)
+    MockEngineArgs::from_launch_config(config).map_err(mocker_error)
 }
 
 /// Register the mocker configuration classes.

@@ -1,66 +1,20 @@
-//! LLM / model bindings: `ModelInput`, `ModelType`, `WorkerType`, `ModelRuntimeConfig`,
-//! `ModelDeploymentCard`, `lora_name_to_id`, `fetch_model`, and (in [`mocker_args`])
-//! `MockEngineArgs` with `ReasoningConfig`, `SglangArgs`, `TrtllmArgs`; and (in [`lora`])
-//! `LoRADownloader`.
+//! Model bindings: `ModelInput`, `ModelType`, `WorkerType`, `ModelRuntimeConfig`,
+//! `ModelDeploymentCard`, `lora_name_to_id`, `fetch_model`.
 //!
 //! The types, their validation and the card logic live in `dynamo_llm::model_card`; these
 //! classes convert arguments and delegate.
-
-pub(crate) mod lora;
-pub(crate) mod media;
-pub(crate) mod mocker_args;
-pub(crate) mod selection;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use dynamo_llm::model_card::{
     self, ModelDeploymentCard, ModelInput, ModelRuntimeConfig, ModelType, WorkerType,
 };
-use pyo3::exceptions::{PyFileNotFoundError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyString;
 
-use crate::errors;
-
-/// Map an LLM-layer error to Python: missing files and models → `FileNotFoundError`;
-/// invalid arguments, configs, cards and requests → `ValueError`; anything else →
-/// `dynamo._core.Unknown`.
-pub(crate) fn llm_error(err: dynamo_llm::Error) -> PyErr {
-    use dynamo_llm::Error as E;
-    match &err {
-        E::FileNotFound(_) | E::ModelNotFound { .. } => {
-            PyFileNotFoundError::new_err(err.to_string())
-        }
-        E::InvalidConfig { .. }
-        | E::InvalidEngineArgs { .. }
-        | E::Deserialize { .. }
-        | E::ModelFile { .. }
-        | E::InvalidRequest { .. }
-        | E::Template(_)
-        | E::Tokenizer(_)
-        | E::Route(_) => PyValueError::new_err(err.to_string()),
-        E::Timeout(_) => pyo3::exceptions::PyTimeoutError::new_err(err.to_string()),
-        _ => errors::Unknown::new_err(err.to_string()),
-    }
-}
-
-/// Convert a JSON value to a Python object (via the `json` module: exact for every JSON
-/// type, and not a hot path).
-pub(crate) fn json_to_py(py: Python<'_>, value: &serde_json::Value) -> PyResult<Py<PyAny>> {
-    let json = py.import("json")?;
-    Ok(json.call_method1("loads", (value.to_string(),))?.unbind())
-}
-
-/// Convert a JSON-able Python object to a JSON value (`TypeError` from `json.dumps`
-/// otherwise).
-pub(crate) fn py_to_json(obj: &Bound<'_, PyAny>) -> PyResult<serde_json::Value> {
-    let text: String = obj
-        .py()
-        .import("json")?
-        .call_method1("dumps", (obj,))?
-        .extract()?;
-    serde_json::from_str(&text).map_err(|e| PyValueError::new_err(e.to_string()))
-}
+use crate::errors::llm_error;
+use crate::json::{json_to_py, py_to_json};
 
 /// What a worker's `generate` receives.
 #[pyclass(
@@ -702,7 +656,7 @@ fn fetch_model(
     )
 }
 
-/// Register the LLM / model classes and functions.
+/// Register the model classes and functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyModelInput>()?;
     m.add_class::<PyModelType>()?;
@@ -711,9 +665,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyModelDeploymentCard>()?;
     m.add_function(wrap_pyfunction!(lora_name_to_id, m)?)?;
     m.add_function(wrap_pyfunction!(fetch_model, m)?)?;
-    mocker_args::register(m)?;
-    lora::register(m)?;
-    media::register(m)?;
-    selection::register(m)?;
     Ok(())
 }

@@ -1,18 +1,18 @@
 //! `get_tool_parser_names`, `get_reasoning_parser_names`: the parser names the frontend
-//! accepts (`dynamo_llm::parsers`).
+//! accepts (`dynamo_parsers`).
 
 use pyo3::prelude::*;
 
 /// Every accepted tool-call parser name (aliases included), sorted.
 #[pyfunction]
 fn get_tool_parser_names() -> Vec<&'static str> {
-    dynamo_llm::parsers::tool_parser_names()
+    dynamo_parsers::tool_parser_names()
 }
 
 /// Every accepted reasoning parser name (aliases included), sorted.
 #[pyfunction]
 fn get_reasoning_parser_names() -> Vec<&'static str> {
-    dynamo_llm::parsers::reasoning_parser_names()
+    dynamo_parsers::reasoning_parser_names()
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -21,8 +21,8 @@
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
-use dynamo_llm::http::HttpError;
-use dynamo_llm::http::static_engine::{ChunkStream, OpenAiEngine};
+use dynamo_frontend::http::HttpError;
+use dynamo_frontend::http::static_engine::{ChunkStream, OpenAiEngine};
 use dynamo_runtime::Context;
 use dynamo_runtime::transport::ErrorKind;
 use futures_util::StreamExt;
@@ -32,10 +32,10 @@ use pyo3::types::{PyBool, PyList, PyTuple};
 use tokio::sync::mpsc;
 
 use crate::aio::{py_future, py_future_with};
-use crate::context::PyContext;
-use crate::engine::{Ready, bridge};
 use crate::errors::handler_error;
 use crate::json::{from_json, to_json};
+use crate::runtime::context::PyContext;
+use crate::runtime::engine::{Ready, bridge};
 
 /// Largest batch of requests handed to the pump in one wake-up.
 const MAX_BATCH: usize = 256;
@@ -45,6 +45,13 @@ const MAX_BATCH: usize = 256;
 const CHUNK_WINDOW: usize = 64;
 
 type Item = Result<Bytes, HttpError>;
+
+/// Register `PythonAsyncEngine` and `HttpAsyncEngine`.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PythonAsyncEngine>()?;
+    m.add_class::<HttpAsyncEngine>()?;
+    Ok(())
+}
 
 /// One request for the pump.
 struct LocalJob {
@@ -324,5 +331,64 @@ impl LocalSink {
     fn fail(&self, err: &Bound<'_, PyAny>) {
         let e = engine_error(err, self.http_errors);
         self.close_with(Some(Err(e)));
+    }
+}
+
+/// The engine behind a `PythonAsyncEngine` or `HttpAsyncEngine`.
+pub(crate) fn openai_engine(engine: &Bound<'_, PyAny>) -> PyResult<Arc<dyn OpenAiEngine>> {
+    if let Ok(e) = engine.cast::<HttpAsyncEngine>() {
+        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
+    }
+    if let Ok(e) = engine.cast::<PythonAsyncEngine>() {
+        return Ok(Arc::clone(&e.get().inner) as Arc<dyn OpenAiEngine>);
+    }
+    Err(PyTypeError::new_err(format!(
+        "engine must be a PythonAsyncEngine or HttpAsyncEngine, not {}",
+        engine.get_type().name()?
+    )))
+}
+
+/// A Python async-generator callable wrapped as an in-process engine: `generator(request)`
+/// (or `generator(request, context=...)`) yields OpenAI chunk dicts; it runs on
+/// `event_loop`. Errors: `ValueError`/`TypeError` → 400, anything else → 500.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct PythonAsyncEngine {
+    inner: Arc<PyOpenAiEngine>,
+}
+
+#[pymethods]
+impl PythonAsyncEngine {
+    #[new]
+    #[pyo3(signature = (generator, event_loop))]
+    fn new(
+        py: Python<'_>,
+        generator: &Bound<'_, PyAny>,
+        event_loop: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            inner: start(py, generator, event_loop, false)?,
+        })
+    }
+}
+
+/// A `PythonAsyncEngine` whose exceptions with an HTTP `.code` (`HttpError`) answer with
+/// that status and `.message`.
+#[pyclass(module = "dynamo._core", frozen)]
+pub(crate) struct HttpAsyncEngine {
+    inner: Arc<PyOpenAiEngine>,
+}
+
+#[pymethods]
+impl HttpAsyncEngine {
+    #[new]
+    #[pyo3(signature = (generator, event_loop))]
+    fn new(
+        py: Python<'_>,
+        generator: &Bound<'_, PyAny>,
+        event_loop: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        Ok(Self {
+            inner: start(py, generator, event_loop, true)?,
+        })
     }
 }

@@ -1,4 +1,4 @@
-//! `chat_engine_factory`: the Python side of [`dynamo_llm::http::engine_factory`].
+//! `chat_engine_factory`: the Python side of [`dynamo_frontend::http::engine_factory`].
 //!
 //! `EntrypointArgs(chat_engine_factory=...)` captures the running event loop (as the
 //! reference, it must be created while one runs). When the frontend discovers a chat token
@@ -12,18 +12,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_llm::http::engine_factory::{
+use dynamo_frontend::http::engine_factory::{
     ChatEngineFactory, FactoryRequest, RoutedEngine, parse_preprocessed,
 };
-use dynamo_llm::http::{HttpError, OpenAiEngine};
+use dynamo_frontend::http::{HttpError, OpenAiEngine};
 use futures_util::future::BoxFuture;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::context::PyContext;
-use crate::engine::AsyncResponseStream;
-use crate::instance_id::ModelCardInstanceId;
-use crate::llm::{PyModelDeploymentCard, py_to_json};
+use crate::json::py_to_json;
+use crate::llm::instance_id::ModelCardInstanceId;
+use crate::llm::model_card::PyModelDeploymentCard;
+use crate::runtime::context::PyContext;
+use crate::runtime::engine::AsyncResponseStream;
 
 /// Register `RoutedEngine`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -160,7 +161,7 @@ impl FactoryInner {
         } else {
             out
         };
-        crate::llm_serving::openai_engine(&engine)
+        crate::llm::python_engine::openai_engine(&engine)
     }
 }
 

@@ -1,6 +1,6 @@
 //! `SelectionService`, `SelectionCacheConfig` and the standalone-service entry points
 //! (`run_select_service`, `run_kv_indexer`, `run_slot_tracker`) over
-//! `dynamo_llm::selection`.
+//! `dynamo_selection`.
 //!
 //! Request dicts go to the core as JSON (its serde types name a bad field in the
 //! `ValueError`); answers come back as plain dicts. Every call but `upsert_worker` is short
@@ -11,9 +11,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use dynamo_llm::selection::cli::{self, IndexerArgs, Running, SelectArgs, SlotTrackerArgs};
-use dynamo_llm::selection::recovery;
-use dynamo_llm::selection::{
+use dynamo_selection::cli::{self, IndexerArgs, Running, SelectArgs, SlotTrackerArgs};
+use dynamo_selection::recovery;
+use dynamo_selection::{
     ErrorKind, PromptRequest, ReservationRequest, SelectionCacheConfig, SelectionError,
     ServiceOptions, WorkerRequest, parse,
 };
@@ -156,7 +156,7 @@ impl PySelectionCacheConfig {
 /// In-process handle to a runtime-free worker-selection core.
 #[pyclass(module = "dynamo._core", name = "SelectionService", frozen)]
 pub(crate) struct PySelectionService {
-    svc: Arc<dynamo_llm::selection::SelectionService>,
+    svc: Arc<dynamo_selection::SelectionService>,
 }
 
 fn check_peers(name: &str, peers: Option<&[String]>) -> PyResult<()> {
@@ -223,14 +223,14 @@ impl PySelectionService {
         let rt = dynamo_runtime::tokio_runtime().map_err(runtime_error)?;
         // The router configuration comes from the DYN_ROUTER_* environment (as the
         // reference); a bad value is a ValueError naming the variable.
-        let router = dynamo_llm::selection::service::router_config_from_env(Default::default())
+        let router = dynamo_selection::service::router_config_from_env(Default::default())
             .map_err(PyValueError::new_err)?;
         let options = ServiceOptions {
             router,
             selection_cache: selection_cache.map(|c| c.inner).unwrap_or_default(),
         };
         let svc = Arc::new(
-            dynamo_llm::selection::SelectionService::new(options, rt.handle().clone())
+            dynamo_selection::SelectionService::new(options, rt.handle().clone())
                 .map_err(|e| PyValueError::new_err(e.message))?,
         );
         if let Some(port) = replica_sync_port {

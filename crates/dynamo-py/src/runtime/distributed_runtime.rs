@@ -16,11 +16,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::aio::{py_future, py_future_local};
-use crate::context::{ContextMetadata, PyContext, SpanProxy};
-use crate::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 use crate::errors::runtime_error;
 use crate::json::{from_value, to_json};
 use crate::msgpack::{Wide, to_msgpack};
+use crate::runtime::context::{ContextMetadata, PyContext, SpanProxy};
+use crate::runtime::engine::{AsyncResponseStream, Feeder, PyAsyncRequestStream, bridge, engine};
 
 /// Register the runtime classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -653,7 +653,7 @@ impl Client {
                     &client, &key, &value, timeout,
                 )
                 .await
-                .map_err(crate::llm::llm_error)
+                .map_err(crate::errors::llm_error)
             },
             true,
         )

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use dynamo_llm::kv_routing::RoutedStream;
 use dynamo_runtime::transport::client::ResponseStream;
+use dynamo_runtime::transport::codec;
 use dynamo_runtime::transport::server::{Handler, Request, Responder, SendStatus};
 use dynamo_runtime::transport::{ErrorKind, WireError};
 use pyo3::exceptions::{PyRuntimeError, PyStopAsyncIteration, PyStopIteration, PyValueError};
@@ -28,10 +29,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::aio::py_future_local;
-use crate::context::PyContext;
 use crate::errors::{handler_error, runtime_error};
 use crate::msgpack::{Wide, from_msgpack, to_msgpack, write_value};
-use dynamo_runtime::transport::codec;
+use crate::runtime::context::PyContext;
 
 /// Largest batch of requests handed to the pump in one wake-up.
 const MAX_BATCH: usize = 512;
@@ -559,14 +559,14 @@ enum AnyStream {
     Plain(ResponseStream),
     Routed(RoutedStream),
     /// A frontend model's worker stream (`RoutedEngine.generate`), re-encoded as envelopes.
-    Worker(Box<dynamo_llm::http::WorkerStream>),
+    Worker(Box<dynamo_frontend::http::WorkerStream>),
 }
 
 /// One worker output (or the error ending the stream) as a request-plane envelope.
 fn worker_envelope(
-    item: Result<dynamo_llm::preprocessor::LLMEngineOutput, dynamo_llm::http::HttpError>,
+    item: Result<dynamo_llm::preprocessor::LLMEngineOutput, dynamo_frontend::http::HttpError>,
 ) -> Bytes {
-    use dynamo_llm::http::engine::Annotated as Envelope;
+    use dynamo_llm::engines::Annotated as Envelope;
     let encoded = match item {
         Ok(out) => codec::encode(&Envelope::data(out)).map_err(|e| e.to_string()),
         Err(e) => Err(e.message),
@@ -617,7 +617,7 @@ impl AsyncResponseStream {
     }
 
     /// A frontend model's worker stream (`RoutedEngine.generate`).
-    pub(crate) fn worker(stream: dynamo_llm::http::WorkerStream, annotated: bool) -> Self {
+    pub(crate) fn worker(stream: dynamo_frontend::http::WorkerStream, annotated: bool) -> Self {
         Self {
             stream: Arc::new(tokio::sync::Mutex::new(AnyStream::Worker(Box::new(stream)))),
             annotated,

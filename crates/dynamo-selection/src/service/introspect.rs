@@ -12,7 +12,8 @@ use super::super::error::{Result, SelectionError};
 use super::super::listener::Link;
 use super::super::prom::{Kind, PromText};
 use super::super::requests::PromptRequest;
-use super::{SelectionService, lock};
+use super::SelectionService;
+use crate::group::lock;
 
 impl SelectionService {
     /// Prometheus text of the service's gauges and counters, names prefixed `prefix`.

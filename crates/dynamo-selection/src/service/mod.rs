@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::hashing::{
@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use super::cache::{PendingCache, SelectionCacheConfig};
 use super::catalog::{Lifecycle, WorkerRecord, WorkerRequest, zmq_tcp_address};
 use super::error::{ErrorKind, Result, SelectionError};
+use super::group::{Group, lock};
 use super::listener::{self, Link, LinkCell, ListenerMetrics};
 use super::replica::ReplicaHub;
 use super::requests::{
@@ -43,11 +44,6 @@ use super::requests::{
 /// listener, so the returned record already says whether the publisher is reachable
 /// (a refused loopback connect takes well under a millisecond; a remote one a round trip).
 const FIRST_CONNECT_WAIT: Duration = Duration::from_millis(300);
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// Options of a service.
 #[derive(Debug, Clone, Default)]
 pub struct ServiceOptions {
@@ -58,15 +54,6 @@ pub struct ServiceOptions {
 }
 
 type GroupKey = (String, String);
-
-/// One model + routing group: its index and scheduler.
-pub struct Group {
-    /// Tokens per block (every worker of the group has this block size).
-    pub block_size: u32,
-    /// The cache index, fed by the listeners.
-    pub tree: SharedRadixTree,
-    scheduler: Scheduler,
-}
 
 struct WorkerEntry {
     req: WorkerRequest,

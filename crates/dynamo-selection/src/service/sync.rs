@@ -12,7 +12,8 @@ use serde::Deserialize;
 
 use super::super::error::{Result, SelectionError};
 use super::super::replica::{self, ReplicaHub, SyncTarget};
-use super::{Group, GroupKey, SelectionService, State, lock};
+use super::{GroupKey, SelectionService, State};
+use crate::group::{Group, lock};
 
 impl SyncTarget for Group {
     fn scheduler(&self) -> &Scheduler {

@@ -9,6 +9,10 @@ use dynamo_kv_router::protocols::WorkerWithDpRank;
 use dynamo_kv_router::publisher::StoredInput;
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
+use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::kv_routing::{KvEventPublisher, KvRouter, RouteOptions};
+use dynamo_llm::model_card::{ModelInput, ModelType, RegisterModelArgs};
+use dynamo_llm::preprocessor::PreprocessedRequest;
 use dynamo_runtime::config::{DiscoveryBackend, RequestPlane};
 use dynamo_runtime::transport::server::{Handler, Request, Responder};
 use dynamo_runtime::transport::{ErrorKind, WireError};
@@ -16,12 +20,8 @@ use dynamo_runtime::{Context, DistributedRuntime, EndpointId, Route, RuntimeConf
 use tokio_util::sync::CancellationToken;
 
 use super::KvSelector;
-use crate::discovery::ModelEntry;
 use crate::http::engine::{RoutedRequest, WorkerSelector, WorkerStream};
 use crate::http::metrics::Metrics;
-use crate::kv_routing::{KvEventPublisher, KvRouter, RouteOptions};
-use crate::model_card::{ModelInput, ModelType, RegisterModelArgs};
-use crate::preprocessor::PreprocessedRequest;
 
 const BLOCK: u32 = 4;
 /// `{"data": {"token_ids": [7]}}` in MessagePack (the request plane's codec).
@@ -189,7 +189,11 @@ impl Cluster {
         let mut card = RegisterModelArgs {
             model_input: ModelInput::Tokens,
             model_type: ModelType::CHAT,
-            model_path: concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tiny-model").into(),
+            model_path: concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../dynamo-llm/tests/data/tiny-model"
+            )
+            .into(),
             model_name: Some("tiny".into()),
             ..Default::default()
         }
