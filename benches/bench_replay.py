@@ -37,7 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, run_under_reference
 
-TRACE = Path(__file__).resolve().parent.parent / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
+TRACE = (
+    Path(__file__).resolve().parent.parent / "tests" / "data" / "mooncake" / "synthetic_trace.jsonl"
+)
 KEYS = [
     "prefix_cache_reused_ratio",
     "mean_ttft_ms",
