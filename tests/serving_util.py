@@ -73,6 +73,14 @@ class Procs:
 
     def close(self) -> None:
         for p in self.procs:
+            # Helpers that take commands on stdin read it in an executor thread, which
+            # asyncio.run waits for at exit: end of input lets them leave at once (they
+            # would otherwise sit out the kill deadline below).
+            if p.stdin is not None and not p.stdin.closed:
+                try:
+                    p.stdin.close()
+                except OSError:
+                    pass
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 10
