@@ -1,8 +1,6 @@
 //! Real `nats-server` and `etcd` processes for the integration tests, on free loopback
 //! ports, killed on drop; `stop()`/`restart()` keep the port and the data directory.
 
-#![allow(dead_code, reason = "each test binary uses a subset of the helpers")]
-
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

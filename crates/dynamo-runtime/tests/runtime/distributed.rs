@@ -2,16 +2,14 @@
 //! `nats-server` (event plane over NATS, reconnection and gap detection, payload limit) and
 //! `etcd` (discovery with a lease, event channels advertised in etcd).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use common::{WAIT, etcd_server, free_port, nats_server};
 
 use dynamo_runtime::config::{DiscoveryBackend, EventPlane, RequestPlane};
 use dynamo_runtime::events::{EventScope, EventSubscriber};
 use dynamo_runtime::{DistributedRuntime, EndpointId, RuntimeConfig};
+
+use crate::common::{WAIT, etcd_server, free_port, nats_server};
 
 fn nats_config(port: u16) -> RuntimeConfig {
     RuntimeConfig {

@@ -2,16 +2,15 @@
 //! TLS with client certificates (`ETCD_AUTH_CA`, `ETCD_AUTH_CLIENT_CERT`,
 //! `ETCD_AUTH_CLIENT_KEY`), against real servers started by the test.
 
-mod common;
-
 use std::sync::Arc;
 
 use bytes::Bytes;
-use common::{WAIT, etcd_server_tls, nats_server_with_config};
 use dynamo_runtime::config::{DiscoveryBackend, EtcdTls, EventPlane, NatsAuth, RequestPlane};
 use dynamo_runtime::events::EventScope;
 use dynamo_runtime::transport::server::{Handler, Request, Responder};
 use dynamo_runtime::{DistributedRuntime, EndpointId, Error, Route, RuntimeConfig};
+
+use crate::common::{WAIT, etcd_server_tls, nats_server_with_config};
 
 /// Replies with the request body, then ends.
 struct Echo;
