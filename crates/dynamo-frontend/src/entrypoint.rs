@@ -48,9 +48,9 @@ pub struct LocalEngine {
     /// The engine.
     pub kind: LocalEngineKind,
     /// Media decoding the card enables (images for multimodal tests of the mocker).
-    pub media_decoder: Option<dynamo_llm::multimodal::MediaDecoderConfig>,
+    pub media_decoder: Option<dynamo_multimodal::MediaDecoderConfig>,
     /// Media fetcher settings of the card.
-    pub media_fetcher: Option<dynamo_llm::multimodal::MediaFetcherConfig>,
+    pub media_fetcher: Option<dynamo_multimodal::MediaFetcherConfig>,
 }
 
 /// `vocab_size` of a model directory's `config.json`.

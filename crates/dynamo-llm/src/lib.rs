@@ -13,12 +13,12 @@
 //!   recovery, the ZMQ transport of engine events, and the async `KvRouter`.
 //! * [`fpm`]: forward-pass metrics (publisher, relay, subscriber).
 //! * [`planner`]: the SLA planner's loop and the virtual connector.
-//! * [`multimodal`] and [`mm_cache`]: media fetching/decoding and the embedding cache.
-//! * [`lora`]: LoRA adapter URIs (`file://`, `s3://`) resolved to local directories through
-//!   an on-disk cache (`LoRADownloader`).
+//! * [`mm_cache`]: which worker holds which multimodal embedding.
 //!
-//! The crates above this one: `dynamo-mocker` (the simulated engine), `dynamo-selection`
-//! (standalone selection services), `dynamo-frontend` (HTTP and gRPC ingress).
+//! Below it: `dynamo-runtime`, `dynamo-kv-router`, `dynamo-parsers` and
+//! `dynamo-multimodal` (media of chat requests, which cards and the preprocessor carry).
+//! Above it: `dynamo-mocker` (the simulated engine), `dynamo-selection` (standalone
+//! selection services), `dynamo-frontend` (HTTP and gRPC ingress).
 //!
 //! ```
 //! use dynamo_llm::model_card::slugify;
@@ -31,10 +31,8 @@ pub mod engines;
 pub mod error;
 pub mod fpm;
 pub mod kv_routing;
-pub mod lora;
 pub mod mm_cache;
 pub mod model_card;
-pub mod multimodal;
 pub mod planner;
 pub mod preprocessor;
 

@@ -27,12 +27,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
+
 pub use fetch::{fetch_model, resolve_model_path};
 pub use registration::{DEFAULT_KV_CACHE_BLOCK_SIZE, RegisterModelArgs};
 pub use runtime_config::ModelRuntimeConfig;
 pub use types::{ModelInput, ModelType, WorkerType};
-
-use crate::error::{Error, Result};
 
 /// A model file: where it is, and the blake3 checksum and size of its content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,11 +198,11 @@ pub struct ModelDeploymentCard {
     pub model_aliases: Vec<String>,
     /// How the frontend fetches media URLs for this model (`register_model(media_fetcher=)`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
+    pub media_fetcher: Option<dynamo_multimodal::MediaFetcherConfig>,
     /// Which media the frontend decodes for this model (`register_model(media_decoder=)`);
     /// `None`: image parts are passed to the template as they are, undecoded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
+    pub media_decoder: Option<dynamo_multimodal::MediaDecoderConfig>,
 }
 
 /// A URL- and path-safe form of a model name: lowercase ASCII letters, digits, `-`, `_`

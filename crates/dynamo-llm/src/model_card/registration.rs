@@ -56,9 +56,9 @@ pub struct RegisterModelArgs {
     /// Re-dispatches allowed when a stream breaks.
     pub migration_limit: u32,
     /// Media fetcher settings for the frontend.
-    pub media_fetcher: Option<crate::multimodal::MediaFetcherConfig>,
+    pub media_fetcher: Option<dynamo_multimodal::MediaFetcherConfig>,
     /// Media decoder settings for the frontend.
-    pub media_decoder: Option<crate::multimodal::MediaDecoderConfig>,
+    pub media_decoder: Option<dynamo_multimodal::MediaDecoderConfig>,
 }
 
 impl RegisterModelArgs {

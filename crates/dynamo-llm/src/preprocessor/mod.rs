@@ -37,8 +37,22 @@ pub mod template;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
+use detokenizer::TokenBytes;
+use dynamo_multimodal::placeholder::{ImagePlaceholder, block_mm_infos};
+use dynamo_multimodal::{LoadedImage, MediaPipeline};
+use fast_encode::FastEncoder;
+use length::TokenBudget;
+use openai::{
+    ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, Prompt,
+    SamplingExtensions,
+};
 use serde_json::{Map, Value as Json};
 use tokenizers::Tokenizer;
+
+use crate::error::{Error, Result};
+use crate::model_card::{
+    GenerationConfig, ModelDeploymentCard, ModelInfo, PromptFormatterArtifact, TokenizerKind,
+};
 
 pub use backend::{BackendOutput, OutputProcessor};
 pub use length::{COUNT_CHUNK_BYTES, UNKNOWN_CONTEXT_TOKEN_CAP};
@@ -47,21 +61,6 @@ pub use protocols::{
     PreprocessedRequest, SamplingOptions, StopConditions,
 };
 pub use template::ChatTemplate;
-
-use detokenizer::TokenBytes;
-use fast_encode::FastEncoder;
-
-use crate::error::{Error, Result};
-use crate::model_card::{
-    GenerationConfig, ModelDeploymentCard, ModelInfo, PromptFormatterArtifact, TokenizerKind,
-};
-use crate::multimodal::placeholder::{ImagePlaceholder, block_mm_infos};
-use crate::multimodal::{LoadedImage, MediaPipeline};
-use length::TokenBudget;
-use openai::{
-    ChatCompletionRequest, CompletionRequest, ContentPart, MessageContent, Prompt,
-    SamplingExtensions,
-};
 
 /// Default `max_tokens` of `/v1/completions` (OpenAI's).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;

@@ -148,7 +148,7 @@ pub struct MultiModalData {
 /// One decoded image as a worker receives it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ImageData {
-    /// Content hash of the pixels (`dynamo_llm::multimodal::mm_hash_of`).
+    /// Content hash of the pixels (`dynamo_multimodal::mm_hash_of`).
     pub mm_hash: u64,
     /// `[height, width, channels]`.
     pub shape: [u32; 3],

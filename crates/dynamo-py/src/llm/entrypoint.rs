@@ -96,8 +96,8 @@ pub(crate) struct EntrypointArgs {
     /// Serve the Anthropic Messages API (`None`: `DYN_ENABLE_ANTHROPIC_API`).
     enable_anthropic_api: Option<bool>,
     /// Media settings of a local engine's card (`media_decoder=` / `media_fetcher=`).
-    media_decoder: Option<dynamo_llm::multimodal::MediaDecoderConfig>,
-    media_fetcher: Option<dynamo_llm::multimodal::MediaFetcherConfig>,
+    media_decoder: Option<dynamo_multimodal::MediaDecoderConfig>,
+    media_fetcher: Option<dynamo_multimodal::MediaFetcherConfig>,
     /// Builds discovered chat models' chat engines (`chat_engine_factory`, on the event
     /// loop running when the args were created).
     chat_engine_factory: Option<Arc<dyn ChatEngineFactory>>,

@@ -1,4 +1,4 @@
-//! `LoRADownloader` (wrapping `dynamo_llm::lora::LoraDownloader`).
+//! `LoRADownloader` (wrapping `dynamo_lora::LoraDownloader`).
 //!
 //! Errors: an unsupported or malformed URI raises `ValueError`; every other failure of
 //! `download_if_needed` raises `RuntimeError("Download failed: <uri>: <cause>")` (the
@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use dynamo_llm::lora::{LoraDownloader, LoraError, uri_to_cache_key};
+use dynamo_lora::{LoraDownloader, LoraError, uri_to_cache_key};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 

@@ -1,12 +1,10 @@
 //! `MediaDecoder`, `MediaFetcher` and `resolve_routing_image_token_id`. The settings types
-//! and the fetch/decode/placeholder logic live in `dynamo_llm::multimodal`; the classes hold
+//! and the fetch/decode/placeholder logic live in `dynamo_multimodal`; the classes hold
 //! a settings value that `register_model` copies into the model card.
 
 use std::path::PathBuf;
 
-use dynamo_llm::multimodal::{
-    ImageDecoderConfig, MediaDecoderConfig, MediaFetcherConfig, placeholder,
-};
+use dynamo_multimodal::{ImageDecoderConfig, MediaDecoderConfig, MediaFetcherConfig, placeholder};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;

@@ -2,13 +2,13 @@
 //! decoded to RGB8 by [`ImageDecoder`] (header checks included), and the `mm_hash` of the
 //! decoded pixels. Criterion's `elem/s` is pixels per second (`Melem/s` = megapixels/s).
 //!
-//! `cargo bench -p dynamo-llm --bench media`
+//! `cargo bench -p dynamo-multimodal --bench media`
 
 use std::hint::black_box;
 use std::io::Cursor;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use dynamo_llm::multimodal::{ImageDecoder, mm_hash_of};
+use dynamo_multimodal::{ImageDecoder, mm_hash_of};
 use image::{ImageFormat, RgbImage};
 
 const SIDE: u32 = 1024;

@@ -16,7 +16,7 @@
 //! theirs, so the cache is never torn.
 //!
 //! ```
-//! use dynamo_llm::lora::uri_to_cache_key;
+//! use dynamo_lora::uri_to_cache_key;
 //! assert_eq!(uri_to_cache_key("s3://bucket/adapters/my.lora"), "s3__bucket_adapters_my_lora");
 //! ```
 
