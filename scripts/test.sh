@@ -24,8 +24,17 @@ cargo fmt --all --check
 "$VENV/bin/ruff" check python tests examples benches scripts
 "$VENV/bin/ruff" format --check python tests examples benches scripts
 
-echo "==> cargo test (release profile, shares dependency builds with the extension)"
-cargo test --workspace --release
+# The Rust tests compile (the crates again, with their unit tests) while the Python tests
+# run: those spend most of their time waiting on servers and subprocesses, so the two share
+# the cores well. The compile runs at the lowest priority, so the processes the Python tests
+# start are scheduled first and their timing is as on an idle machine. The release profile
+# is shared with the extension, so no dependency is built twice.
+rust_log="$CARGO_TARGET_DIR/rust-tests-build.log"
+mkdir -p "$CARGO_TARGET_DIR"
+echo "==> compile the Rust tests (background, lowest priority; log: $rust_log)"
+nice -n 19 cargo test --workspace --release --no-run >"$rust_log" 2>&1 &
+rust_build=$!
+trap 'kill "$rust_build" 2>/dev/null || true' EXIT
 
 echo "==> stub check (mypy.stubtest)"
 "$PY" -m mypy.stubtest dynamo._core --allowlist tests/stubtest_allowlist.txt
@@ -33,3 +42,12 @@ echo "==> stub check (mypy.stubtest)"
 echo "==> pytest"
 # Exit code 5 ("no tests collected") must fail the run like any other failure.
 "$PY" -m pytest "$@"
+
+echo "==> cargo test (release profile, shares dependency builds with the extension)"
+if ! wait "$rust_build"; then
+  cat "$rust_log"
+  echo "compiling the Rust tests failed (log above)" >&2
+  exit 1
+fi
+trap - EXIT
+cargo test --workspace --release
