@@ -1,6 +1,6 @@
 """Observe the reference's ``chat_engine_factory`` black-box (run with the reference venv).
 
-    /work/refvenv/bin/python scripts/observe_chat_engine_factory_reference.py MODEL_DIR
+    .bench-ref-venv/bin/python scripts/observe_chat_engine_factory_reference.py MODEL_DIR
 
 Starts two worker processes serving model ``alpha`` on one endpoint and one serving
 ``beta`` on another (file discovery in a temporary directory), then a frontend in this

@@ -1,8 +1,8 @@
 """Black-box: how the reference ``SelectionService`` applies ``add_output_block`` and its
 ``decay_fraction``, and which ``DYN_ROUTER_*`` variables change its selection.
 
-    /work/refvenv/bin/python scripts/observe_selection_decay_reference.py decay PUB_PYTHON
-    /work/refvenv/bin/python scripts/observe_selection_decay_reference.py env PUB_PYTHON
+    .bench-ref-venv/bin/python scripts/observe_selection_decay_reference.py decay PUB_PYTHON
+    .bench-ref-venv/bin/python scripts/observe_selection_decay_reference.py env PUB_PYTHON
 
 ``PUB_PYTHON`` is an interpreter with pyzmq (the project's venv): it runs the idle ZMQ PUB
 sockets the workers' ``kv_events_endpoint``s point at, so the workers become schedulable.

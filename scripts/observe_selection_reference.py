@@ -5,12 +5,12 @@
 """Black-box observation of the reference ``SelectionService`` and standalone services
 (ai-dynamo-runtime 1.6.1 in a scratch venv). Run with the reference's interpreter:
 
-    /work/refvenv/bin/python scripts/observe_selection_reference.py inproc
-    /work/main/.venv/bin/python scripts/observe_selection_reference.py http   # needs pyzmq
+    .bench-ref-venv/bin/python scripts/observe_selection_reference.py inproc
+    .venv/bin/python scripts/observe_selection_reference.py http   # needs pyzmq
 
 ``inproc`` prints every call and its answer or exception (type, message, ``kind``,
 ``status_code``); ``http`` starts the reference's ``python -m dynamo.select_service`` and
-``python -m dynamo.indexer`` (via /work/refvenv/bin/python) on loopback, publishes vLLM-format
+``python -m dynamo.indexer`` (via .bench-ref-venv/bin/python) on loopback, publishes vLLM-format
 KV events from pyzmq PUB sockets and prints the HTTP answers. What was seen is recorded in
 docs/selection_service.md and docs/compatibility.md; our tests assert the same shapes.
 """

@@ -1,12 +1,19 @@
 """HTTP half of observe_selection_reference.py (reference services on loopback)."""
 
 import json
+import os
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import msgpack
 import zmq
+
+# The reference's interpreter: REF_PYTHON, else the venv of benches/setup_reference.sh.
+REF = os.environ.get(
+    "REF_PYTHON", str(Path(__file__).resolve().parent.parent / ".bench-ref-venv" / "bin" / "python")
+)
 
 ctx = zmq.Context()
 s = ctx.socket(zmq.PUB)
@@ -15,7 +22,7 @@ s2 = ctx.socket(zmq.PUB)
 s2.bind("tcp://127.0.0.1:5992")
 p = subprocess.Popen(
     [
-        "/work/refvenv/bin/python",
+        REF,
         "-m",
         "dynamo.indexer",
         "--port",
@@ -28,7 +35,7 @@ p = subprocess.Popen(
     stderr=subprocess.DEVNULL,
 )
 q = subprocess.Popen(
-    ["/work/refvenv/bin/python", "-m", "dynamo.select_service", "--port", "18092"],
+    [REF, "-m", "dynamo.select_service", "--port", "18092"],
     stderr=subprocess.DEVNULL,
 )
 time.sleep(3)

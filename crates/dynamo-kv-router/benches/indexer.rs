@@ -1,6 +1,6 @@
 //! Radix-tree indexer benchmarks on a replay of the Mooncake FAST'25 synthetic trace.
 //!
-//! The trace (`MOONCAKE_TRACE`, default `../shared/data/mooncake/synthetic_trace.jsonl`
+//! The trace (`MOONCAKE_TRACE`, default the repository's `tests/data/mooncake/synthetic_trace.jsonl`
 //! next to the repository) has one request per line with `hash_ids`, one id per 512-token
 //! block; the ids are used directly as local block hashes and their chained sequence
 //! hashes as external hashes. Requests go to 1,000 simulated workers (a multiplicative
@@ -61,7 +61,7 @@ fn trace_path() -> PathBuf {
     std::env::var_os("MOONCAKE_TRACE").map_or_else(
         || {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../../shared/data/mooncake/synthetic_trace.jsonl")
+                .join("../../tests/data/mooncake/synthetic_trace.jsonl")
         },
         PathBuf::from,
     )

@@ -1,20 +1,28 @@
-//! The distributed runtime of dynamo-rs: endpoints, discovery, the TCP request plane,
-//! per-request contexts with cancellation, and graceful shutdown.
+//! The distributed runtime of dynamo-rs: endpoints, discovery, the request and event
+//! planes, per-request contexts with cancellation, and graceful shutdown.
+//!
+//! The modules stand in layers, each importing only those below it: [`config`] (plain
+//! settings) < [`discovery`] < [`transport`] < [`events`] < [`runtime`] < [`router`] <
+//! [`system`].
 //!
 //! Main types:
 //! * [`DistributedRuntime`]: one per process (or several in one process with `mem`
 //!   discovery); serves endpoints and creates clients.
 //! * [`EndpointId`]: the name `namespace.component.endpoint`.
+//! * [`config`]: the runtime's settings (`DYN_*` environment variables) as plain types.
 //! * [`discovery`]: the [`discovery::Discovery`] and [`discovery::KvStore`] traits with
-//!   the `mem` and `file` stores.
-//! * [`transport`]: the TCP request plane (frames, server, pooled client connections).
+//!   the `mem`, `file` and `etcd` stores.
+//! * [`transport`]: the request plane (frames, server, pooled client connections) over
+//!   TCP or NATS.
 //! * [`events`]: the event plane: [`DistributedRuntime::event_publisher`] and
 //!   [`DistributedRuntime::subscribe`] over brokerless TCP or NATS, with per-publisher
 //!   sequence numbers and gap detection.
 //! * [`system`] and [`metrics`]: the system status server (`DYN_SYSTEM_PORT`: `/health`,
-//!   `/live`, `/metrics`, `/engine/*`) and the per-endpoint Prometheus metrics.
-//! * [`Client`]: round-robin / random / direct routing over live instances.
+//!   `/live`, `/metrics`, `/engine/*`), the endpoint canary, and the per-endpoint
+//!   Prometheus metrics.
+//! * [`Client`] ([`router`]): round-robin / random / direct routing over live instances.
 //! * [`Context`]: request id, stop/kill, metadata.
+//! * [`planner`]: the virtual connector between the planner and its workers.
 //!
 //! ```
 //! use std::sync::Arc;

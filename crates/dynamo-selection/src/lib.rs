@@ -9,6 +9,8 @@
 //! * [`service`]: the catalog, one radix-tree index + scheduler per (model, routing
 //!   group) — the same `dynamo_kv_router` index and scheduler the KV router uses — the
 //!   pending-selection cache ([`cache`]) and the reservations.
+//! * [`group`]: one (model, routing group)'s index and scheduler, which the service
+//!   selects in and the listeners feed.
 //! * [`listener`]: one ZMQ KV-event listener per worker rank.
 //! * [`requests`]: request and response bodies (the reference's field names).
 //! * [`http`] (select service), [`indexer`], [`slots`] (slot tracker): the HTTP services;
