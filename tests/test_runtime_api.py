@@ -259,6 +259,51 @@ def test_jsonl_logging() -> None:
     )
 
 
+def _run_logging_on_a_terminal(env: dict[str, str]) -> str:
+    """Stderr of LOG_CODE run with stderr on a pseudo-terminal (what a person at a shell sees)."""
+    import os
+    import pty
+
+    full = dict(os.environ)
+    full.pop("DYNAMO_SKIP_PYTHON_LOG_INIT", None)
+    full.pop("NO_COLOR", None)
+    full.pop("DYN_SDK_DISABLE_ANSI_LOGGING", None)
+    full.update(env)
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", LOG_CODE],
+            env=full,
+            stdout=subprocess.DEVNULL,
+            stderr=follower,
+        )
+        os.close(follower)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(timeout=60) == 0
+    finally:
+        os.close(leader)
+    return out.decode(errors="replace")
+
+
+def test_log_colour_only_on_a_terminal_and_never_with_no_color() -> None:
+    esc = "\x1b["
+    on_tty = _run_logging_on_a_terminal({"DYN_LOG": "info"})
+    assert "info line" in on_tty and esc in on_tty
+    no_color = _run_logging_on_a_terminal({"DYN_LOG": "info", "NO_COLOR": "1"})
+    assert "info line" in no_color and esc not in no_color
+    # A pipe (a log file, a collector) gets plain text.
+    piped = _run_logging({"DYN_LOG": "info"}, LOG_CODE)
+    assert "info line" in piped and esc not in piped
+
+
 def test_log_message_accepts_every_level() -> None:
     for level in ("trace", "debug", "info", "warning", "warn", "error", "critical"):
         log_message(level, "m", "mod", "f.py", 1)

@@ -2,7 +2,8 @@
 //!
 //! The subscriber is installed when `dynamo._core` is imported (unless
 //! `DYNAMO_SKIP_PYTHON_LOG_INIT` is set): filter from `DYN_LOG` (RUST_LOG syntax, default
-//! `info`), output to stderr, JSON lines when `DYN_LOGGING_JSONL` is true.
+//! `info`), output to stderr, JSON lines when `DYN_LOGGING_JSONL` is true, colour only on a
+//! terminal (and never with `NO_COLOR`).
 
 use pyo3::prelude::*;
 use tracing_subscriber::EnvFilter;
@@ -37,10 +38,17 @@ pub(crate) fn init() {
     let _ = if jsonl {
         builder.json().with_current_span(false).try_init()
     } else {
-        builder
-            .with_ansi(!truthy("DYN_SDK_DISABLE_ANSI_LOGGING"))
-            .try_init()
+        builder.with_ansi(colour_wanted()).try_init()
     };
+}
+
+/// Colour codes only where a person reads them: stderr is a terminal, `NO_COLOR` is unset
+/// or empty (the convention of no-color.org) and `DYN_SDK_DISABLE_ANSI_LOGGING` is not
+/// true. A log redirected to a file or a pipe gets plain text.
+fn colour_wanted() -> bool {
+    use std::io::IsTerminal as _;
+    let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+    std::io::stderr().is_terminal() && !no_color && !truthy("DYN_SDK_DISABLE_ANSI_LOGGING")
 }
 
 /// Send one formatted Python log record to the Rust tracing subscriber. `level` is a
