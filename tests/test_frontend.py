@@ -121,6 +121,21 @@ def test_completions_streaming_and_not(client) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
+def test_chat_without_max_tokens_stops_at_the_models_max_new_tokens(client) -> None:
+    # The README's streaming request: no max_tokens. The tiny model's generation_config.json
+    # says max_new_tokens 256, so the answer ends there ("length"), not at the context's end.
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 256
+
+
 def test_completions_default_max_tokens_is_16(client) -> None:
     r = client.completions.create(model="tiny", prompt="Hi")
     assert r.usage.completion_tokens == 16

@@ -73,6 +73,10 @@ pub struct Preprocessor {
     template: Option<ChatTemplate>,
     eos_token_ids: Vec<u32>,
     context_length: u32,
+    /// `max_new_tokens` of the model's `generation_config.json`: what a chat request without
+    /// `max_tokens` may generate (capped by the room left in the context), as other
+    /// OpenAI-compatible servers do. Without it, the room left in the context.
+    default_max_tokens: Option<u32>,
     mdcsum: String,
     /// The card's `exclude_tools_when_tool_choice_none`: `tool_choice: none` keeps `tools`
     /// out of the template.
@@ -174,10 +178,15 @@ impl Preprocessor {
         };
         let mut eos = Vec::new();
         let mut hf_config = None;
+        let mut default_max_tokens = None;
         if let Some(GenerationConfig::HfGenerationConfigJson(f)) = &card.gen_config {
-            eos.extend(ids_of(
-                parse_json(&f.read_verified()?, &f.path)?.get("eos_token_id"),
-            ));
+            let gen_config = parse_json(&f.read_verified()?, &f.path)?;
+            eos.extend(ids_of(gen_config.get("eos_token_id")));
+            default_max_tokens = gen_config
+                .get("max_new_tokens")
+                .and_then(Json::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| *n > 0);
         }
         if let Some(ModelInfo::HfConfigJson(f)) = &card.model_info {
             let config = parse_json(&f.read_verified()?, &f.path)?;
@@ -219,6 +228,7 @@ impl Preprocessor {
             template,
             eos_token_ids: eos,
             context_length: card.context_length,
+            default_max_tokens,
             mdcsum: card.mdcsum(),
             exclude_tools_when_none: card.runtime_config.exclude_tools_when_tool_choice_none,
             media,
@@ -626,10 +636,10 @@ impl Preprocessor {
                     ));
                 }
                 Some(m) => Some(m),
-                None => Some(room),
+                None => Some(self.default_max_tokens.map_or(room, |d| d.min(room))),
             }
         } else {
-            max_tokens
+            max_tokens.or(self.default_max_tokens)
         };
         let annotations = ext
             .nvext

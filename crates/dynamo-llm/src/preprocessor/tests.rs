@@ -744,3 +744,58 @@ fn written_sse_chunks_equal_serialised_chunk_structs() {
         }
     }
 }
+
+/// The tiny model's directory copied into `dir`, with its `generation_config.json` replaced
+/// by `gen_config`.
+fn tiny_with_generation_config(dir: &Path, gen_config: &str) -> Preprocessor {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-model");
+    for entry in std::fs::read_dir(&src).expect("tiny model dir") {
+        let entry = entry.expect("entry");
+        std::fs::copy(entry.path(), dir.join(entry.file_name())).expect("copy");
+    }
+    std::fs::write(dir.join("generation_config.json"), gen_config).expect("write");
+    Preprocessor::from_model_dir(dir, "tiny").expect("tiny model copy")
+}
+
+#[test]
+fn a_chat_request_without_max_tokens_gets_the_models_max_new_tokens() {
+    let pre = tiny();
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}]}"#;
+    // tiny-model/generation_config.json: "max_new_tokens": 256.
+    let wire = pre.preprocess_chat(&chat(body)).expect("preprocess");
+    assert_eq!(wire.stop_conditions.max_tokens, Some(256));
+    // What the request asks for wins, within the context.
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":1000}"#;
+    let wire = pre.preprocess_chat(&chat(body)).expect("preprocess");
+    assert_eq!(wire.stop_conditions.max_tokens, Some(1000));
+    // Completions keep OpenAI's own default.
+    let wire = pre
+        .preprocess_completion(
+            &parse_completion_request(br#"{"model":"tiny","prompt":"Hi"}"#).expect("parse"),
+        )
+        .expect("preprocess");
+    assert_eq!(
+        wire.stop_conditions.max_tokens,
+        Some(DEFAULT_COMPLETION_MAX_TOKENS)
+    );
+}
+
+#[test]
+fn without_max_new_tokens_the_default_is_the_room_left_in_the_context() {
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"Hi"}]}"#;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let pre = tiny_with_generation_config(tmp.path(), r#"{"eos_token_id": [2, 0]}"#);
+    let wire = pre.preprocess_chat(&chat(body)).expect("preprocess");
+    let prompt = u32::try_from(wire.token_ids.len()).expect("len");
+    // config.json: max_position_embeddings 8192.
+    assert_eq!(wire.stop_conditions.max_tokens, Some(8192 - prompt));
+
+    // A default larger than the room is capped by it, not refused.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let pre = tiny_with_generation_config(
+        tmp.path(),
+        r#"{"eos_token_id": [2, 0], "max_new_tokens": 100000}"#,
+    );
+    let wire = pre.preprocess_chat(&chat(body)).expect("preprocess");
+    assert_eq!(wire.stop_conditions.max_tokens, Some(8192 - prompt));
+}
