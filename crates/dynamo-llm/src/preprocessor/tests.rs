@@ -65,11 +65,13 @@ fn context_length_is_enforced() {
     let pre = tiny();
     let req = chat(r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}]}"#);
     let wire = pre.preprocess_chat(&req).expect("ok");
-    let prompt_len = wire.token_ids.len() as u32;
+    // Without max_tokens: the model's max_new_tokens (256), which fits the context; the
+    // room left in the context without one (a_chat_request_without_max_tokens_... and
+    // without_max_new_tokens_... below).
     assert_eq!(
         wire.stop_conditions.max_tokens,
-        Some(8192 - prompt_len),
-        "defaults to the remaining context"
+        Some(256),
+        "defaults to the model's max_new_tokens"
     );
     let req =
         chat(r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":9000}"#);
