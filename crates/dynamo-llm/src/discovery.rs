@@ -12,12 +12,16 @@
 //! first card seen for a name fixes its endpoint and preprocessing (later cards of other
 //! endpoints under the same name are counted but routed to the first endpoint's workers).
 //!
+//! Every [`ModelEntry::serving`] lists the instances whose card for that model is live,
+//! refreshed on every discovery round: a request for a model goes only to those
+//! ([`ModelEntry::restrict_route`]; the KV router avoids the others), so two models whose
+//! workers share an endpoint never answer each other's requests (a worker registering on
+//! such an endpoint logs a warning naming both).
+//!
 //! LoRA adapters: an adapter card (`register_model(..., lora_name=...)`) is served under
-//! the adapter's name, and its [`ModelEntry::adapter`] lists the instances whose adapter
-//! card is live, refreshed on every discovery round, plus the served name of their base
-//! model (`parent` in `/v1/models`). Requests for an adapter go only to those instances
-//! ([`ModelEntry::restrict_route`]), carry `routing.lora_name`, and are KV-routed with
-//! the adapter mixed into the block hashes.
+//! the adapter's name by the instances that loaded it, with the served name of their base
+//! model as `parent` in `/v1/models`. Requests for an adapter carry `routing.lora_name`
+//! and are KV-routed with the adapter mixed into the block hashes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,11 +64,53 @@ pub async fn register_model(
     let lora = card.lora.as_ref().map(|l| l.name.as_str());
     let key = card_key(endpoint, runtime.connection_id(), lora);
     let json = card.to_json_str()?;
+    if lora.is_none() {
+        warn_if_endpoint_shared(runtime, endpoint, card).await;
+    }
     runtime
         .kv_store()
         .put(&key, &json)
         .await
         .map_err(runtime_err)
+}
+
+/// Log a warning when other instances of `endpoint` serve a base model other than
+/// `card`'s: requests are kept apart by model (each goes only to instances that registered
+/// it), but two models on one endpoint is usually a copy-pasted endpoint name.
+async fn warn_if_endpoint_shared(
+    runtime: &DistributedRuntime,
+    endpoint: &EndpointId,
+    card: &ModelDeploymentCard,
+) {
+    let prefix = format!(
+        "{MDC_ROOT}{}/{}/{}/",
+        endpoint.namespace, endpoint.component, endpoint.name
+    );
+    let Ok(cards) = runtime.kv_store().list(&prefix).await else {
+        return;
+    };
+    let own = runtime.connection_id();
+    let others: BTreeSet<String> = cards
+        .iter()
+        .filter_map(|(k, json)| {
+            // Base cards of other instances only (adapter cards add a `/{slug}` level).
+            let id = u64::from_str_radix(k.strip_prefix(&prefix)?, 16).ok()?;
+            let other = ModelDeploymentCard::from_json_str(json).ok()?;
+            (id != own && other.display_name != card.display_name).then_some(other.display_name)
+        })
+        .collect();
+    if !others.is_empty() {
+        tracing::warn!(
+            model = %card.display_name,
+            other_models = ?others,
+            endpoint = %endpoint,
+            "registering model {:?} on endpoint {endpoint}, whose other instances serve {:?}; \
+             requests for each model go only to the instances that registered it (give each \
+             model its own endpoint to avoid surprises)",
+            card.display_name,
+            others,
+        );
+    }
 }
 
 /// Remove this process's base card (or its LoRA adapter card) for `endpoint`.
@@ -213,47 +259,50 @@ pub struct ModelEntry {
     pub preprocessor: Option<Preprocessor>,
     /// Unix seconds when the model appeared.
     pub created: u64,
-    /// For a LoRA adapter: which instances serve it (the endpoint's other instances do
-    /// not have it loaded).
-    pub adapter: Option<AdapterServing>,
+    /// The instances of `endpoint` that registered this model (for a LoRA adapter: that
+    /// have it loaded), as of the last discovery round. Other workers may serve the same
+    /// endpoint for another model; requests for this one never reach them.
+    pub serving: ModelServing,
 }
 
-/// The instances serving one LoRA adapter, as of the last discovery round.
+/// The instances serving one model, as of the last discovery round.
 #[derive(Debug, Default)]
-pub struct AdapterServing {
-    state: RwLock<AdapterState>,
-    /// Round-robin cursor over the serving instances.
+pub struct ModelServing {
+    state: RwLock<ServingState>,
+    /// Round-robin cursor over the serving instances (used only when the endpoint is
+    /// shared with other models or adapters).
     next: AtomicUsize,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct AdapterState {
+struct ServingState {
+    /// For a LoRA adapter: the served name of its base model.
     parent: Option<String>,
     instances: BTreeSet<u64>,
 }
 
-impl AdapterServing {
-    /// Serving `instances`, on top of the base model served as `parent`.
+impl ModelServing {
+    /// Serving `instances`; `parent` is the base model's served name for an adapter.
     pub fn new(parent: Option<String>, instances: BTreeSet<u64>) -> Self {
         Self {
-            state: RwLock::new(AdapterState { parent, instances }),
+            state: RwLock::new(ServingState { parent, instances }),
             next: AtomicUsize::new(0),
         }
     }
 
-    fn set(&self, parent: Option<String>, instances: BTreeSet<u64>) {
+    /// Replace the serving set (each discovery round does).
+    pub fn set(&self, parent: Option<String>, instances: BTreeSet<u64>) {
         *self
             .state
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            AdapterState { parent, instances };
+            ServingState { parent, instances };
     }
 
-    fn get(&self) -> AdapterState {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ServingState> {
         self.state
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
     }
 }
 
@@ -265,30 +314,38 @@ impl ModelEntry {
 
     /// The adapter name, for a LoRA adapter.
     pub fn lora_name(&self) -> Option<&str> {
-        self.adapter.as_ref()?;
         self.card.lora.as_ref().map(|l| l.name.as_str())
     }
 
     /// For a LoRA adapter: the served name of the base model it is loaded on.
     pub fn parent(&self) -> Option<String> {
-        self.adapter.as_ref()?.get().parent
+        self.card.lora.as_ref()?;
+        self.serving.read().parent.clone()
     }
 
-    /// The live instances that may serve this model: for an adapter, those that
-    /// registered it; otherwise every live instance of the endpoint.
+    /// The live instances that may serve this model: those that registered it.
     pub fn serving_instances(&self) -> Vec<u64> {
         let live = self.client.instance_ids();
-        match &self.adapter {
-            None => live,
-            Some(a) => {
-                let serving = a.get().instances;
-                live.into_iter().filter(|id| serving.contains(id)).collect()
-            }
-        }
+        let state = self.serving.read();
+        live.into_iter()
+            .filter(|id| state.instances.contains(id))
+            .collect()
+    }
+
+    /// The endpoint's live instances that do not serve this model (workers of another
+    /// model or adapter on the same endpoint, or not registered yet). Empty in the usual
+    /// case of one model per endpoint.
+    pub fn not_serving_instances(&self) -> Vec<u64> {
+        let live = self.client.instance_ids();
+        let state = self.serving.read();
+        live.into_iter()
+            .filter(|id| !state.instances.contains(id))
+            .collect()
     }
 
     /// `route` (a selector's answer) narrowed to the instances serving this model: kept
-    /// when it already names one; otherwise a serving instance, round-robin, preferring
+    /// when every live instance of the endpoint serves it (the usual case) or when it
+    /// already names a serving one; otherwise a serving instance, round-robin, preferring
     /// those not in `avoid` (instances the request failed on) and not known down.
     ///
     /// # Errors
@@ -298,10 +355,16 @@ impl ModelEntry {
         route: Route,
         avoid: &[u64],
     ) -> std::result::Result<Route, String> {
-        let Some(adapter) = &self.adapter else {
-            return Ok(route);
+        let live = self.client.instance_ids();
+        let serving: Vec<u64> = {
+            let state = self.serving.read();
+            if live.iter().all(|id| state.instances.contains(id)) {
+                return Ok(route);
+            }
+            live.into_iter()
+                .filter(|id| state.instances.contains(id))
+                .collect()
         };
-        let serving = self.serving_instances();
         if let Route::Direct(id) = route
             && serving.contains(&id)
         {
@@ -319,12 +382,16 @@ impl ModelEntry {
             &preferred
         };
         if pool.is_empty() {
-            return Err(format!(
-                "no live worker has LoRA adapter {:?} loaded",
-                self.lora_name().unwrap_or(&self.name)
-            ));
+            return Err(match self.lora_name() {
+                Some(lora) => format!("no live worker has LoRA adapter {lora:?} loaded"),
+                None => format!(
+                    "no live worker of {} serves model {:?} (its other workers serve other \
+                     models)",
+                    self.endpoint, self.name
+                ),
+            });
         }
-        let i = adapter.next.fetch_add(1, Ordering::Relaxed) % pool.len();
+        let i = self.serving.next.fetch_add(1, Ordering::Relaxed) % pool.len();
         Ok(Route::Direct(pool[i]))
     }
 }
@@ -504,7 +571,8 @@ impl WatchState {
                 Err(e) => tracing::warn!(%key, error = %e, "ignoring malformed model card"),
             }
         }
-        // An adapter's serving instances on `endpoint` and the base model on the first.
+        // A model's serving instances on `endpoint` and, for an adapter, the base model of
+        // the first of them.
         let serving = |name: &str, endpoint: &EndpointId| {
             let ids = instances
                 .get(&(name.to_owned(), endpoint.clone()))
@@ -521,10 +589,8 @@ impl WatchState {
             if let Some(existing) = self.models.get(&name)
                 && cards.iter().any(|(ep, _)| *ep == existing.endpoint)
             {
-                if let Some(a) = &existing.adapter {
-                    let (parent, ids) = serving(&name, &existing.endpoint);
-                    a.set(parent, ids);
-                }
+                let (parent, ids) = serving(&name, &existing.endpoint);
+                existing.serving.set(parent, ids);
                 models.insert(name, Arc::clone(existing));
                 continue;
             }
@@ -541,10 +607,8 @@ impl WatchState {
                 None
             };
             tracing::info!(model = %name, endpoint = %endpoint, "model added");
-            let adapter = card.lora.is_some().then(|| {
-                let (parent, ids) = serving(&name, &endpoint);
-                AdapterServing::new(parent, ids)
-            });
+            let (parent, ids) = serving(&name, &endpoint);
+            let serving = ModelServing::new(card.lora.is_some().then_some(parent).flatten(), ids);
             let client = runtime.client(&endpoint);
             added.push(client.clone());
             models.insert(
@@ -556,7 +620,7 @@ impl WatchState {
                     client,
                     preprocessor,
                     created: now_secs(),
-                    adapter,
+                    serving,
                 }),
             );
         }

@@ -242,7 +242,7 @@ async fn build(
     let entry = Arc::clone(routed.model());
     let mut delay = Duration::from_secs(1);
     loop {
-        let instance_id = entry.client.instance_ids().first().copied().unwrap_or(0);
+        let instance_id = entry.serving_instances().first().copied().unwrap_or(0);
         tracing::info!(model = %entry.name, endpoint = %entry.endpoint, instance_id, "calling chat_engine_factory");
         let request = FactoryRequest {
             endpoint: entry.endpoint.clone(),

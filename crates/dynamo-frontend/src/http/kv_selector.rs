@@ -120,22 +120,6 @@ fn routing_error(model: &ModelEntry, e: &kv_routing::Error) -> HttpError {
     }
 }
 
-/// The endpoint's live instances that do not serve `model` (for a LoRA adapter: those
-/// that did not register it). The router avoids them; the frontend's
-/// [`ModelEntry::restrict_route`] enforces it.
-fn not_serving(model: &ModelEntry) -> Vec<u64> {
-    if model.adapter.is_none() {
-        return Vec::new();
-    }
-    let serving = model.serving_instances();
-    model
-        .client
-        .instance_ids()
-        .into_iter()
-        .filter(|id| !serving.contains(id))
-        .collect()
-}
-
 impl WorkerSelector for KvSelector {
     fn metrics_text(&self) -> String {
         let routers: Vec<Arc<KvRouter>> = self
@@ -167,7 +151,7 @@ impl WorkerSelector for KvSelector {
             return Route::RoundRobin;
         };
         let mut avoid = model.client.down_instance_ids();
-        avoid.extend(not_serving(model));
+        avoid.extend(model.not_serving_instances());
         match router
             .core()
             .best_worker(&dynamo_kv_router::kv_router::RouteRequest {
@@ -200,9 +184,14 @@ impl WorkerSelector for KvSelector {
                 return Ok(plain(Route::RoundRobin));
             };
             if model.serving_instances().is_empty() {
+                let why = if model.client.instance_ids().is_empty() {
+                    format!("no instances found for endpoint {}", model.endpoint)
+                } else {
+                    format!("no live instance of {} registered it", model.endpoint)
+                };
                 return Err(HttpError::unavailable(format!(
-                    "no workers available for {}: no instances found for endpoint {}",
-                    model.name, model.endpoint
+                    "no workers available for {}: {why}",
+                    model.name
                 )));
             }
             let Some(router) = self.router(model) else {
@@ -214,7 +203,7 @@ impl WorkerSelector for KvSelector {
             // An adapter's blocks hash with its name (so they never match the base
             // model's), and only the instances that registered it are candidates.
             let mut avoid = avoid.to_vec();
-            avoid.extend(not_serving(model));
+            avoid.extend(model.not_serving_instances());
             let opts = RouteOptions {
                 request_id: Some(attempt_id.to_owned()),
                 avoid,

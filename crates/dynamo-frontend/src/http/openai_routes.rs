@@ -1069,7 +1069,7 @@ pub(super) async fn health(State(shared): State<Arc<Shared>>) -> Response {
         .models
         .list()
         .iter()
-        .map(|m| serde_json::json!({"model": m.name, "endpoint": m.endpoint.to_string(), "instances": m.client.instance_ids()}))
+        .map(|m| serde_json::json!({"model": m.name, "endpoint": m.endpoint.to_string(), "instances": m.serving_instances()}))
         .collect();
     let instances = match &shared.runtime {
         Some(rt) => match rt.all_instances().await {

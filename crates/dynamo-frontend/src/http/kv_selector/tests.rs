@@ -9,7 +9,7 @@ use dynamo_kv_router::protocols::WorkerWithDpRank;
 use dynamo_kv_router::publisher::StoredInput;
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
-use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::discovery::{ModelEntry, ModelServing};
 use dynamo_llm::kv_routing::{KvEventPublisher, KvRouter, RouteOptions};
 use dynamo_llm::model_card::{ModelInput, ModelType, RegisterModelArgs};
 use dynamo_llm::preprocessor::PreprocessedRequest;
@@ -207,7 +207,7 @@ impl Cluster {
             client: frontend.client(&ep),
             preprocessor: None,
             created: 0,
-            adapter: None,
+            serving: ModelServing::new(None, workers.iter().map(|w| w.connection_id()).collect()),
         });
         let selector = Arc::new(KvSelector::new(frontend.clone(), config, thresholds));
         let router = selector.router(&model).unwrap();
@@ -547,6 +547,11 @@ fn a_dead_worker_is_avoided_at_once_and_unsent_requests_retry_elsewhere() {
             device_type: None,
             request_plane_codec: None,
         };
+        // It serves the model as far as the frontend knows (as if it had registered it).
+        let mut serving: std::collections::BTreeSet<u64> =
+            c.workers.iter().map(|w| w.connection_id()).collect();
+        serving.insert(4242);
+        c.model.serving.set(None, serving);
         c.frontend
             .discovery()
             .register(&dead(addr.port()))
