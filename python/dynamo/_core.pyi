@@ -774,7 +774,7 @@ class KvRouterConfig:
     ``router_replica_sync=True``: routers of the same endpoint (frontends, ``KvRouter``s)
     share their booked load over the event plane, and a late starter catches up from its
     peers' snapshots; a silent peer's bookings expire after
-    ``DYN_ROUTER_REPLICA_SYNC_TTL_SECS`` (default 6). See ``docs/kv_routing.md``.
+    ``DYN_ROUTER_REPLICA_SYNC_TTL_SECS`` (default 6). See ``docs/design/kv_routing.md``.
     """
 
     def __new__(
@@ -1450,7 +1450,7 @@ class MediaDecoder:
     """Which media the frontend decodes for a model (``register_model(media_decoder=)``).
 
     Without one, image parts reach the chat template as they are. See
-    ``docs/multimodal.md``.
+    ``docs/design/multimodal.md``.
     """
 
     def __init__(self) -> None: ...
@@ -1507,7 +1507,7 @@ class LoRADownloader:
     Sources: ``file:///path`` (returned as is once it holds ``adapter_config.json`` plus
     ``adapter_model.safetensors``, ``adapter_model.bin`` or ``model.lora_weights.npy``) and
     ``s3://bucket/prefix`` (every object under the prefix, downloaded into the cache with
-    the standard ``AWS_*`` environment variables; see ``docs/lora.md``).
+    the standard ``AWS_*`` environment variables; see ``docs/design/lora.md``).
 
     The cache root is ``cache_path``, else ``$DYN_LORA_PATH``, else
     ``~/.cache/dynamo_loras`` (``RuntimeError`` when none can be determined).
@@ -2431,6 +2431,14 @@ async def run_planner(runtime: DistributedRuntime, argv: List[str]) -> None:
 
     Raises:
         ValueError: an unknown flag or a bad value.
+    """
+
+def parse_planner_args(argv: List[str]) -> Tuple[Optional[str], Optional[str]]:
+    """Parse ``python -m dynamo.planner``'s command line before a runtime exists.
+
+    ``--help`` prints every flag (with its default and unit) and raises ``SystemExit(0)``;
+    an unknown flag or bad value prints a usage error and raises ``SystemExit(2)``.
+    Returns ``(discovery_backend, request_plane)``, each ``None`` when not given.
     """
 
 # ---------------------------------------------------------------------------------------

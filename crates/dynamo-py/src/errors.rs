@@ -108,6 +108,18 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 /// Map a KV-router core error to Python: an event the index cannot apply becomes
 /// `RuntimeError("Failed to apply event: ...")` (as in the reference); bad input (bytes that
 /// do not decode, a zero block size, ...) becomes `ValueError`.
+/// A command line's parse outcome as Python sees it: clap's message printed (help to
+/// stdout, errors to stderr) and `SystemExit` with its code (0 for `--help`, 2 for a usage
+/// error), so `python -m ...` ends with one line instead of a traceback.
+pub(crate) fn command_line_exit(py: Python<'_>, e: &clap::Error) -> PyErr {
+    let _ = e.print();
+    let _ = py.import("sys").and_then(|s| {
+        s.getattr("stdout")?.call_method0("flush")?;
+        s.getattr("stderr")?.call_method0("flush")
+    });
+    pyo3::exceptions::PySystemExit::new_err(e.exit_code())
+}
+
 pub(crate) fn kv_router_error(err: dynamo_kv_router::Error) -> PyErr {
     if err.is_apply_error() {
         PyRuntimeError::new_err(format!("Failed to apply event: {err}"))

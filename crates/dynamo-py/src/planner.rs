@@ -20,6 +20,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<VirtualConnectorCoordinator>()?;
     m.add_class::<VirtualConnectorClient>()?;
     m.add_function(wrap_pyfunction!(run_planner, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_planner_args, m)?)?;
     // The seed API's name of `endpoint.metrics`'s class (the reference's stub imports
     // `RuntimeMetrics as PyRuntimeMetrics`; its module has only `RuntimeMetrics`). Same
     // class object, so isinstance checks agree. Registered after the runtime classes.
@@ -221,6 +222,19 @@ impl VirtualConnectorClient {
             true,
         )
     }
+}
+
+/// Parse the command line of `python -m dynamo.planner` before a runtime exists: `--help`
+/// prints every flag and exits 0, a bad flag prints one usage line and exits 2. Returns
+/// the runtime's flags, `(discovery_backend, request_plane)` (`None` when not given).
+#[pyfunction]
+pub(crate) fn parse_planner_args(
+    py: Python<'_>,
+    argv: Vec<String>,
+) -> PyResult<(Option<String>, Option<String>)> {
+    let cli = dynamo_llm::planner::PlannerCli::parse_args(&argv)
+        .map_err(|e| crate::errors::command_line_exit(py, &e))?;
+    Ok((cli.discovery_backend, cli.request_plane))
 }
 
 /// Run the planner (`python -m dynamo.planner`) on `runtime` until it stops; `argv` are

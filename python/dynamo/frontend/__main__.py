@@ -10,7 +10,7 @@ terminal chat), in Rust and without an asyncio event loop, so the process does n
 
 The HTTP limits (body size, header and body read timeouts, connections per client) are read
 by the Rust frontend from their ``DYN_HTTP_*`` variables; each flag defaults to its variable
-and, when given, sets it for this process. ``docs/reliability.md`` explains them.
+and, when given, sets it for this process. ``docs/design/reliability.md`` explains them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,16 @@ from dynamo._core import (
     get_tool_parser_names,
     run_inputs_blocking,
 )
-from dynamo._env import default_discovery_backend, default_request_plane
+from dynamo._env import COMMON_ENVIRONMENT, default_discovery_backend, default_request_plane
+
+ENVIRONMENT = (
+    COMMON_ENVIRONMENT
+    + """\
+  DYN_HTTP_OVERLOAD_STATUS_CODE  status of a request finding every worker busy (default: 529)
+  DYN_HTTP_*, DYN_ROUTER_*, DYN_ACTIVE_*, DYN_GRPC_PORT, DYN_ENABLE_ANTHROPIC_API,
+  DYN_MIGRATION_LIMIT     defaults of the flags above, as each one's help says
+"""
+)
 
 _MODES = {
     "round-robin": RouterMode.RoundRobin,
@@ -43,31 +52,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m dynamo.frontend",
         description="OpenAI-compatible HTTP frontend (chat, completions, models, metrics).",
+        epilog=ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--http-host", default=os.environ.get("DYN_HTTP_HOST", "0.0.0.0"))
-    p.add_argument("--http-port", type=int, default=int(os.environ.get("DYN_HTTP_PORT", "8000")))
+    p.add_argument(
+        "--http-host",
+        default=os.environ.get("DYN_HTTP_HOST", "0.0.0.0"),
+        help="address the HTTP server listens on; 127.0.0.1 keeps it private to this "
+        "machine (default: $DYN_HTTP_HOST, else 0.0.0.0, every interface)",
+    )
+    p.add_argument(
+        "--http-port",
+        type=int,
+        default=int(os.environ.get("DYN_HTTP_PORT", "8000")),
+        help="TCP port of the HTTP server (default: $DYN_HTTP_PORT, else 8000)",
+    )
     p.add_argument(
         "--router-mode",
         choices=sorted(_MODES),
         default=os.environ.get("DYN_ROUTER_MODE", "round-robin"),
+        help="how a worker is chosen for each request: round-robin, random, or kv (the "
+        "worker whose KV cache holds most of the prompt, weighed against its load) "
+        "(default: $DYN_ROUTER_MODE, else round-robin)",
     )
     p.add_argument(
         "--migration-limit",
         type=int,
         default=int(os.environ.get("DYN_MIGRATION_LIMIT", "0")),
-        help="re-dispatches per request when a worker stream breaks (0: off)",
+        help="times a request whose worker stream breaks is sent again to another worker, "
+        "resuming from the tokens already produced; 0: off (default: $DYN_MIGRATION_LIMIT, "
+        "else 0)",
     )
-    p.add_argument("--namespace", default=os.environ.get("DYN_NAMESPACE"))
+    p.add_argument(
+        "--namespace",
+        default=os.environ.get("DYN_NAMESPACE"),
+        help="serve only the models registered in this namespace (default: $DYN_NAMESPACE, "
+        "else every namespace)",
+    )
     p.add_argument(
         "--discovery-backend",
         default=None,
-        help="file (default without etcd) or mem",
+        help="how workers are found: file (shared directory $DYN_FILE_KV), etcd "
+        "($ETCD_ENDPOINTS) or mem (this process only) (default: $DYN_DISCOVERY_BACKEND, "
+        "else etcd when $ETCD_ENDPOINTS is set, else file)",
     )
     p.add_argument(
         "--request-plane",
         choices=["tcp", "nats"],
         default=None,
-        help="how requests reach workers (default: $DYN_REQUEST_PLANE, else tcp)",
+        help="how requests reach workers: tcp (direct) or nats ($NATS_SERVER) "
+        "(default: $DYN_REQUEST_PLANE, else tcp)",
     )
     # HTTP limits: flag > environment variable > the Rust default (see the module docstring).
     p.add_argument(
@@ -99,31 +133,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "$DYN_HTTP_MAX_CONNECTIONS_PER_IP, else 1024)",
     )
     # KV router flags: accepted and passed to the router configuration.
-    p.add_argument("--kv-cache-block-size", type=int, default=None)
-    p.add_argument("--router-temperature", type=float, default=0.0)
-    p.add_argument("--kv-overlap-score-weight", type=float, default=1.0)
+    p.add_argument(
+        "--kv-cache-block-size",
+        type=int,
+        default=None,
+        help="KV block size in tokens the router hashes with (default: each model's "
+        "registered block size)",
+    )
+    p.add_argument(
+        "--router-temperature",
+        type=float,
+        default=0.0,
+        help="KV mode: 0 picks the lowest-cost worker; above 0 samples workers by cost, "
+        "more evenly the higher it is (default: 0.0)",
+    )
+    p.add_argument(
+        "--kv-overlap-score-weight",
+        type=float,
+        default=1.0,
+        help="KV mode: weight of the prompt tokens a worker must still prefill against its "
+        "decode load; 0 ignores cached prefixes (default: 1.0)",
+    )
     p.add_argument(
         "--router-kv-events",
         dest="use_kv_events",
         action=argparse.BooleanOptionalAction,
         default=True,
+        help="KV mode: follow the workers' KV cache events; with --no-router-kv-events the "
+        "router predicts the caches from its own routing decisions (default: on)",
     )
     p.add_argument(
         "--router-replica-sync",
         action="store_true",
-        help="share booked load with the other KV routers of the same workers (event plane)",
+        help="KV mode: share booked load with the other frontends' KV routers of the same "
+        "workers, over the event plane (default: off)",
     )
-    p.add_argument("--router-reset-states", action="store_true")
+    p.add_argument(
+        "--router-reset-states",
+        action="store_true",
+        help="accepted for compatibility: the reference purges its router state stored in "
+        "NATS at start; this frontend stores none, so there is nothing to reset",
+    )
     p.add_argument(
         "--router-track-output-blocks",
         action="store_true",
-        help="book a decode block per block_size generated tokens (KV mode)",
+        help="KV mode: book a decode block per block_size generated tokens (default: off)",
     )
     p.add_argument(
         "--router-queue-threshold",
         type=float,
         default=None,
-        help="park requests while every worker's prefill exceeds this fraction (KV mode)",
+        help="KV mode: queue requests in the router while every worker's prompt tokens "
+        "awaiting prefill exceed this fraction of its max_num_batched_tokens (default: off)",
     )
     # Busy thresholds (KV mode): a worker over any of them is skipped; when every worker is
     # over one, requests are rejected with 529.
@@ -131,16 +192,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--active-decode-blocks-threshold",
         type=float,
         default=_env("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", float),
+        help="KV mode: a worker whose booked decode blocks exceed this fraction (0-1) of its "
+        "KV cache is busy (default: $DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD, else none)",
     )
     p.add_argument(
         "--active-prefill-tokens-threshold",
         type=int,
         default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", int),
+        help="KV mode: a worker with more prompt tokens than this waiting for their first "
+        "token is busy (default: $DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD, else none)",
     )
     p.add_argument(
         "--active-prefill-tokens-threshold-frac",
         type=float,
         default=_env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", float),
+        help="KV mode: the same, as a fraction of the worker's max_num_batched_tokens "
+        "(default: $DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC, else none)",
     )
     p.add_argument(
         "--enable-anthropic-api",
@@ -153,26 +220,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "-i",
         "--interactive",
         action="store_true",
-        help="chat with the discovered model on the terminal instead of serving HTTP",
+        help="chat with the discovered model on the terminal instead of serving HTTP "
+        "(default: off)",
     )
     p.add_argument(
         "--kserve-grpc-server",
         action="store_true",
-        help="also serve the KServe v2 gRPC API (on --grpc-port) beside HTTP",
+        help="also serve the KServe v2 gRPC API (on --grpc-port) beside HTTP (default: off)",
     )
     p.add_argument(
         "--grpc-port",
         type=int,
         default=int(os.environ.get("DYN_GRPC_PORT", "8787")),
-        help="port of the KServe gRPC server (default 8787, $DYN_GRPC_PORT)",
+        help="port of the KServe gRPC server (default: $DYN_GRPC_PORT, else 8787)",
     )
-    # Parsers of models whose registration names none (docs/tool_calling.md).
+    # Parsers of models whose registration names none (docs/design/tool_calling.md).
     p.add_argument(
         "--dyn-tool-call-parser",
         choices=get_tool_parser_names(),
         default=None,
         metavar="NAME",
-        help="tool-call parser for models that register none: "
+        help="tool-call parser for models that register none (default: none): "
         + ", ".join(get_tool_parser_names()),
     )
     p.add_argument(
@@ -180,7 +248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=get_reasoning_parser_names(),
         default=None,
         metavar="NAME",
-        help="reasoning parser for models that register none: "
+        help="reasoning parser for models that register none (default: none): "
         + ", ".join(get_reasoning_parser_names()),
     )
     return p.parse_args(argv)

@@ -22,7 +22,7 @@ from dynamo._core import (
     MockEngineArgs,
     run_inputs_blocking,
 )
-from dynamo._env import default_discovery_backend, default_request_plane
+from dynamo._env import COMMON_ENVIRONMENT, default_discovery_backend, default_request_plane
 
 
 def _default_endpoint() -> str:
@@ -33,20 +33,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m dynamo.mocker",
         description="Simulated (GPU-free) inference workers serving a model over Dynamo.",
+        epilog=COMMON_ENVIRONMENT,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--model-path", required=True, help="local model directory")
-    p.add_argument("--model-name", default=None, help="served name (default: the path)")
-    p.add_argument("--endpoint", default=_default_endpoint())
-    p.add_argument("--num-workers", type=int, default=1)
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--num-gpu-blocks-override", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--speedup-ratio", type=float, default=None)
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction, default=None)
-    p.add_argument("--data-parallel-size", type=int, default=None)
-    p.add_argument("--startup-time", type=float, default=None)
+    p.add_argument(
+        "--model-path",
+        required=True,
+        help="local model directory (config.json, tokenizer, chat template); required",
+    )
+    p.add_argument(
+        "--model-name", default=None, help="served model name (default: the --model-path)"
+    )
+    p.add_argument(
+        "--endpoint",
+        default=_default_endpoint(),
+        help="endpoint the workers serve, dyn://NAMESPACE.COMPONENT.ENDPOINT "
+        "(default: dyn://$DYN_NAMESPACE.backend.generate, namespace 'dynamo')",
+    )
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="simulated workers in this process, each its own instance (default: 1)",
+    )
+    p.add_argument(
+        "--block-size", type=int, default=None, help="KV cache block size in tokens (default: 64)"
+    )
+    p.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="KV cache capacity of each worker, in blocks (default: 16384)",
+    )
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="most sequences a worker schedules at once (default: 256)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="most tokens a worker schedules in one step (default: 8192)",
+    )
+    p.add_argument(
+        "--speedup-ratio",
+        type=float,
+        default=None,
+        help="simulated time runs this many times faster than real time, > 0 (default: 1.0)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="reuse cached prefix blocks across requests (default: on)",
+    )
+    p.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="split long prompts' prefill over several steps (default: on)",
+    )
+    p.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=None,
+        help="data-parallel ranks per worker, each with its own KV cache (default: 1)",
+    )
+    p.add_argument(
+        "--startup-time",
+        type=float,
+        default=None,
+        help="seconds each worker waits before it registers, as a real engine loading "
+        "weights would (default: 0)",
+    )
     p.add_argument(
         "--extra-engine-args",
         default=None,
@@ -82,7 +143,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="base ZMQ replay port: worker i binds port + i",
     )
-    p.add_argument("--discovery-backend", default=None, help="file (default) or mem")
+    p.add_argument(
+        "--discovery-backend",
+        default=None,
+        help="how frontends find the workers: file (shared directory $DYN_FILE_KV), etcd "
+        "($ETCD_ENDPOINTS) or mem (this process only) (default: $DYN_DISCOVERY_BACKEND, "
+        "else etcd when $ETCD_ENDPOINTS is set, else file)",
+    )
     p.add_argument(
         "--request-plane",
         choices=["tcp", "nats"],

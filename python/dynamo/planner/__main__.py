@@ -1,10 +1,11 @@
 """``python -m dynamo.planner``: the scaling planner.
 
 Every flag is a field of the Rust ``PlannerConfig`` (``--ttft-ms 500 --itl-ms 50
---endpoint ns.backend.generate --min-workers 1 --max-workers 8 ...``; see docs/planner.md),
-parsed and validated in Rust; this module only builds the runtime and handles signals.
-Runtime selection: ``--discovery-backend`` / ``--request-plane`` (defaults as the other
-entry points: ``$DYN_DISCOVERY_BACKEND``, else etcd with ``ETCD_ENDPOINTS``, else file).
+--endpoint ns.backend.generate --min-workers 1 --max-workers 8 ...``; ``--help`` lists them
+with their defaults; see docs/design/planner.md), parsed and validated in Rust before the
+runtime starts; this module only builds the runtime and handles signals. Runtime selection:
+``--discovery-backend`` / ``--request-plane`` (defaults as the other entry points:
+``$DYN_DISCOVERY_BACKEND``, else etcd with ``ETCD_ENDPOINTS``, else file).
 """
 
 from __future__ import annotations
@@ -13,45 +14,25 @@ import asyncio
 import signal
 import sys
 
-from dynamo._core import DistributedRuntime, run_planner
+from dynamo._core import DistributedRuntime, parse_planner_args, run_planner
 from dynamo.runtime import _default_discovery_backend, _default_request_plane
 
 
-def _split(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """Take the runtime flags out of ``argv``; the rest goes to the planner."""
-    backend = plane = None
-    rest: list[str] = []
-    it = iter(argv)
-    for arg in it:
-        key, _, value = arg.partition("=")
-        if key in ("--discovery-backend", "--request-plane"):
-            value = value or next(it, "")
-            if key == "--discovery-backend":
-                backend = value
-            else:
-                plane = value
-        else:
-            rest.append(arg)
-    return backend, plane, rest
-
-
-async def main(argv: list[str]) -> None:
-    backend, plane, rest = _split(argv)
+async def main(argv: list[str], backend: str | None, plane: str | None) -> None:
     loop = asyncio.get_running_loop()
     runtime = DistributedRuntime(
         loop, backend or _default_discovery_backend(), plane or _default_request_plane()
     )
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, runtime.shutdown)
-    await run_planner(runtime, rest)
+    await run_planner(runtime, argv)
 
 
 def run(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in ("-h", "--help"):
-        print(__doc__)
-        return
-    asyncio.run(main(args))
+    # --help and usage errors end here (SystemExit), before any runtime is built.
+    backend, plane = parse_planner_args(args)
+    asyncio.run(main(args, backend, plane))
 
 
 if __name__ == "__main__":

@@ -63,9 +63,26 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         "in-process mocker workers (no timeline samples)",
     )
     p.add_argument("--concurrency", type=int, default=None, help="closed-loop in-flight cap")
-    p.add_argument("--max-sim-time-ms", type=float, default=None)
-    p.add_argument("--sla-ttft-ms", type=float, default=None)
-    p.add_argument("--sla-itl-ms", type=float, default=None)
+    p.add_argument(
+        "--max-sim-time-ms",
+        type=float,
+        default=None,
+        help="stop each replay after this much simulated time, in ms (default: run the "
+        "whole trace)",
+    )
+    p.add_argument(
+        "--sla-ttft-ms",
+        type=float,
+        default=None,
+        help="time-to-first-token SLA in ms: the summary adds goodput_* figures, the "
+        "throughput of the requests that meet every SLA given (default: none)",
+    )
+    p.add_argument(
+        "--sla-itl-ms",
+        type=float,
+        default=None,
+        help="inter-token-latency SLA in ms, counted like --sla-ttft-ms (default: none)",
+    )
     p.add_argument(
         "--sample-interval-ms",
         type=float,

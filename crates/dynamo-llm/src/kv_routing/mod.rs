@@ -18,11 +18,11 @@
 //! | `worker_kv_indexer_query_dp{rank}` | request plane (request/response) | `WorkerKvQueryRequest` → `WorkerKvQueryResponse` |
 //!
 //! The topics go through [`bus`], a thin synchronous front of the runtime's event plane
-//! (brokerless TCP or NATS). See `docs/kv_routing.md`.
+//! (brokerless TCP or NATS). See `docs/design/kv_routing.md`.
 //!
-//! Frontend use:
+//! Frontend use (a sketch; `crates/dynamo-frontend/src/http/kv_selector.rs` is the real caller):
 //!
-//! ```ignore
+//! ```text
 //! let router = KvRouter::new(&drt, &endpoint, block_size, KvRouterConfig::default(),
 //!                            LoadThresholds::default())?;
 //! let stream = router.generate(&tokens, body, RouteOptions::default(), ctx).await?;

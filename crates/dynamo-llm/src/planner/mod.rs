@@ -28,7 +28,7 @@ use crate::fpm::{ForwardPassMetrics, FpmSubscriber};
 pub use policy::{Controller, Hysteresis};
 
 /// Aggregated or disaggregated serving.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum PlannerMode {
     /// One pool of aggregated workers.
@@ -37,37 +37,98 @@ pub enum PlannerMode {
     Disagg,
 }
 
-/// Planner settings (the CLI's `--flag value` pairs, `-` read as `_`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Planner settings: the flags of `python -m dynamo.planner` (each field's doc comment is
+/// its `--help` text, its default that of [`PlannerConfig::default`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default)]
 pub struct PlannerConfig {
-    /// Dynamo namespace of the connector state (`v1/{namespace}/planner/`).
+    /// Dynamo namespace of the planner's decisions (`v1/{namespace}/planner/`) [default:
+    /// $DYN_NAMESPACE, else dynamo]
+    #[arg(long, default_value_t = PlannerConfig::default().namespace, hide_default_value = true)]
     pub namespace: String,
-    /// `ns.component.endpoint` of the aggregated (or decode) workers.
+    /// `ns.component.endpoint` of the aggregated (or decode) workers [default:
+    /// $DYN_NAMESPACE.backend.generate]
+    #[arg(long, default_value_t = PlannerConfig::default().endpoint, hide_default_value = true)]
     pub endpoint: String,
-    /// `ns.component.endpoint` of the prefill workers (disagg).
+    /// `ns.component.endpoint` of the prefill workers (disagg mode)
+    #[arg(long)]
     pub prefill_endpoint: Option<String>,
-    /// `agg` or `disagg`.
+    /// One pool of aggregated workers, or prefill and decode pools
+    #[arg(long, value_enum, default_value_t = PlannerConfig::default().mode)]
     pub mode: PlannerMode,
-    /// TTFT target, ms.
+    /// Time-to-first-token target, in milliseconds
+    #[arg(long, default_value_t = PlannerConfig::default().ttft_ms)]
     pub ttft_ms: f64,
-    /// ITL target, ms.
+    /// Inter-token-latency target, in milliseconds
+    #[arg(long, default_value_t = PlannerConfig::default().itl_ms)]
     pub itl_ms: f64,
-    /// Seconds between decisions.
+    /// Seconds between two decisions
+    #[arg(long, default_value_t = PlannerConfig::default().adjustment_interval_secs)]
     pub adjustment_interval_secs: f64,
-    /// The frontend's `/metrics` URL (`http://host:port/metrics`), optional.
+    /// The frontend's metrics URL (`http://host:port/metrics`); without it TTFT and ITL are
+    /// estimated from the workers' forward-pass metrics
+    #[arg(long)]
     pub frontend_metrics_url: Option<String>,
-    /// Prefix of the frontend's metric names.
+    /// Prefix of the frontend's metric names
+    #[arg(long, default_value_t = PlannerConfig::default().frontend_metrics_prefix)]
     pub frontend_metrics_prefix: String,
-    /// Coordinator: seconds between acknowledgement checks.
+    /// Seconds between checks that a decision was acknowledged
+    #[arg(long, default_value_t = PlannerConfig::default().check_interval_secs)]
     pub check_interval_secs: u64,
-    /// Coordinator: how long an unacknowledged decision blocks the next one, seconds.
+    /// Seconds an unacknowledged decision blocks the next one
+    #[arg(long, default_value_t = PlannerConfig::default().max_wait_time_secs)]
     pub max_wait_time_secs: u64,
-    /// Coordinator: acknowledgement checks.
+    /// Acknowledgement checks of one decision
+    #[arg(long, default_value_t = PlannerConfig::default().max_retries)]
     pub max_retries: u32,
     /// Controller thresholds.
     #[serde(flatten)]
+    #[command(flatten)]
     pub hysteresis: Hysteresis,
+}
+
+/// The whole command line of `python -m dynamo.planner`: the runtime's flags (read by the
+/// Python entry point) and the planner's.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "python -m dynamo.planner",
+    about = "The scaling planner: watches the workers' load, decides how many workers each \
+             pool needs and publishes the decisions for an environment to carry out",
+    after_help = PLANNER_ENVIRONMENT,
+)]
+pub struct PlannerCli {
+    /// How workers are found: file, etcd or mem [default: $DYN_DISCOVERY_BACKEND, else etcd
+    /// when $ETCD_ENDPOINTS is set, else file]
+    #[arg(long)]
+    pub discovery_backend: Option<String>,
+    /// How requests reach workers: tcp or nats [default: $DYN_REQUEST_PLANE, else tcp]
+    #[arg(long)]
+    pub request_plane: Option<String>,
+    /// The planner's own flags.
+    #[command(flatten)]
+    pub config: PlannerConfig,
+}
+
+const PLANNER_ENVIRONMENT: &str = "Environment:
+  DYN_DISCOVERY_BACKEND  file, etcd or mem (default: etcd when ETCD_ENDPOINTS is set, else file)
+  DYN_FILE_KV            directory of file discovery, shared by the processes of one machine
+  ETCD_ENDPOINTS         etcd URLs, comma-separated (etcd discovery)
+  DYN_REQUEST_PLANE      tcp or nats (default: tcp)
+  NATS_SERVER            NATS URL (nats request plane, forward-pass metrics over NATS)
+  DYN_NAMESPACE          default of --namespace and --endpoint (default: dynamo)
+  DYN_LOG                log filter, e.g. info, debug (default: info)
+  NO_COLOR               set: no colour in logs";
+
+impl PlannerCli {
+    /// Parse `argv` (without the program name).
+    ///
+    /// # Errors
+    /// clap's error (also for `--help`, whose "error" is the help text with exit code 0).
+    pub fn parse_args(argv: &[String]) -> std::result::Result<Self, clap::Error> {
+        <Self as clap::Parser>::try_parse_from(
+            std::iter::once(String::new()).chain(argv.iter().cloned()),
+        )
+    }
 }
 
 impl Default for PlannerConfig {
@@ -92,43 +153,23 @@ impl Default for PlannerConfig {
 }
 
 impl PlannerConfig {
-    /// Parse `--key value` / `--key=value` arguments (`-` in keys read as `_`; values are
-    /// JSON when they parse as JSON, else strings) over the defaults.
+    /// Parse the planner's `--flag value` arguments (the runtime's `--discovery-backend`
+    /// and `--request-plane` are accepted and ignored here).
     ///
     /// # Errors
-    /// An unknown flag, a flag without value, or a value of the wrong type.
+    /// [`Error::InvalidConfig`] naming the flag: an unknown one, one without value, or a
+    /// value of the wrong type.
     pub fn from_args(args: &[String]) -> Result<Self> {
-        let known: Vec<String> = match serde_json::to_value(Self::default()) {
-            Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
-            _ => Vec::new(),
-        };
-        let mut map = serde_json::Map::new();
-        let mut it = args.iter();
-        while let Some(arg) = it.next() {
-            let Some(flag) = arg.strip_prefix("--") else {
-                return Err(Error::config("argument", format!("unexpected {arg:?}")));
-            };
-            let (key, value) = match flag.split_once('=') {
-                Some((k, v)) => (k.to_owned(), v.to_owned()),
-                None => {
-                    let v = it
-                        .next()
-                        .ok_or_else(|| Error::config(flag, "missing value"))?;
-                    (flag.to_owned(), v.clone())
-                }
-            };
-            let key = key.replace('-', "_");
-            if !known.contains(&key) {
-                return Err(Error::config(
-                    format!("--{}", key.replace('_', "-")),
-                    format!("unknown flag; known: {}", known.join(", ")),
-                ));
-            }
-            let value = serde_json::from_str(&value).unwrap_or(serde_json::Value::String(value));
-            map.insert(key, value);
-        }
-        serde_json::from_value(serde_json::Value::Object(map))
-            .map_err(|e| Error::config("planner arguments", e.to_string()))
+        PlannerCli::parse_args(args)
+            .map(|cli| cli.config)
+            .map_err(|e| {
+                let text = e.render().to_string();
+                let first = text.lines().next().unwrap_or("invalid arguments");
+                Error::config(
+                    "planner arguments",
+                    first.trim_start_matches("error: ").to_owned(),
+                )
+            })
     }
 }
 

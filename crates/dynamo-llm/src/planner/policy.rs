@@ -26,25 +26,33 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Thresholds of the hysteresis controller.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+/// Thresholds of the hysteresis controller (flags of `python -m dynamo.planner`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(default)]
 pub struct Hysteresis {
-    /// Scale up above this load ratio.
+    /// Scale up above this load ratio (measured latency / target)
+    #[arg(long, default_value_t = Hysteresis::default().up_ratio)]
     pub up_ratio: f64,
-    /// Scale down below this load ratio.
+    /// Scale down below this load ratio
+    #[arg(long, default_value_t = Hysteresis::default().down_ratio)]
     pub down_ratio: f64,
-    /// Load ratio aimed at when sizing a scale-up (and the bound a scale-down must keep).
+    /// Load ratio aimed at when sizing a scale-up (and the bound a scale-down must keep)
+    #[arg(long, default_value_t = Hysteresis::default().target_ratio)]
     pub target_ratio: f64,
-    /// Consecutive ticks above `up_ratio` before scaling up.
+    /// Consecutive decisions above --up-ratio before scaling up
+    #[arg(long, default_value_t = Hysteresis::default().up_ticks)]
     pub up_ticks: u32,
-    /// Consecutive ticks below `down_ratio` before scaling down.
+    /// Consecutive decisions below --down-ratio before scaling down
+    #[arg(long, default_value_t = Hysteresis::default().down_ticks)]
     pub down_ticks: u32,
-    /// Most workers added by one decision.
+    /// Most workers added by one decision
+    #[arg(long, default_value_t = Hysteresis::default().max_step)]
     pub max_step: u32,
-    /// Fewest workers.
+    /// Fewest workers of a pool
+    #[arg(long, default_value_t = Hysteresis::default().min_workers)]
     pub min_workers: u32,
-    /// Most workers.
+    /// Most workers of a pool
+    #[arg(long, default_value_t = Hysteresis::default().max_workers)]
     pub max_workers: u32,
 }
 

@@ -22,6 +22,7 @@ use pyo3::prelude::*;
 use serde::Serialize;
 
 use crate::aio::py_future_with;
+use crate::errors::command_line_exit;
 use crate::errors::{SelectionServiceError, runtime_error};
 use crate::json::{from_json, to_json};
 
@@ -416,16 +417,6 @@ fn argv_or_sys(py: Python<'_>, args: Option<Vec<String>>) -> PyResult<Vec<String
     }
 }
 
-/// Print clap's message (help to stdout, errors to stderr) and exit with its code.
-fn exit_with(py: Python<'_>, e: &cli::ArgsError) -> PyErr {
-    let _ = e.print();
-    let _ = py.import("sys").and_then(|s| {
-        s.getattr("stdout")?.call_method0("flush")?;
-        s.getattr("stderr")?.call_method0("flush")
-    });
-    PySystemExit::new_err(e.exit_code())
-}
-
 /// Block until the service ends or a signal arrives, with the GIL released between
 /// checks. SIGTERM is routed to `KeyboardInterrupt` while the service runs (when called
 /// on the main thread), so both SIGINT and SIGTERM stop it gracefully and return.
@@ -469,7 +460,7 @@ fn run<A: cli::Parser + Sync>(
     start: impl FnOnce(&A, &tokio::runtime::Handle) -> Result<Running, String> + Send,
 ) -> PyResult<()> {
     let argv = argv_or_sys(py, args)?;
-    let parsed: A = cli::parse_args(&argv).map_err(|e| exit_with(py, &e))?;
+    let parsed: A = cli::parse_args(&argv).map_err(|e| command_line_exit(py, &e))?;
     let rt = dynamo_runtime::tokio_runtime().map_err(runtime_error)?;
     let running = match py.detach(|| start(&parsed, rt.handle())) {
         Ok(r) => r,
