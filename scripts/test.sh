@@ -3,11 +3,11 @@
 # Rust tests, Python tests, stub check, formatting and lint. Exits non-zero on any failure.
 source "$(dirname "$0")/_env.sh"
 
-echo "==> services for the distributed tests (etcd, nats-server) and protoc (etcd-client build)"
+# protoc (the etcd-client crate compiles etcd's .proto files), and real etcd and
+# nats-server for the distributed tests.
 ensure_system_packages protoc:protobuf-compiler etcd:etcd-server etcdctl:etcd-client \
   nats-server:nats-server
 
-echo "==> python environment"
 ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" "ruff>=0.6" \
   "numpy>=1.26" "pydantic>=2" "uvloop>=0.19" "tokenizers>=0.20" "prometheus-client>=0.20" \
   "pyzmq>=25" "msgpack>=1" "openai>=1.40" "websockets>=12" \
@@ -16,7 +16,6 @@ ensure_venv "pytest>=8" "pytest-asyncio>=0.24" "hypothesis>=6.100" "mypy>=1.11" 
   "moto[server]>=5" "boto3>=1.34" \
   "pillow>=10"
 
-echo "==> build dynamo._core (release)"
 build_extension
 
 echo "==> formatting and lint"
