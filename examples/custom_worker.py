@@ -1,5 +1,5 @@
-"""The worker guide's custom Python worker: ``@dynamo_worker`` + ``register_model`` +
-``serve_endpoint``, with cancellation and ``EngineShutdown`` migration.
+"""The worker of docs/guide/02-your-own-worker.md grown up: ``@dynamo_worker`` +
+``register_model`` + ``serve_endpoint``, with cancellation and ``EngineShutdown`` migration.
 
 Run a frontend and this worker in two terminals::
 

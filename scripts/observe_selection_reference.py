@@ -12,7 +12,7 @@
 ``status_code``); ``http`` starts the reference's ``python -m dynamo.select_service`` and
 ``python -m dynamo.indexer`` (via .bench-ref-venv/bin/python) on loopback, publishes vLLM-format
 KV events from pyzmq PUB sockets and prints the HTTP answers. What was seen is recorded in
-docs/selection_service.md and docs/compatibility.md; our tests assert the same shapes.
+docs/design/selection_service.md and docs/compatibility.md; our tests assert the same shapes.
 """
 
 # --- part 0 ---

@@ -2,7 +2,7 @@
 ``ModelType.Embedding`` / ``Classify`` / ``Pooling`` (``tests/workers/surface_worker.py``)
 behind ``python -m dynamo.frontend``, over file discovery and the request plane.
 
-Worker contracts (documented in ``docs/frontend_surfaces.md``): a ``ModelInput.Tokens``
+Worker contracts (documented in ``docs/design/frontend_surfaces.md``): a ``ModelInput.Tokens``
 embedding worker receives ``{"model", "token_ids": [[...]]}`` tokenized by the frontend and
 answers ``{"embeddings", "prompt_tokens", "total_tokens"}``; a ``ModelInput.Text`` one
 receives the OpenAI body and may answer an OpenAI embeddings response. ``base64`` is

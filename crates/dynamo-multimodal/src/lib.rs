@@ -10,7 +10,7 @@
 //! * Every refusal is a [`MediaError`] naming the rule that refused it (`private_address`,
 //!   `max_bytes`, `content_type`, `max_pixels`, ...); the frontend answers HTTP 400 with that
 //!   text.
-//! * The wire form the worker receives is in `docs/multimodal.md`: per image `shape [h, w,
+//! * The wire form the worker receives is in `docs/design/multimodal.md`: per image `shape [h, w,
 //!   3]`, `dtype "uint8"`, raw RGB bytes, `mm_hash`, and its token range in `token_ids`.
 //!
 //! Decoding runs on tokio's blocking pool ([`tokio::task::spawn_blocking`]) so a large image

@@ -18,7 +18,7 @@
 //! soon as it is known and allowed) then [`ParseEvent::CallArgs`] pieces, which stream
 //! as the model writes them in the formats whose arguments are a JSON object (the rest
 //! send them whole once the call is complete). How malformed output falls back to
-//! content is in `docs/tool_calling.md` and `tool_calls/stream.rs`.
+//! content is in `docs/design/tool_calling.md` and `tool_calls/stream.rs`.
 
 mod event;
 pub mod harmony;

@@ -2,7 +2,7 @@
 //! (multipart; `ModelType.Images`), `POST
 //! /v1/audio/speech` (`ModelType.Audios`), `POST /v1/videos` and `POST /v1/videos/stream`
 //! (`ModelType.Videos`). The frontend validates OpenAI's body, sends it to a worker and
-//! shapes the answer; the worker contracts are in `docs/frontend_surfaces.md`.
+//! shapes the answer; the worker contracts are in `docs/design/frontend_surfaces.md`.
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -8,7 +8,7 @@
 //! generates the document); the unary non-generative surfaces `POST /v1/embeddings`,
 //! `/v1/rerank`, `/v1/classify`, `/v1/pooling`, `/v1/images/generations`, `/v1/images/edits`,
 //! `/v1/audio/speech`, `/v1/videos`, `/v1/videos/stream` (see [`surfaces`] and
-//! `docs/frontend_surfaces.md`); the agent surfaces on top of chat, `POST /v1/responses`,
+//! `docs/design/frontend_surfaces.md`); the agent surfaces on top of chat, `POST /v1/responses`,
 //! `/v1/responses/input_tokens` ([`responses`]) and, with `enable_anthropic_api`,
 //! `/v1/messages`, `/v1/messages/count_tokens` ([`anthropic`]); plus the embedder's extension routes ([`extensions`]). Errors use OpenAI's envelope with 400
 //! (malformed JSON, unknown fields, invalid values, prompts longer than the context), 404
@@ -17,7 +17,7 @@
 //! is not `application/json`), 429 (too many connections from one client), 503 (no
 //! workers), 529 (every worker over the KV router's busy thresholds).
 //!
-//! Limits that keep one client from taking the process down (see `docs/reliability.md`):
+//! Limits that keep one client from taking the process down (see `docs/design/reliability.md`):
 //! the body limit ([`DEFAULT_BODY_LIMIT`]), the header-read and body-read timeouts
 //! ([`DEFAULT_HEADER_READ_TIMEOUT`], [`DEFAULT_BODY_READ_TIMEOUT`]), the per-client
 //! connection limit ([`DEFAULT_MAX_CONNECTIONS_PER_IP`]), and prompts refused by length

@@ -6,7 +6,7 @@
 //! `{"scores": [one per document]}` (or `{"results": [{"index", "relevance_score"}]}`);
 //! the frontend sorts, applies `top_n` and adds the documents. Classify and pooling send
 //! the client's body (plus `token_ids` for `ModelInput::Tokens` workers) and answer the
-//! worker's `data` list in OpenAI's list envelope. See `docs/frontend_surfaces.md`.
+//! worker's `data` list in OpenAI's list envelope. See `docs/design/frontend_surfaces.md`.
 
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //!
 //! These surfaces are unary: the worker answers with one item (or a few, which the
 //! surface folds); the frontend validates, shapes the request, routes it like chat and
-//! shapes the response. The worker contracts are in `docs/frontend_surfaces.md`.
+//! shapes the response. The worker contracts are in `docs/design/frontend_surfaces.md`.
 
 use std::sync::Arc;
 use std::time::Instant;

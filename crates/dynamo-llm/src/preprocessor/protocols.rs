@@ -129,7 +129,7 @@ pub struct PreprocessedRequest {
     /// Routing hints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routing: Option<RoutingHints>,
-    /// Decoded images of a multimodal chat request (`docs/multimodal.md`).
+    /// Decoded images of a multimodal chat request (`docs/design/multimodal.md`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub multi_modal_data: Option<MultiModalData>,
     /// Per-block image hashes: what the KV router and the engine's KV events hash with.

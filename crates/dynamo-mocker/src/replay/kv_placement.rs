@@ -6,7 +6,7 @@
 //! ([`SharedRadixTree`]) fed with every stored/removed block, and the cost-based
 //! [`Scheduler`] that books each request's prefill and decode load until it finishes.
 // The option/result fields mirror the reference's keyword arguments and summary keys,
-// documented once in docs/replay.md rather than field by field.
+// documented once in docs/design/replay.md rather than field by field.
 #![allow(missing_docs)]
 
 use std::collections::BTreeMap;

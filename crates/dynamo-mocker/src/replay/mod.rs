@@ -3,14 +3,14 @@
 //!
 //! The engines, virtual clock and report are `aisimulate-core`, the simulation library the
 //! reference's mocker and replay are built on, so the same `MockEngineArgs` and trace give the
-//! reference's timing (see `docs/mocker_fidelity.md` for the decision and the figures). The
+//! reference's timing (see `docs/design/mocker_fidelity.md` for the decision and the figures). The
 //! router is ours: round robin is the simulator's own policy, `kv_router` is
 //! [`kv_placement::KvRouterPlacement`], the project's radix indexer and cost scheduler.
 //!
 //! Entry points: [`run_offline`] (simulated time) and [`online::run_online`] (wall-clock time
 //! through the mocker engines and our router).
 // The option/result fields mirror the reference's keyword arguments and summary keys,
-// documented once in docs/replay.md rather than field by field.
+// documented once in docs/design/replay.md rather than field by field.
 #![allow(missing_docs)]
 
 mod kv_placement;

@@ -1,4 +1,4 @@
-//! Frame codec (see `docs/request_plane.md`).
+//! Frame codec (see `docs/design/request_plane.md`).
 //!
 //! ```text
 //! u32 BE  length of everything after this field (= 9 + payload length)

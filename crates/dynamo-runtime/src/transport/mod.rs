@@ -1,7 +1,7 @@
 //! The TCP request plane: one listener per serving process, persistent multiplexed
 //! connections from callers, request and response frames on the same connection.
 //!
-//! The wire format is documented in `docs/request_plane.md`; [`frame`] implements it.
+//! The wire format is documented in `docs/design/request_plane.md`; [`frame`] implements it.
 //! [`server`] accepts connections and dispatches requests to endpoint handlers by path;
 //! [`client`] keeps one connection per worker address and turns frames into
 //! [`client::ResponseStream`]s.

@@ -1,5 +1,5 @@
 //! The NATS request plane (`DYN_REQUEST_PLANE=nats`): the same frames as the TCP plane
-//! (`docs/request_plane.md`), carried in NATS messages instead of a TCP byte stream.
+//! (`docs/design/request_plane.md`), carried in NATS messages instead of a TCP byte stream.
 //!
 //! * Each served endpoint subscribes to its instance subject
 //!   `{ns}_{component}.{endpoint}-{instance_id:x}` (the discovery transport

@@ -777,7 +777,7 @@ impl SelectionService {
     /// `router_track_output_blocks` says, as the reference's service). With
     /// `decay_fraction` (in `[0, 1]`), the blocks held only by this reservation then weigh
     /// that fraction in the worker's decode load (shared blocks keep their weight), as the
-    /// reference 1.6.1 does (see `docs/selection_service.md`).
+    /// reference 1.6.1 does (see `docs/design/selection_service.md`).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidRequest`] for a decay outside `[0, 1]`, [`ErrorKind::NotFound`].
