@@ -85,6 +85,13 @@ def _stamp(root: Path) -> Path:
     return root / "python" / "dynamo" / f".{EXT}.key"
 
 
+def _stamp_text(ext: Path, build_key: str) -> str:
+    """The key, and the file it was written for: a `maturin develop` run by hand replaces
+    the file, and the stamp then no longer vouches for it."""
+    st = ext.stat()
+    return f"{build_key} {st.st_size} {st.st_mtime_ns}"
+
+
 def restore(root: Path, cache: Path, build_key: str) -> int:
     ext = root / "python" / "dynamo" / EXT
     stamp = _stamp(root)
@@ -92,7 +99,7 @@ def restore(root: Path, cache: Path, build_key: str) -> int:
         _installed_for(root)
         and ext.is_file()
         and stamp.is_file()
-        and stamp.read_text() == build_key
+        and stamp.read_text() == _stamp_text(ext, build_key)
     ):
         return 0
     entry = cache / build_key
@@ -113,7 +120,7 @@ def restore(root: Path, cache: Path, build_key: str) -> int:
     tmp = ext.with_suffix(".tmp")
     shutil.copyfile(entry / EXT, tmp)
     os.replace(tmp, ext)
-    stamp.write_text(build_key)
+    stamp.write_text(_stamp_text(ext, build_key))
     os.utime(entry)  # most recently used
     return 0
 
@@ -128,7 +135,8 @@ def store(root: Path, cache: Path, build_key: str) -> int:
         shutil.copytree(info, tmp / info.name)
     shutil.rmtree(entry, ignore_errors=True)
     os.replace(tmp, entry)
-    _stamp(root).write_text(build_key)
+    ext = root / "python" / "dynamo" / EXT
+    _stamp(root).write_text(_stamp_text(ext, build_key))
     entries = sorted(
         (p for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")),
         key=lambda p: p.stat().st_mtime,

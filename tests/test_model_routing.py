@@ -15,7 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from serving_util import WORKERS, Procs, free_port, wait_for_instances
+from serving_util import WORKERS, Procs, free_port, http, wait_for_instances
 
 from dynamo.llm.tiny_model import write_tiny_model
 
@@ -71,3 +71,41 @@ def test_requests_reach_only_workers_of_their_model(tmp_path, model_dir, router_
         assert "WARN" in warning and '"texty"' in warning and '"tiny"' in warning, warning
     finally:
         procs.close()
+
+
+@pytest.mark.parametrize("event_plane", ["tcp", "nats"])
+def test_the_kv_router_sees_the_first_requests_kv_events(
+    tmp_path, model_dir, event_plane, request
+) -> None:
+    """The frontend starts a model's KV router when the model appears, not at its first
+    request: the blocks that first request stores are applied (over NATS a router started
+    later would never see them)."""
+    procs = Procs(tmp_path / "kv", tmp_path)
+    procs.env["DYN_EVENT_PLANE"] = event_plane
+    if event_plane == "nats":
+        procs.env["NATS_SERVER"] = request.getfixturevalue("nats_server").url
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        procs.frontend(port, "--router-mode", "kv")
+        procs.mocker(model_dir, "--block-size", "16")
+        wait_for_instances(base, "tiny", 1)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        long = [{"role": "user", "content": "one two three four five six seven " * 8}]
+        client.chat.completions.create(model="tiny", messages=long, max_tokens=2)
+        deadline = time.monotonic() + 10
+        while metric_sum(base, "dynamo_router_kv_events_applied_total") < 1:
+            assert time.monotonic() < deadline, "the first request's KV events never arrived"
+            time.sleep(0.05)
+    finally:
+        procs.close()
+
+
+def metric_sum(base: str, name: str) -> float:
+    """The sum of every sample of ``name`` in ``/metrics``."""
+    _, body = http("GET", f"{base}/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    )

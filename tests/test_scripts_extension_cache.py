@@ -93,3 +93,19 @@ def test_a_build_stored_from_one_checkout_installs_into_another(tmp_path) -> Non
     assert url == {"dir_info": {"editable": True}, "url": b.as_uri()}
     # Checkout a's own install is untouched.
     assert (site_a / "dynamo_rs.pth").read_text() == str(a / "python")
+
+
+def test_an_extension_replaced_by_hand_is_not_vouched_for(tmp_path) -> None:
+    """A `maturin develop` by hand replaces the file under the stamp: the stored build of
+    the key is installed again rather than the stamp trusted."""
+    cache = tmp_path / "cache"
+    a = _checkout(tmp_path / "a")
+    py_a, site_a = _venv(tmp_path / "venv-a")
+    ext = a / "python" / "dynamo" / "_core.abi3.so"
+    ext.write_bytes(b"build of the key")
+    (site_a / "dynamo_rs.pth").write_text(str(a / "python"))
+    key = _key(a)
+    assert _run(py_a, "store", str(a), str(cache), key).returncode == 0
+    ext.write_bytes(b"built by hand from other sources")
+    assert _run(py_a, "restore", str(a), str(cache), key).returncode == 0
+    assert ext.read_bytes() == b"build of the key"

@@ -13,7 +13,7 @@ import sys
 
 import uvloop
 
-from dynamo.llm import ModelInput, ModelType, register_model
+from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
 from dynamo.runtime import DistributedRuntime, dynamo_worker
 
 
@@ -57,8 +57,15 @@ class RequestHandler:
 @dynamo_worker()
 async def worker(runtime: DistributedRuntime) -> None:
     endpoint = runtime.endpoint(os.environ.get("ENDPOINT", "text.backend.generate"))
+    # worker_type: required by the reference's register_model (ours defaults it), so the
+    # same worker runs on both (scripts/observe_newcomer.py).
     await register_model(
-        ModelInput.Text, ModelType.Chat | ModelType.Completions, endpoint, sys.argv[1], "texty"
+        ModelInput.Text,
+        ModelType.Chat | ModelType.Completions,
+        endpoint,
+        sys.argv[1],
+        "texty",
+        worker_type=WorkerType.Aggregated,
     )
     await endpoint.serve_endpoint(RequestHandler().generate)
 

@@ -71,7 +71,22 @@ pub async fn register_model(
         .kv_store()
         .put(&key, &json)
         .await
-        .map_err(runtime_err)
+        .map_err(runtime_err)?;
+    match lora {
+        None => tracing::info!(
+            model = %card.display_name,
+            endpoint = %endpoint,
+            instance_id = runtime.connection_id(),
+            "model registered"
+        ),
+        Some(adapter) => tracing::info!(
+            adapter,
+            endpoint = %endpoint,
+            instance_id = runtime.connection_id(),
+            "LoRA adapter registered"
+        ),
+    }
+    Ok(())
 }
 
 /// Log a warning when other instances of `endpoint` serve a base model other than
@@ -402,13 +417,21 @@ pub struct ModelManager {
     inner: Arc<RwLock<HashMap<String, Arc<ModelEntry>>>>,
     /// Bumped on every change of the set (see [`Self::subscribe`]).
     generation: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Called for each new model before it is announced ([`Self::before_announce`]).
+    prepare: Arc<RwLock<Option<PrepareModel>>>,
 }
+
+/// What must be ready for a model before requests can name it (see
+/// [`ModelManager::before_announce`]).
+pub type PrepareModel =
+    Arc<dyn Fn(Arc<ModelEntry>) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>;
 
 impl Default for ModelManager {
     fn default() -> Self {
         Self {
             inner: Arc::default(),
             generation: Arc::new(tokio::sync::watch::channel(0).0),
+            prepare: Arc::default(),
         }
     }
 }
@@ -417,6 +440,16 @@ impl ModelManager {
     /// An empty manager.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Have the watcher await `prepare(model)` for each new model before announcing it
+    /// (bounded by the same wait as its first instance): e.g. the KV router subscribing to
+    /// the model's KV events, which the first request's prefill already publishes.
+    pub fn before_announce(&self, prepare: PrepareModel) {
+        *self
+            .prepare
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(prepare);
     }
 
     /// A receiver that sees a new value whenever models are added or removed.
@@ -585,6 +618,7 @@ impl WatchState {
         };
         let mut models = HashMap::new();
         let mut added: Vec<Client> = Vec::new();
+        let mut new_entries: Vec<Arc<ModelEntry>> = Vec::new();
         for (name, cards) in live {
             if let Some(existing) = self.models.get(&name)
                 && cards.iter().any(|(ep, _)| *ep == existing.endpoint)
@@ -611,18 +645,17 @@ impl WatchState {
             let serving = ModelServing::new(card.lora.is_some().then_some(parent).flatten(), ids);
             let client = runtime.client(&endpoint);
             added.push(client.clone());
-            models.insert(
-                name.clone(),
-                Arc::new(ModelEntry {
-                    name,
-                    card,
-                    endpoint,
-                    client,
-                    preprocessor,
-                    created: now_secs(),
-                    serving,
-                }),
-            );
+            let entry = Arc::new(ModelEntry {
+                name: name.clone(),
+                card,
+                endpoint,
+                client,
+                preprocessor,
+                created: now_secs(),
+                serving,
+            });
+            new_entries.push(Arc::clone(&entry));
+            models.insert(name, entry);
         }
         for name in self.models.keys() {
             if !models.contains_key(name) {
@@ -634,6 +667,8 @@ impl WatchState {
         // request after `/v1/models` lists it with a 503 ("no instances"). Wait, bounded,
         // for each new model's first instance (a card without a live instance is announced
         // when the wait runs out, as before).
+        // Then what the frontend prepares for a new model (its KV router's subscription),
+        // so that the first request finds it in place.
         if !added.is_empty() {
             let first_instances =
                 futures_util::future::join_all(added.iter().map(Client::wait_for_instances));
@@ -642,6 +677,21 @@ impl WatchState {
                 .is_err()
             {
                 tracing::debug!("a new model has no live instance yet; announcing it anyway");
+            }
+            let prepare = manager
+                .prepare
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
+            if let Some(prepare) = prepare {
+                let ready =
+                    futures_util::future::join_all(new_entries.into_iter().map(|e| prepare(e)));
+                if tokio::time::timeout(FIRST_INSTANCE_WAIT, ready)
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!("a new model is not prepared yet; announcing it anyway");
+                }
             }
         }
         manager.replace(models.clone());

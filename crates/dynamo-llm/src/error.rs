@@ -68,9 +68,29 @@ pub enum Error {
     /// A wait ran out of time.
     #[error("timed out: {0}")]
     Timeout(String),
+    /// A server (the HTTP or gRPC frontend) cannot listen on its address: the port is
+    /// taken, or the address is not this machine's.
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen {
+        /// `host:port` as configured.
+        addr: String,
+        /// The OS error number (`EADDRINUSE`, ...), when there is one.
+        errno: Option<i32>,
+        /// The OS's message.
+        reason: String,
+    },
 }
 
 impl Error {
+    /// [`Error::Listen`] from the error of binding `addr`.
+    pub fn listen(addr: &str, e: &std::io::Error) -> Self {
+        Self::Listen {
+            addr: addr.to_owned(),
+            errno: e.raw_os_error(),
+            reason: e.to_string(),
+        }
+    }
+
     /// Shorthand for [`Error::InvalidConfig`].
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidConfig {

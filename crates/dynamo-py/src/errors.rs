@@ -167,6 +167,11 @@ pub(crate) fn llm_error(err: dynamo_llm::Error) -> PyErr {
         | E::Template(_)
         | E::Tokenizer(_) => PyValueError::new_err(err.to_string()),
         E::Timeout(_) => PyTimeoutError::new_err(err.to_string()),
+        // As Python's own servers report it: OSError with the errno (98: address in use).
+        E::Listen { errno, .. } => match errno {
+            Some(n) => pyo3::exceptions::PyOSError::new_err((*n, err.to_string())),
+            None => pyo3::exceptions::PyOSError::new_err(err.to_string()),
+        },
         _ => Unknown::new_err(err.to_string()),
     }
 }

@@ -66,6 +66,7 @@ pub mod discovery;
 pub mod error;
 pub mod events;
 pub mod expfmt;
+pub mod log_limit;
 pub mod metrics;
 pub mod names;
 mod nats;

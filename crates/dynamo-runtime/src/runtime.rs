@@ -366,7 +366,14 @@ impl DistributedRuntime {
             lock(&self.inner.served).remove(&path);
             return Err(e);
         }
-        tracing::debug!(endpoint = %endpoint, instance_id = instance.instance_id, "serving");
+        // The worker's sign of life: where it serves, under which instance id (the id of
+        // `/health`, the router's logs and the model card keys, `{:x}`).
+        tracing::info!(
+            endpoint = %endpoint,
+            instance_id = instance.instance_id,
+            transport = %format_args!("{}://{}", instance.transport.kind(), instance.transport.address()),
+            "serving"
+        );
         Ok(Serving {
             server,
             path,

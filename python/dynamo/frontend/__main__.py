@@ -16,7 +16,9 @@ and, when given, sets it for this process. ``docs/design/reliability.md`` explai
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import sys
 
 from dynamo._core import (
     DistributedRuntime,
@@ -341,8 +343,33 @@ def main(args: argparse.Namespace) -> None:
     run_inputs_blocking(inputs)
 
 
+def _listen_error(args: argparse.Namespace, e: OSError) -> str:
+    """One line for a server that cannot listen, naming the flag to change."""
+    grpc = args.kserve_grpc_server and f":{args.grpc_port}:" in str(e)
+    port_flag, host_flag = (
+        ("--grpc-port", "--http-host") if grpc else ("--http-port", "--http-host")
+    )
+    if e.errno == errno.EADDRINUSE:
+        hint = f"another process uses that port: choose a free one with {port_flag}"
+    elif e.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+        hint = f"{host_flag} must be an address of this machine (0.0.0.0: all of them)"
+    elif e.errno == errno.EACCES:
+        hint = f"ports below 1024 need privileges: choose another with {port_flag}"
+    else:
+        hint = f"check {host_flag} and {port_flag}"
+    message = str(e).removeprefix(f"[Errno {e.errno}] ") if e.errno else str(e)
+    return f"python -m dynamo.frontend: error: {message}; {hint}"
+
+
 def run(argv: list[str] | None = None) -> None:
-    main(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        main(args)
+    except OSError as e:
+        if "cannot listen on" not in str(e):
+            raise
+        print(_listen_error(args, e), file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -33,7 +33,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m dynamo.mocker",
         description="Simulated (GPU-free) inference workers serving a model over Dynamo.",
-        epilog=COMMON_ENVIRONMENT,
+        epilog=COMMON_ENVIRONMENT
+        + "  DYN_SYSTEM_PORT         status server (/health, /live, /metrics) of the first "
+        "worker;\n                          worker i serves on this port + i\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
@@ -232,7 +234,13 @@ def main(args: argparse.Namespace) -> None:
     # No asyncio event loop: the mocker engine is Rust, and the Rust runtime waits for the
     # signals itself (run_inputs_blocking).
     inputs = []
-    for mock in per_worker:
+    # Each worker is a runtime of its own, and each runtime with DYN_SYSTEM_PORT serves a
+    # status server: worker i takes port + i (as the ZMQ base ports do), so that more than
+    # one worker does not fail on a taken port. 0 (a free port each) and -1 (off) stay.
+    system_port = os.environ.get("DYN_SYSTEM_PORT", "").strip()
+    for i, mock in enumerate(per_worker):
+        if system_port.isdigit() and int(system_port) > 0:
+            os.environ["DYN_SYSTEM_PORT"] = str(int(system_port) + i)
         decoder = None
         if args.enable_image:
             decoder = MediaDecoder()
@@ -245,6 +253,8 @@ def main(args: argparse.Namespace) -> None:
             media_decoder=decoder,
         )
         inputs.append((DistributedRuntime(None, backend, plane), args.endpoint, entry))
+    if system_port:
+        os.environ["DYN_SYSTEM_PORT"] = system_port
     run_inputs_blocking(inputs)
 
 

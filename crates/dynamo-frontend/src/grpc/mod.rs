@@ -178,7 +178,7 @@ impl KserveService {
         let addr = format!("{}:{}", self.config.host, self.config.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
-            .map_err(|e| Error::Runtime(format!("cannot listen on {addr}: {e}")))?;
+            .map_err(|e| Error::listen(&addr, &e))?;
         let local = listener
             .local_addr()
             .map_err(|e| Error::Runtime(e.to_string()))?;

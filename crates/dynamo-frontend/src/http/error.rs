@@ -37,7 +37,9 @@ impl HttpError {
     pub fn model_not_found(model: &str) -> Self {
         Self {
             status: 404,
-            message: format!("The model `{model}` does not exist."),
+            message: format!(
+                "The model `{model}` does not exist. GET /v1/models lists the models served here."
+            ),
             param: Some("model".into()),
         }
     }
@@ -79,6 +81,7 @@ impl HttpError {
         let code = match self.status {
             404 if self.param.as_deref() == Some("model") => "model_not_found".into(),
             404 => "not_found".into(),
+            405 => "method_not_allowed".into(),
             _ => serde_json::Value::Null,
         };
         serde_json::json!({

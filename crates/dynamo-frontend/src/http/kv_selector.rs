@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use dynamo_kv_router::scheduling::config::KvRouterConfig;
 use dynamo_kv_router::scheduling::selector::LoadThresholds;
-use dynamo_llm::discovery::ModelEntry;
+use dynamo_llm::discovery::{ModelEntry, ModelManager};
 use dynamo_llm::kv_routing::{self, KvRouter, RouteOptions};
 use dynamo_llm::model_card::DEFAULT_KV_CACHE_BLOCK_SIZE;
 use dynamo_runtime::{Client, DistributedRuntime, Route};
@@ -66,8 +66,28 @@ impl KvSelector {
         }
     }
 
-    /// The router of `model`'s endpoint (created on first use; `None` when it cannot be
-    /// built, and the selector then falls back to round-robin).
+    /// Start each new token model's router before the frontend announces the model, and
+    /// wait until its KV-event subscription is live: a router started by the first
+    /// request would miss the events that request's own prefill publishes (over NATS, for
+    /// good).
+    pub fn follow(self: &Arc<Self>, models: &ModelManager) {
+        let this = Arc::downgrade(self);
+        models.before_announce(Arc::new(move |model: Arc<ModelEntry>| {
+            let router = this
+                .upgrade()
+                .filter(|_| model.is_tokens())
+                .and_then(|s| s.router(&model));
+            Box::pin(async move {
+                if let Some(r) = router {
+                    r.events_subscribed().await;
+                }
+            })
+        }));
+    }
+
+    /// The router of `model`'s endpoint (created on first use, or when the model appears
+    /// under [`Self::follow`]; `None` when it cannot be built, and the selector then falls
+    /// back to round-robin).
     pub fn router(&self, model: &ModelEntry) -> Option<Arc<KvRouter>> {
         let key = model.endpoint.to_string();
         let mut routers = self

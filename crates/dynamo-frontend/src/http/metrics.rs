@@ -52,6 +52,8 @@ struct State {
     itl: BTreeMap<String, Histogram>,
     duration: BTreeMap<String, Histogram>,
     output_tokens: BTreeMap<String, u64>,
+    /// Requests whose client went away before the response ended.
+    disconnected: u64,
 }
 
 /// The frontend's metrics.
@@ -76,7 +78,8 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A request finished with `status` (`success` / `error`).
+    /// A request finished with `status` (`success`, `error`, or `disconnected` when its
+    /// client went away first).
     pub fn request(
         &self,
         model: &str,
@@ -85,9 +88,11 @@ impl Metrics {
         status: &'static str,
     ) {
         let kind = if streaming { "stream" } else { "unary" };
-        *self
-            .state()
-            .requests
+        let mut s = self.state();
+        if status == "disconnected" {
+            s.disconnected += 1;
+        }
+        *s.requests
             .entry((model.to_owned(), endpoint, kind, status))
             .or_default() += 1;
     }
@@ -149,6 +154,14 @@ impl Metrics {
         let s = self.state();
         let mut out = String::new();
         let esc = |v: &str| v.replace('\\', "\\\\").replace('"', "\\\"");
+        // The reference's family: a gauge of the clients that went away mid-request.
+        let _ = writeln!(
+            out,
+            "# HELP dynamo_frontend_disconnected_clients Requests whose client disconnected \
+             before the response ended.\n# TYPE dynamo_frontend_disconnected_clients gauge\n\
+             dynamo_frontend_disconnected_clients {}",
+            s.disconnected
+        );
         let _ = writeln!(
             out,
             "# HELP dynamo_frontend_requests_total Requests answered."

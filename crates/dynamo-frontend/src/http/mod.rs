@@ -341,11 +341,13 @@ impl HttpService {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self.config.router_mode == RouterMode::Kv && installed.is_none() {
-            *installed = Some(Arc::new(kv_selector::KvSelector::with_busy(
+            let selector = Arc::new(kv_selector::KvSelector::with_busy(
                 runtime.clone(),
                 self.config.kv_router_config.clone(),
                 Arc::clone(&self.busy),
-            )));
+            ));
+            selector.follow(&self.models);
+            *installed = Some(selector);
         }
     }
 
@@ -406,6 +408,7 @@ impl HttpService {
         let router = extensions::register(Router::new(), &extensions, &context);
         let table = openapi::routes_with(self.config.enable_anthropic_api);
         openapi::register(router, table)
+            .method_not_allowed_fallback(openai_routes::method_not_allowed)
             .fallback(openai_routes::not_found)
             .layer(DefaultBodyLimit::max(self.config.body_limit))
             .with_state(shared)
@@ -415,8 +418,14 @@ impl HttpService {
     /// runtime stops.
     ///
     /// # Errors
-    /// [`Error::Runtime`] when the listener cannot be bound.
+    /// [`Error::Listen`](dynamo_llm::Error::Listen) when the listener cannot be bound.
     pub async fn run(self: Arc<Self>, runtime: DistributedRuntime) -> Result<()> {
+        // Bind first: a taken port fails at once, before anything else starts. Connections
+        // wait in the backlog until the first discovery round is in (below).
+        let addr = format!("{}:{}", self.config.host, self.config.port);
+        let listener = tokio::net::TcpListener::bind(&addr)
+            .await
+            .map_err(|e| Error::listen(&addr, &e))?;
         self.install_kv_selector(&runtime);
         ModelWatcher::start(
             runtime.clone(),
@@ -447,10 +456,6 @@ impl HttpService {
                 },
             ));
         }
-        let addr = format!("{}:{}", self.config.host, self.config.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .map_err(|e| Error::Runtime(format!("cannot listen on {addr}: {e}")))?;
         let local = listener
             .local_addr()
             .map_err(|e| Error::Runtime(e.to_string()))?;

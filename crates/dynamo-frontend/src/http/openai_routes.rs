@@ -256,7 +256,7 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
         Parsed::Completion(_) => None,
     };
     let prompt_tokens = u32::try_from(preq.token_ids.len()).unwrap_or(u32::MAX);
-    let guard = Inflight::start(
+    let mut guard = Inflight::start(
         Arc::clone(&shared),
         model.clone(),
         surface,
@@ -311,7 +311,7 @@ async fn handle(shared: Arc<Shared>, body: Result<Bytes, HttpError>, surface: Su
             }),
             Err(e) => {
                 // Dropping the choices already opened stops them on their workers.
-                shared.metrics.error(&model, e.kind());
+                guard.error(&e);
                 drop(guard);
                 return e.into_response();
             }
@@ -639,12 +639,14 @@ impl TokenRun {
                     }
                 }
                 Step::Error(e) => {
-                    m.guard.shared.metrics.error(&m.guard.model, e.kind());
+                    m.guard.error(&e);
                     return e.into_response();
                 }
             }
         }
-        HttpError::internal("the response ended early").into_response()
+        let e = HttpError::internal("the response ended early");
+        m.guard.error(&e);
+        e.into_response()
     }
 }
 
@@ -871,6 +873,7 @@ impl Merged {
     fn emit(&mut self, event: Option<Event>, out: &mut BytesMut) -> bool {
         let Some(event) = event else {
             let e = HttpError::internal("the response ended early");
+            self.guard.error(&e);
             out.extend_from_slice(&sse_error(&e));
             return false;
         };
@@ -893,7 +896,7 @@ impl Merged {
                 false
             }
             Step::Error(e) => {
-                self.guard.shared.metrics.error(&self.guard.model, e.kind());
+                self.guard.error(&e);
                 out.extend_from_slice(&sse_error(&e));
                 false
             }
@@ -938,7 +941,7 @@ async fn text_request(
     let body = match super::engine::json_body_to_wire(&body) {
         Ok(b) => b,
         Err(e) => {
-            shared.metrics.error(&model, e.kind());
+            guard.error(&e);
             return e.into_response();
         }
     };
@@ -946,7 +949,7 @@ async fn text_request(
         Ok(s) => s,
         Err(e) => {
             let e = route_error(&e);
-            shared.metrics.error(&model, e.kind());
+            guard.error(&e);
             return e.into_response();
         }
     };
@@ -965,6 +968,7 @@ async fn text_request(
                     }
                     Ok(None) => Some((Ok(Bytes::new()), Some((stream, guard)))),
                     Err(e) => {
+                        guard.error(&e);
                         let mut out = b"event: error\n".to_vec();
                         out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
                         Some((Ok(Bytes::from(out)), None))
@@ -976,6 +980,7 @@ async fn text_request(
                 }
                 Some(Err(e)) => {
                     let e = HttpError::internal(format!("stream ended with an error: {e}"));
+                    guard.error(&e);
                     let mut out = b"event: error\n".to_vec();
                     out.extend_from_slice(&sse_data(e.body().to_string().as_bytes()));
                     Some((Ok(Bytes::from(out)), None))
@@ -992,14 +997,18 @@ async fn text_request(
         let item = match item {
             Ok(i) => i,
             Err(e) => {
-                return HttpError::internal(format!("stream ended with an error: {e}"))
-                    .into_response();
+                let e = HttpError::internal(format!("stream ended with an error: {e}"));
+                guard.error(&e);
+                return e.into_response();
             }
         };
         let v = match decode_item::<serde_json::Value>(&item) {
             Ok(Some(v)) => v,
             Ok(None) => continue,
-            Err(e) => return e.into_response(),
+            Err(e) => {
+                guard.error(&e);
+                return e.into_response();
+            }
         };
         guard.tokens(1);
         if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
@@ -1112,4 +1121,17 @@ pub(super) async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
 /// Unknown routes: 404 with code `not_found` (OpenAI's wording), not a model error.
 pub(super) async fn not_found(method: Method, uri: Uri) -> Response {
     HttpError::new(404, format!("Invalid URL ({method} {}).", uri.path())).into_response()
+}
+
+/// 405 for a known path asked with another method: the error object (axum adds `Allow`,
+/// listing the methods the path takes).
+pub(super) async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    HttpError::new(
+        405,
+        format!(
+            "Method {method} is not allowed for {} (the Allow header lists the methods it takes).",
+            uri.path()
+        ),
+    )
+    .into_response()
 }

@@ -63,7 +63,14 @@ pub(super) fn fail(
     e.into_response()
 }
 
-/// Records the request's metrics when it ends, however it ends.
+/// Client-disconnect log lines: each one at the default level, a few per second at most.
+static DISCONNECT_LOG: dynamo_runtime::log_limit::LogLimiter =
+    dynamo_runtime::log_limit::LogLimiter::new(5);
+
+/// Records the request's metrics when it ends, however it ends. A request that neither
+/// finished (`status = "success"`) nor failed ([`Inflight::error`]) when the guard drops
+/// was dropped with its response: the client went away. It counts as `disconnected` and
+/// is logged (its workers were told to stop when the response dropped their streams).
 pub(super) struct Inflight {
     pub(super) shared: Arc<Shared>,
     pub(super) model: String,
@@ -91,7 +98,7 @@ impl Inflight {
             model,
             surface,
             streaming,
-            status: "error",
+            status: "disconnected",
             started,
             first: None,
             last: None,
@@ -99,9 +106,10 @@ impl Inflight {
         }
     }
 
-    /// Record an error of the request.
-    pub(super) fn error(&self, e: &HttpError) {
+    /// Record an error of the request (it ends with `status="error"`).
+    pub(super) fn error(&mut self, e: &HttpError) {
         self.shared.metrics.error(&self.model, e.kind());
+        self.status = "error";
     }
 
     pub(super) fn tokens(&mut self, n: u32) {
@@ -122,6 +130,19 @@ impl Drop for Inflight {
     fn drop(&mut self) {
         let m = &self.shared.metrics;
         m.inflight(&self.model, -1);
+        if self.status == "disconnected"
+            && let Some(left_out) = DISCONNECT_LOG.admit()
+        {
+            tracing::info!(
+                model = %self.model,
+                endpoint = self.surface.label(),
+                streaming = self.streaming,
+                tokens_sent = self.tokens,
+                elapsed_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                left_out,
+                "client disconnected; request cancelled"
+            );
+        }
         m.request(
             &self.model,
             self.surface.label(),

@@ -412,7 +412,7 @@ impl ChunkRun {
         item
     }
 
-    fn error_response(self, e: HttpError) -> Response {
+    fn error_response(mut self, e: HttpError) -> Response {
         self.guard.error(&e);
         e.into_response()
     }

@@ -96,6 +96,9 @@ struct Shared {
     rank_joined: Notify,
     /// KV event ingestion counters and lag.
     events: KvEventStats,
+    /// True once the KV-event subscription is live on the event plane (or there is none:
+    /// routing without events, or a subscription that failed).
+    subscribed: tokio::sync::watch::Sender<bool>,
 }
 
 impl super::replica_sync::SyncedRouter for Shared {
@@ -187,6 +190,14 @@ impl Drop for KvRouter {
 }
 
 impl KvRouter {
+    /// Resolves once the router's KV-event subscription is live on the event plane: an
+    /// event published after it is applied. At once without events; a subscription that
+    /// failed resolves it too (the router then routes on its own bookings).
+    pub async fn events_subscribed(&self) {
+        let mut rx = self.shared.subscribed.subscribe();
+        let _ = rx.wait_for(|live| *live).await;
+    }
+
     /// A router for `endpoint` with blocks of `block_size` tokens. Must be called inside the
     /// tokio runtime.
     ///
@@ -237,6 +248,7 @@ impl KvRouter {
             epoch: Instant::now(),
             rank_joined: Notify::new(),
             events: KvEventStats::default(),
+            subscribed: tokio::sync::watch::Sender::new(!use_events),
         });
         let stop = CancellationToken::new();
         let ns = endpoint.namespace.clone();
@@ -842,6 +854,7 @@ async fn event_loop(shared: Arc<Shared>, source: EventSource) {
             // is to be waited for before syncing.
             _ = &mut ready, if !live => {
                 live = true;
+                shared.subscribed.send_replace(true);
                 pending_sync.drain(..).for_each(&spawn_sync);
             }
             Some(worker) = sync_rx.recv() => {

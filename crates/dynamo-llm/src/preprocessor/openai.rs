@@ -457,7 +457,19 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T> {
                 None,
             );
         }
-        Error::request(format!("Invalid request body: {msg}"), None)
+        // A value of the wrong type: parse again (failures only, so the hot path pays
+        // nothing) tracking the path, to name the field (`messages`, `messages[0].role`).
+        let mut de = serde_json::Deserializer::from_slice(body);
+        match serde_path_to_error::deserialize::<_, T>(&mut de) {
+            Err(e) if e.path().to_string() != "." => {
+                let path = e.path().to_string();
+                Error::request(
+                    format!("Invalid value for '{path}': {}", e.inner()),
+                    Some(&path),
+                )
+            }
+            _ => Error::request(format!("Invalid request body: {msg}"), None),
+        }
     })
 }
 

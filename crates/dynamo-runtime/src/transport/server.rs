@@ -32,6 +32,10 @@ use super::frame::{self, Read};
 use super::live::LiveConnections;
 use super::{ErrorKind, RequestHeader, STREAM_WINDOW, WireError};
 use crate::context::{Context, lock};
+use crate::log_limit::LogLimiter;
+
+/// Cancellation log lines: each one at the default level, a few per second at most.
+static CANCEL_LOG: LogLimiter = LogLimiter::new(5);
 use crate::error::{Error, Result};
 use crate::metrics::EndpointMetrics;
 
@@ -234,6 +238,19 @@ impl Conn {
         self.is_closed.store(true, Ordering::Release);
         self.closed.cancel();
         let streams: Vec<_> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let open = streams
+            .iter()
+            .filter(|s| !s.state.context.is_stopped())
+            .count();
+        if open > 0
+            && let Some(left_out) = CANCEL_LOG.admit()
+        {
+            tracing::info!(
+                requests = open,
+                left_out,
+                "caller connection lost: its requests in flight are cancelled"
+            );
+        }
         for s in streams {
             s.state.context.kill();
             lock(&s.input).take();
@@ -759,8 +776,17 @@ fn dispatch(
         }
         frame::STOP | frame::KILL => {
             if let Some(s) = lock(&conn.streams).get(&f.stream) {
-                if let (false, Some(m)) = (s.state.context.is_stopped(), &s.metrics) {
-                    m.cancelled();
+                if !s.state.context.is_stopped() {
+                    if let Some(m) = &s.metrics {
+                        m.cancelled();
+                    }
+                    if let Some(left_out) = CANCEL_LOG.admit() {
+                        tracing::info!(
+                            request_id = %s.state.context.id(),
+                            left_out,
+                            "request cancelled by the caller"
+                        );
+                    }
                 }
                 if f.kind == frame::KILL {
                     s.state.context.kill();
