@@ -363,3 +363,113 @@ def test_llm_unary_helpers_load_on_first_use() -> None:
         "assert not hasattr(llm, 'NoSuchHelper')\n"
     )
     fresh_python(code)
+
+
+class _FakeStream:
+    """A response stream of given chunks that records ``aclose()``; with ``hang`` it waits
+    after them (for cancellation)."""
+
+    def __init__(self, chunks: list, hang: bool = False) -> None:
+        self.chunks = list(chunks)
+        self.hang = hang
+        self.closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.hang:
+            await asyncio.sleep(30)
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+class _FakeClient:
+    def __init__(self, stream: _FakeStream) -> None:
+        self.stream = stream
+
+    async def round_robin(self, request, annotated=True, context=None):
+        return self.stream
+
+
+_OK = {"index": 0, "token_ids": [1], "finish_reason": "stop"}
+
+
+# Each stream, and what reference 1.6.1's client answered for it (observed black-box with
+# the same fake client on both wheels, 2026-12-08; docs/compatibility.md).
+@pytest.mark.parametrize(
+    ("chunks", "error"),
+    [
+        ([{"index": 0, "token_ids": [1]}, _OK], None),
+        ([5], "non-object chunk"),
+        ([{**_OK, "index": 1}], "requires choice index 0"),
+        ([{**_OK, "index": True}], "requires choice index 0"),
+        ([{**_OK, "token_ids": "ab"}], "invalid token_ids"),
+        ([{**_OK, "token_ids": [True]}], "invalid token_ids"),
+        ([{**_OK, "token_ids": [1.0]}], "invalid token_ids"),
+        ([{**_OK, "token_ids": None}], "invalid token_ids"),
+        ([{"index": 0, "finish_reason": "stop"}], "invalid token_ids"),
+        ([{**_OK, "token_ids": [-1]}], None),
+        ([{"index": 0, "token_ids": [1]}], "no terminal chunk"),
+        ([{**_OK, "finish_reason": ""}], "invalid finish_reason"),
+        ([{**_OK, "finish_reason": 5}], "invalid finish_reason"),
+        ([{**_OK, "finish_reason": "an_engines_own_reason"}], None),
+        ([{**_OK, "log_probs": [0.1]}], "unsupported logprobs"),
+        ([{**_OK, "log_probs": None}], "unsupported logprobs"),
+        ([{**_OK, "top_logprobs": None}], "unsupported logprobs"),
+        ([{**_OK, "cum_log_probs": None}], None),
+        ([_OK, {"index": 0, "token_ids": [2]}], "data after terminal"),
+    ],
+)
+async def test_llm_unary_client_checks_the_stream_and_always_closes_it(chunks, error) -> None:
+    stream = _FakeStream(chunks)
+    client = LLMUnaryClient(_FakeClient(stream))  # type: ignore[arg-type]
+    if error is None:
+        answer = await client.complete({"token_ids": [1]})
+        assert answer["finish_reason"] == chunks[-1]["finish_reason"]
+    else:
+        with pytest.raises(RuntimeError, match=f"LLM endpoint .*{error}"):
+            await client.complete({"token_ids": [1]})
+    assert stream.closed
+
+
+async def test_llm_unary_client_closes_the_stream_when_cancelled() -> None:
+    stream = _FakeStream([{"index": 0, "token_ids": [1]}], hang=True)
+    task = asyncio.ensure_future(
+        LLMUnaryClient(_FakeClient(stream)).complete({"token_ids": [1]})  # type: ignore[arg-type]
+    )
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert stream.closed
+
+
+async def test_unary_chat_model_looks_register_model_up_in_its_module(monkeypatch) -> None:
+    """As the reference's: ``dynamo.llm._unary`` exposes ``register_model``, ``ModelInput``,
+    ``ModelType`` and ``WorkerType``, and ``UnaryChatModel.serve`` calls the module's
+    ``register_model`` as it is when called (so it can be patched there)."""
+    import dynamo.llm._unary as unary
+
+    for name in ("register_model", "ModelInput", "ModelType", "WorkerType"):
+        assert hasattr(unary, name), name
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    async def fake_register(*args, **kwargs):
+        seen.append((args, kwargs))
+        raise Stop
+
+    monkeypatch.setattr(unary, "register_model", fake_register)
+    async with local_runtime() as rt:
+        with pytest.raises(Stop):
+            await UnaryChatModel("/nonexistent", "svc").serve(rt, lambda *a: None)  # type: ignore[arg-type]
+    [(args, kwargs)] = seen
+    assert args[0] == unary.ModelInput.Tokens and args[4] == "svc"
+    assert kwargs["worker_type"] == unary.WorkerType.Aggregated

@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dynamo._core import ModelInput, ModelType, WorkerType, register_model
 from dynamo.runtime._unary import UnaryHandler, serve_unary_endpoint
 
 if TYPE_CHECKING:
@@ -34,8 +35,12 @@ if TYPE_CHECKING:
 
 __all__ = ["LLMUnaryClient", "UnaryChatModel", "with_engine_data"]
 
-#: Chunk fields that carry log probabilities (not joined by :class:`LLMUnaryClient`).
-_LOGPROB_FIELDS = ("log_probs", "cum_log_probs", "top_logprobs")
+# Also this module's names, as in the reference's: `ModelInput`, `ModelType`, `WorkerType`
+# and `register_model` (which `UnaryChatModel.serve` looks up here at call time).
+
+#: Chunk fields that carry log probabilities, which :class:`LLMUnaryClient` does not join:
+#: a chunk that has one (even as ``null``) is refused, as the reference's client does.
+_LOGPROB_FIELDS = ("log_probs", "top_logprobs")
 
 
 def with_engine_data(completion: Mapping[str, Any], values: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,8 +87,21 @@ def _check_request(request: Any) -> None:
         raise ValueError("LLMUnaryClient does not support logprobs")
 
 
+def _is_token_list(value: Any) -> bool:
+    """A list of integers (``bool`` is not one, though Python makes it an ``int``)."""
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
 async def _join(stream: AsyncIterator[Any]) -> dict[str, Any]:
-    """Join an engine-output stream into its terminal chunk holding every token."""
+    """Join an engine-output stream into its terminal chunk holding every token.
+
+    Each chunk must be an object for choice ``index`` 0 with a ``token_ids`` list of
+    integers and no log-probability field; the terminal one has a non-empty string
+    ``finish_reason`` (any such string: engines name their own reasons) and nothing may
+    follow it.
+    """
     tokens: list[int] = []
     terminal: dict[str, Any] | None = None
     async for chunk in stream:
@@ -94,10 +112,16 @@ async def _join(stream: AsyncIterator[Any]) -> dict[str, Any]:
         index = chunk.get("index")
         if index != 0 or isinstance(index, bool):
             raise RuntimeError("LLM endpoint requires choice index 0")
-        if any(chunk.get(f) is not None for f in _LOGPROB_FIELDS):
+        if any(f in chunk for f in _LOGPROB_FIELDS):
             raise RuntimeError("LLM endpoint returned unsupported logprobs")
-        tokens.extend(chunk.get("token_ids") or ())
-        if chunk.get("finish_reason") is not None:
+        token_ids = chunk.get("token_ids")
+        if not _is_token_list(token_ids):
+            raise RuntimeError("LLM endpoint returned invalid token_ids")
+        tokens.extend(token_ids)
+        finish = chunk.get("finish_reason")
+        if finish is not None:
+            if not isinstance(finish, str) or not finish:
+                raise RuntimeError("LLM endpoint returned invalid finish_reason")
             terminal = dict(chunk)
     if terminal is None:
         raise RuntimeError("LLM endpoint returned no terminal chunk")
@@ -131,15 +155,26 @@ class LLMUnaryClient:
 
         With ``context``, the call runs under it: stopping it stops the worker's handler.
 
+        The response stream is closed (``aclose()``) however the call ends: an answer, a
+        stream it refuses, or cancellation (which propagates as
+        ``asyncio.CancelledError``), so the worker's handler is stopped at once.
+
         Raises:
             ValueError: ``request`` is not an object, has non-object ``sampling_options`` /
                 ``output_options``, asks for ``n`` other than 1 or for log probabilities.
-            RuntimeError: the endpoint's stream is not one index-0 choice ending in a
-                chunk with a ``finish_reason`` (or carries log probabilities).
+            RuntimeError: the endpoint's stream is not one index-0 choice of integer
+                ``token_ids`` ending in a chunk with a non-empty ``finish_reason``, carries
+                log probabilities, or goes on after its terminal chunk (the message names
+                the problem).
         """
         _check_request(request)
         stream = await self._client.round_robin(dict(request), annotated=False, context=context)
-        return await _join(stream)
+        try:
+            return await _join(stream)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 @dataclass(frozen=True)
@@ -159,9 +194,11 @@ class UnaryChatModel:
     chat_template: Path | None = None
 
     async def serve(self, runtime: DistributedRuntime, handler: UnaryHandler) -> None:
-        """Register the model, then serve ``handler`` until the runtime shuts down."""
-        from dynamo._core import ModelInput, ModelType, register_model
+        """Register the model, then serve ``handler`` until the runtime shuts down.
 
+        ``register_model`` is looked up in this module when called, so a test (or an
+        application) can replace ``dynamo.llm._unary.register_model``.
+        """
         endpoint = runtime.endpoint(f"{self.service_name}.app.generate")
         template = None if self.chat_template is None else str(self.chat_template)
         await register_model(
@@ -171,5 +208,6 @@ class UnaryChatModel:
             self.model_path,
             self.public_model_name or self.service_name,
             custom_template_path=template,
+            worker_type=WorkerType.Aggregated,
         )
         await serve_unary_endpoint(endpoint, handler)
