@@ -11,8 +11,8 @@ raised (not hung on).
 from __future__ import annotations
 
 import asyncio
-import json
 import errno
+import json
 import signal
 import socket
 import subprocess
