@@ -169,8 +169,13 @@ pub fn subscribe(
     subscribe_with_ready(runtime, namespace, component, topic, stop).map(|(rx, _)| rx)
 }
 
+/// The longest [`subscribe_with_ready`] waits for the advertised publishers to connect.
+const ADVERTISED_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// As [`subscribe`], with a signal that fires once the subscription is live on the event
-/// plane (over NATS: registered on the server; a message published after it is delivered).
+/// plane (over NATS: registered on the server; over TCP: connected to the publishers
+/// advertised when it opened, or after a second; a message published after it is
+/// delivered).
 /// The signal is dropped unfired when the subscription fails or is stopped first.
 ///
 /// # Errors
@@ -203,6 +208,9 @@ pub fn subscribe_with_ready(
                 return;
             }
         };
+        // Brokerless TCP: live once the publishers advertised now are connected (bounded:
+        // an advertisement can outlive its publisher until its lease expires).
+        let _ = tokio::time::timeout(ADVERTISED_WAIT, sub.wait_for_advertised()).await;
         let _ = ready_tx.send(());
         // Forward until the stream ends, the receiver goes or `stop` fires. The forwarding
         // task wakes once per message and polls nothing else; this task only watches for

@@ -498,6 +498,8 @@ pub struct EventSubscriber {
     last: HashMap<u64, u64>,
     stats: Arc<SubscriberStats>,
     connected: watch::Receiver<usize>,
+    /// Publishers advertised when the subscription opened (brokerless TCP; 0 over NATS).
+    advertised: usize,
     subject: String,
     _stop: DropGuard,
 }
@@ -537,6 +539,14 @@ impl EventSubscriber {
     pub async fn wait_for_publishers(&self, n: usize) {
         let mut rx = self.connected.clone();
         let _ = rx.wait_for(|c| *c >= n).await;
+    }
+
+    /// Resolves once the publishers advertised when the subscription opened are connected:
+    /// from then on their events reach this subscriber (at once over NATS, whose server
+    /// holds the subscription). A publisher that went away without withdrawing its
+    /// advertisement keeps it pending: bound the wait.
+    pub async fn wait_for_advertised(&self) {
+        self.wait_for_publishers(self.advertised).await;
     }
 
     /// Account for one event: gap detection and duplicate suppression.
@@ -736,13 +746,21 @@ impl EventSubscriber {
             topic: topic.to_owned(),
         };
         let subject = scope.subject(topic);
+        let mut advertised = 0;
         match link {
-            Link::Tcp => tcp::spawn_subscriber(
-                store,
-                scope.channel_prefix(topic),
-                feed,
-                config.max_message_size,
-            ),
+            Link::Tcp => {
+                let prefix = scope.channel_prefix(topic);
+                advertised = store
+                    .list(&prefix)
+                    .await
+                    .map(|l| {
+                        l.iter()
+                            .filter(|(_, v)| channel_address(v).is_some())
+                            .count()
+                    })
+                    .unwrap_or(0);
+                tcp::spawn_subscriber(store, prefix, feed, config.max_message_size);
+            }
             Link::Nats(client) => {
                 nats::subscribe(client, subject.clone(), feed).await?;
             }
@@ -752,6 +770,7 @@ impl EventSubscriber {
             last: HashMap::new(),
             stats,
             connected,
+            advertised,
             subject,
             _stop: cancel.drop_guard(),
         })
