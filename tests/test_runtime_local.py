@@ -314,7 +314,9 @@ async def test_direct_to_unknown_instance_and_no_instances() -> None:
             await client.round_robin({})
         rt.serve(ep, counting)
         await asyncio.wait_for(client.wait_for_instances(), 5)
-        with pytest.raises(ValueError, match="not found"):
+        # The id as the caller wrote it (decimal, as instance_ids() lists them), as in the
+        # reference's "instance_id=12345 not found for endpoint ...".
+        with pytest.raises(ValueError, match="instance_id=12345 not found"):
             await client.direct({"n": 1}, 12345)
 
 

@@ -45,7 +45,7 @@ pub enum Error {
     #[error("no instances found for endpoint {0}")]
     NoInstances(String),
     /// `direct` named an instance that is not known.
-    #[error("instance {instance_id:x} not found for endpoint {endpoint}")]
+    #[error("instance_id={instance_id} not found for endpoint {endpoint}")]
     UnknownInstance {
         /// The endpoint's path.
         endpoint: String,
