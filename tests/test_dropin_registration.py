@@ -18,6 +18,9 @@ plane), on an endpoint never served by the process:
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import pytest
 from runtime_util import collect, local_runtime, unique_ns, wait_until
 
@@ -62,9 +65,19 @@ async def test_serving_after_registering_reuses_the_instance() -> None:
         client = await ep.client()
         await client.wait_for_instances()
         assert client.instance_ids() == [ep.connection_id()]
-        assert await collect(await client.generate({"a": 1}, annotated=False)) == [
-            {"echo": {"a": 1}}
-        ]
+        # The pre-registered instance is listed at once, but serve_endpoint installs the
+        # handler asynchronously: until then the instance answers "Unknown endpoint".
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                answer = await collect(await client.generate({"a": 1}, annotated=False))
+                break
+            except ValueError as e:
+                assert "Unknown endpoint" in str(e) and time.monotonic() < deadline, e
+                await asyncio.sleep(0.02)
+        assert answer == [{"echo": {"a": 1}}]
+        # Still the one instance: serving reused the registered one.
+        assert client.instance_ids() == [ep.connection_id()]
 
 
 async def test_wait_for_instance_by_runtime_data_timeout_names_the_match_count() -> None:
