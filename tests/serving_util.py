@@ -118,3 +118,13 @@ def metric(base: str, name: str, **labels: str) -> float:
         if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(f"{name} ")):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def metric_total(base: str, name: str) -> float:
+    """The sum of every sample of ``name`` in ``/metrics`` (whatever its labels)."""
+    _, body = http("GET", f"{base}/metrics")
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.decode().splitlines()
+        if line.startswith((f"{name}{{", f"{name} "))
+    )

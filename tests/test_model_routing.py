@@ -15,7 +15,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from serving_util import WORKERS, Procs, free_port, http, wait_for_instances
+from serving_util import WORKERS, Procs, free_port, metric_total, wait_for_instances
 
 from dynamo.llm.tiny_model import write_tiny_model
 
@@ -94,18 +94,8 @@ def test_the_kv_router_sees_the_first_requests_kv_events(
         long = [{"role": "user", "content": "one two three four five six seven " * 8}]
         client.chat.completions.create(model="tiny", messages=long, max_tokens=2)
         deadline = time.monotonic() + 10
-        while metric_sum(base, "dynamo_router_kv_events_applied_total") < 1:
+        while metric_total(base, "dynamo_router_kv_events_applied_total") < 1:
             assert time.monotonic() < deadline, "the first request's KV events never arrived"
             time.sleep(0.05)
     finally:
         procs.close()
-
-
-def metric_sum(base: str, name: str) -> float:
-    """The sum of every sample of ``name`` in ``/metrics``."""
-    _, body = http("GET", f"{base}/metrics")
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.decode().splitlines()
-        if line.startswith(name + "{") or line.startswith(name + " ")
-    )
