@@ -338,24 +338,25 @@ impl ModelEntry {
         self.serving.read().parent.clone()
     }
 
-    /// The live instances that may serve this model: those that registered it.
-    pub fn serving_instances(&self) -> Vec<u64> {
+    /// The endpoint's live instances split into those that registered this model and the
+    /// others (workers of another model or adapter on the same endpoint, or not
+    /// registered yet; none in the usual case of one model per endpoint).
+    fn split_live(&self) -> (Vec<u64>, Vec<u64>) {
         let live = self.client.instance_ids();
         let state = self.serving.read();
         live.into_iter()
-            .filter(|id| state.instances.contains(id))
-            .collect()
+            .partition(|id| state.instances.contains(id))
     }
 
-    /// The endpoint's live instances that do not serve this model (workers of another
-    /// model or adapter on the same endpoint, or not registered yet). Empty in the usual
-    /// case of one model per endpoint.
+    /// The live instances that may serve this model: those that registered it.
+    pub fn serving_instances(&self) -> Vec<u64> {
+        self.split_live().0
+    }
+
+    /// The endpoint's live instances that do not serve this model (see
+    /// [`Self::serving_instances`]). Empty in the usual case of one model per endpoint.
     pub fn not_serving_instances(&self) -> Vec<u64> {
-        let live = self.client.instance_ids();
-        let state = self.serving.read();
-        live.into_iter()
-            .filter(|id| !state.instances.contains(id))
-            .collect()
+        self.split_live().1
     }
 
     /// `route` (a selector's answer) narrowed to the instances serving this model: kept
@@ -370,16 +371,10 @@ impl ModelEntry {
         route: Route,
         avoid: &[u64],
     ) -> std::result::Result<Route, String> {
-        let live = self.client.instance_ids();
-        let serving: Vec<u64> = {
-            let state = self.serving.read();
-            if live.iter().all(|id| state.instances.contains(id)) {
-                return Ok(route);
-            }
-            live.into_iter()
-                .filter(|id| state.instances.contains(id))
-                .collect()
-        };
+        let (serving, others) = self.split_live();
+        if others.is_empty() {
+            return Ok(route);
+        }
         if let Route::Direct(id) = route
             && serving.contains(&id)
         {
